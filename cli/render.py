@@ -1,0 +1,139 @@
+"""Running one prompt and showing it: streamed text on stdout, statistics on stderr,
+or one JSON object on stdout with --json."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from speculative.engine import Engine, ModelSpec
+from speculative.loop import Prefilled, SpecSettings, Token
+from speculative.sampling import SamplerSettings
+from speculative.stats import Stats
+from speculative.text import TextStream
+
+GREEN, RESET = "\x1b[32m", "\x1b[0m"
+EXIT_INTERRUPTED = 130
+
+
+class _Stdout:
+    """UTF-8 bytes straight to stdout; a closed pipe (| head) ends output quietly."""
+
+    def __init__(self, color: bool):
+        self.color = color
+        self.closed = False
+
+    def write(self, text: str, from_draft: bool = False) -> None:
+        if not text or self.closed:
+            return
+        if self.color and from_draft:
+            text = f"{GREEN}{text}{RESET}"
+        try:
+            sys.stdout.buffer.write(text.encode("utf-8"))
+            sys.stdout.buffer.flush()
+        except BrokenPipeError:
+            self.closed = True
+            # Python would complain about the broken pipe again at exit; point stdout at devnull.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+
+
+def run_and_render(target: ModelSpec, draft: ModelSpec | None, text: str, sampling: SamplerSettings,
+                   spec: SpecSettings, *, use_chat: bool, system: str | None, color: bool,
+                   json_output: bool) -> int:
+    seed = sampling.resolved_seed()
+    with Engine(target, draft) as engine:
+        prompt = engine.prompt_tokens(text, use_chat, system)
+        stats = Stats(t_load=engine.t_load)
+        out = _Stdout(color)
+        stream = TextStream(engine.target.token_bytes)
+        pieces: list[str] = []
+        tokens: list[int] = []
+        code = 0
+        t_prefilled = None
+        try:
+            for event in engine.run(prompt, sampling, spec, seed):
+                stats.add(event)
+                if isinstance(event, Token):
+                    tokens.append(event.id)
+                    piece = stream.push(event.id)
+                    pieces.append(piece)
+                    if not json_output:
+                        out.write(piece, event.from_draft)
+                        if out.closed:
+                            stats.finish_reason = "output closed"
+                            break
+                elif isinstance(event, Prefilled):
+                    t_prefilled = time.perf_counter()
+        except KeyboardInterrupt:
+            stats.finish_reason = "interrupted"
+            code = EXIT_INTERRUPTED
+        if stats.finish_reason in ("interrupted", "output closed") and t_prefilled is not None:
+            stats.t_decode = time.perf_counter() - t_prefilled
+        tail = stream.flush()
+        pieces.append(tail)
+        if json_output:
+            result = {"text": "".join(pieces), "tokens": tokens, **stats.to_dict(),
+                      "target": _model_info(target, engine.target),
+                      "draft": _model_info(draft, engine.draft) if draft else None,
+                      "settings": _settings(sampling, spec, seed, use_chat, engine)}
+            out.write(json.dumps(result, ensure_ascii=False) + "\n")
+        else:
+            out.write(tail + "\n")
+            print_stats(stats, spec, seed, target, draft, color)
+    return code
+
+
+def print_stats(stats: Stats, spec: SpecSettings, seed: int, target: ModelSpec, draft: ModelSpec | None,
+                color: bool) -> None:
+    """llama.cpp's block first (as llama-speculative prints it), then what it does not show."""
+    lines = [
+        "",
+        f"encoded {stats.n_prompt:4d} tokens in {stats.t_encode:8.3f} seconds, speed: {stats.encode_tps:8.3f} t/s",
+        f"decoded {stats.n_predict:4d} tokens in {stats.t_decode:8.3f} seconds, speed: {stats.decode_tps:8.3f} t/s",
+        "",
+        f"n_draft   = {spec.draft_max if draft else 0}",
+        f"n_predict = {stats.n_predict}",
+        f"n_drafted = {stats.n_drafted}",
+        f"n_accept  = {stats.n_accept}",
+        f"accept    = {100 * stats.accept_rate:.3f}%",
+        "",
+        f"steps     = {stats.n_steps} target passes, {stats.n_draft_steps} verified a draft, "
+        f"{stats.tokens_per_step:.2f} tokens per pass",
+    ]
+    if stats.n_draft_steps:
+        histogram = " ".join(f"{m}:{n}" for m, n in sorted(stats.accepted_lengths.items()))
+        by_position = "  ".join(f"#{i + 1} {100 * r:.1f}%" for i, r in enumerate(stats.accept_rate_by_position))
+        lines += [
+            f"accepted  = {stats.mean_accepted_length:.2f} drafted tokens per drafting step "
+            f"(accepted length: steps = {histogram})",
+            f"position  = {by_position}",
+        ]
+    other = max(stats.t_decode - stats.t_draft - stats.t_verify, 0.0)
+    total = stats.t_decode or 1.0
+    lines += [
+        f"time      = draft {stats.t_draft:.3f} s ({100 * stats.t_draft / total:.1f}%), "
+        f"verify {stats.t_verify:.3f} s ({100 * stats.t_verify / total:.1f}%), other {other:.3f} s",
+        f"load      = {stats.t_load:.3f} s (target {target.name}"
+        + (f", draft {draft.name})" if draft else ")"),
+        f"finish    = {stats.finish_reason}, seed {seed}",
+    ]
+    if color and draft:
+        lines.append(f"colors    = {GREEN}accepted draft tokens{RESET}, plain: the target's own tokens")
+    print("\n".join(lines), file=sys.stderr)
+
+
+def _model_info(spec: ModelSpec, model) -> dict:
+    return {"name": spec.name, "path": str(spec.path), "n_ctx": model.n_ctx,
+            "n_gpu_layers": spec.n_gpu_layers, "n_threads": model.n_threads}
+
+
+def _settings(sampling: SamplerSettings, spec: SpecSettings, seed: int, use_chat: bool, engine: Engine) -> dict:
+    return {"temp": sampling.temp, "top_k": sampling.top_k, "top_p": sampling.top_p, "min_p": sampling.min_p,
+            "sampling_seq": sampling.sequence, "seed": seed, "n_predict": spec.n_predict,
+            "draft_max": spec.draft_max, "draft_min": spec.draft_min, "draft_p_min": spec.draft_p_min,
+            "ignore_eos": spec.ignore_eos, "chat": use_chat,
+            "spec_type": "draft" if engine.draft else "none", "n_batch": engine.target.n_batch}

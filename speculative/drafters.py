@@ -1,0 +1,92 @@
+"""Drafters propose tokens for the target to verify.
+
+Every drafter has the same small interface: `propose(context, k)` returns up to
+k tokens that might follow `context`, and `accept(n)` tells it how many of them
+the target kept. `prefill(prompt)` lets a drafter do its prompt work up front,
+so it is timed as prompt processing rather than drafting.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .backend import Backend
+
+# llama.cpp judges --draft-p-min on the draft's top candidates renormalised over
+# the 10 best (common/speculative.cpp draws drafts through a top-k 10 sampler).
+P_MIN_TOP_K = 10
+
+
+class Drafter:
+    name = "drafter"
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """Optional: process the prompt before generation starts."""
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        """Up to k tokens that might follow `context` (prompt + generated so far)."""
+        raise NotImplementedError
+
+    def accept(self, n_accepted: int) -> None:
+        """The target kept the first n_accepted proposed tokens."""
+
+
+class ModelDrafter(Drafter):
+    """A small model proposing its greedy continuation.
+
+    Its KV cache holds `self.cached`; before drafting it is brought in line with
+    the context by trimming to the common prefix and decoding the rest, which is
+    an exact rollback whatever the target accepted.
+    """
+
+    name = "draft"
+
+    def __init__(self, model: Backend, p_min: float = 0.0):
+        self.model = model
+        self.p_min = p_min
+        self.cached: list[int] = []
+        self._n_checked = 0  # cached[:_n_checked] is known to equal the context
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        self._sync(prompt[:-1], outputs="none")
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        if k <= 0:
+            return []
+        row = self._sync(context, outputs="last")
+        drafted: list[int] = []
+        while True:
+            token = int(np.argmax(row))
+            if self.p_min > 0.0 and top_probability(row, token) < self.p_min:
+                break
+            drafted.append(token)
+            if len(drafted) >= k or self.model.is_eog(token):
+                break
+            (row,) = self.model.decode([token], len(self.cached), "last")
+            self.cached.append(token)
+        return drafted
+
+    def _sync(self, context: Sequence[int], outputs) -> np.ndarray | None:
+        """Make the cache hold `context` and return the last row of logits."""
+        n = self._n_checked
+        limit = min(len(self.cached), len(context))
+        while n < limit and self.cached[n] == context[n]:
+            n += 1
+        if outputs == "last":
+            n = min(n, len(context) - 1)  # the last token must be decoded for its logits
+        if n < len(self.cached):
+            self.model.trim(n)
+            del self.cached[n:]
+        rows = self.model.decode(context[n:], n, outputs) if len(context) > n else []
+        self.cached.extend(context[n:])
+        self._n_checked = len(context)
+        return rows[-1] if rows else None
+
+
+def top_probability(row: np.ndarray, token: int) -> float:
+    """Probability of `token` among the draft's P_MIN_TOP_K best candidates."""
+    best = row[np.argpartition(-row, P_MIN_TOP_K - 1)[:P_MIN_TOP_K]] if len(row) > P_MIN_TOP_K else row
+    z = np.exp(best - row[token], dtype=np.float64)
+    return float(1.0 / z.sum())

@@ -1,0 +1,28 @@
+"""Errors the command line turns into one-line messages and documented exit codes."""
+
+from __future__ import annotations
+
+
+class SpeculateError(Exception):
+    """Base class: `exit_code` is what the command line exits with."""
+
+    exit_code = 1
+
+
+class GenerationError(SpeculateError):
+    """Generation failed at run time (decode error, prompt does not fit the context)."""
+
+    exit_code = 1
+
+
+class UsageError(SpeculateError):
+    """The command line or a setting makes no sense."""
+
+    exit_code = 2
+
+
+class ModelError(SpeculateError):
+    """A model or registry problem: missing or invalid file, unknown name,
+    vocabulary mismatch, checksum mismatch, unsupported cache type."""
+
+    exit_code = 3

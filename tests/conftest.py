@@ -1,0 +1,64 @@
+"""Shared fixtures. Real-model tests use the registry's models from the local cache
+(pulled on first use, as `speculate` itself would) and run the installed CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from speculative.registry import Registry
+
+SPECULATE = shutil.which("speculate") or str(Path(sys.executable).with_name("speculate"))
+SMOL = "smollm2-135m-instruct"
+QWEN = "qwen2.5-coder-1.5b-instruct"
+QWEN_DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+
+def speculate(*args: str, env: dict | None = None, input: bytes | None = None,
+              timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run the installed `speculate` command; stdout as bytes, stderr as text."""
+    proc = subprocess.run([SPECULATE, *args], input=input, capture_output=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+    proc.stderr = proc.stderr.decode("utf-8", errors="replace")
+    return proc
+
+
+def speculate_json(*args: str, **kw) -> dict:
+    proc = speculate(*args, "--json", **kw)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="session")
+def model_path():
+    """name -> path of a pulled registry model (pulling it if needed)."""
+    registry = Registry.load()
+
+    def get(name: str) -> Path:
+        entry = registry.get(name)
+        if not registry.is_pulled(entry):
+            proc = speculate("models", "pull", name)
+            assert proc.returncode == 0, proc.stderr
+        return registry.path(entry)
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def batch_invariant():
+    """Identity tests need a llama.cpp build whose CPU kernels do not change with batch size."""
+    from speculative.llamacpp import batch_variant_kernels
+
+    kernels = batch_variant_kernels()
+    if kernels:
+        pytest.fail(
+            f"llama.cpp was built with batch-size dependent kernels ({', '.join(kernels)}); "
+            "greedy identity tests can flip near-ties. Build it as scripts/test.sh does: "
+            'CMAKE_ARGS="-DGGML_LLAMAFILE=OFF -DGGML_CPU_REPACK=OFF"'
+        )

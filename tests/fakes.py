@@ -1,0 +1,90 @@
+"""A fake backend for the fast tests of the pure algorithm.
+
+ToyModel is a deterministic "language model" over a tiny vocabulary: the logits
+of the next token are a fixed random function of the last two tokens. The fake
+backend keeps a real list as its KV cache and fails loudly on any decode that is
+not contiguous with it, so a wrong rollback cannot go unnoticed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+EOG = 0
+
+
+class ToyModel:
+    def __init__(self, vocab: int = 24, seed: int = 0, eog_bias: float = -4.0):
+        rng = np.random.default_rng(seed)
+        self.vocab = vocab
+        self.table = rng.normal(scale=4.0, size=(vocab * vocab, vocab)).astype(np.float32)
+        self.table[:, EOG] += eog_bias  # end-of-generation is rare, not impossible
+
+    def logits(self, context: list[int]) -> np.ndarray:
+        a = context[-2] if len(context) > 1 else 1
+        return self.table[a * self.vocab + context[-1]].copy()
+
+    def perturbed(self, fraction: float, seed: int) -> "ToyModel":
+        """A draft that agrees with this model on about (1 - fraction) of contexts."""
+        other = ToyModel.__new__(ToyModel)
+        other.vocab = self.vocab
+        other.table = self.table.copy()
+        rng = np.random.default_rng(seed)
+        rows = rng.random(len(self.table)) < fraction
+        other.table[rows] = rng.normal(scale=4.0, size=(int(rows.sum()), self.vocab))
+        return other
+
+
+class FakeBackend:
+    def __init__(self, model: ToyModel, n_ctx: int = 256, n_batch: int = 64, name: str = "fake"):
+        self.model = model
+        self.name = name
+        self.n_vocab = model.vocab
+        self.n_ctx = n_ctx
+        self.n_batch = n_batch
+        self.cache: list[int] = []
+        self.batches: list[int] = []   # sizes of the batches scored with all outputs
+        self.max_pos = -1
+
+    def tokenize(self, text: str, add_special: bool) -> list[int]:
+        return [1 + (b % (self.n_vocab - 1)) for b in text.encode()]
+
+    def token_bytes(self, token: int) -> bytes:
+        return bytes([96 + token])
+
+    def is_eog(self, token: int) -> bool:
+        return token == EOG
+
+    def eog_tokens(self) -> np.ndarray:
+        return np.array([EOG])
+
+    def decode(self, tokens, pos, outputs):
+        tokens = list(tokens)
+        assert pos == len(self.cache), f"decode at {pos} but the cache holds {len(self.cache)}"
+        assert pos + len(tokens) <= self.n_ctx, "decode past the context"
+        if outputs == "all":
+            assert len(tokens) <= self.n_batch
+            self.batches.append(len(tokens))
+        rows = []
+        for t in tokens:
+            self.cache.append(t)
+            rows.append(self.model.logits(self.cache))
+        self.max_pos = max(self.max_pos, len(self.cache) - 1)
+        return {"all": rows, "last": rows[-1:], "none": []}[outputs]
+
+    def trim(self, n_keep: int) -> None:
+        assert 0 <= n_keep <= len(self.cache)
+        del self.cache[n_keep:]
+
+
+def plain_decode(model: ToyModel, prompt: list[int], n: int, sampler, n_ctx: int = 256) -> list[int]:
+    """Target-only decoding without any of speculate's machinery: the reference."""
+    tokens = list(prompt)
+    out: list[int] = []
+    while len(out) < n and len(tokens) < n_ctx:
+        token = sampler.sample(model.logits(tokens))
+        if token == EOG:
+            break
+        tokens.append(token)
+        out.append(token)
+    return out

