@@ -109,13 +109,16 @@ class LlamaModel:
             raise ModelError(f"{self.path}: llama.cpp could not create a context (n_ctx={n_ctx})")
         self._ctx = ctx
         self._mem = ll.llama_get_memory(ctx)
-        self.n_ctx = ll.llama_n_ctx(ctx)
+        # llama.cpp pads the context (to 256); the limit is still what was asked for.
+        allocated = ll.llama_n_ctx(ctx)
+        self.n_ctx = min(n_ctx, allocated) if n_ctx > 0 else allocated
         self.n_batch = ll.llama_n_batch(ctx)
         self._vocab = ll.llama_model_get_vocab(model)
         self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
         self.n_threads = threads
         self._pieces: dict[int, bytes] = {}
         self._eog_cache: dict[int, bool] = {}
+        self._eog_tokens: np.ndarray | None = None
 
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
         for i in range(self.n_batch):
@@ -186,8 +189,10 @@ class LlamaModel:
         return eog
 
     def eog_tokens(self) -> np.ndarray:
-        return np.array([t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self._vocab, t)],
-                        dtype=np.int64)
+        if self._eog_tokens is None:
+            self._eog_tokens = np.array(
+                [t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self._vocab, t)], dtype=np.int64)
+        return self._eog_tokens
 
     # -- the cache -------------------------------------------------------
 
