@@ -50,9 +50,13 @@ class ModelDrafter(Drafter):
         self._n_checked = 0  # cached[:_n_checked] is known to equal the context
 
     def prefill(self, prompt: Sequence[int]) -> None:
-        self._sync(prompt[:-1], outputs="none")
+        if len(prompt) <= self.model.n_ctx:
+            self._sync(prompt[:-1], outputs="none")
 
     def propose(self, context: Sequence[int], k: int) -> list[int]:
+        # The draft's own context may be smaller than the target's (-cd): it holds the
+        # context and k - 1 drafted tokens (the last drafted token is never decoded).
+        k = min(k, self.model.n_ctx - len(context) + 1)
         if k <= 0:
             return []
         row = self._sync(context, outputs="last")

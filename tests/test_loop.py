@@ -15,10 +15,10 @@ GREEDY = SamplerSettings(temp=0.0)
 PROMPT = [3, 5, 7, 11]
 
 
-def run(target_model, draft_model=None, *, n=40, n_ctx=256, sampling=GREEDY, seed=1, prompt=PROMPT,
-        p_min=0.0, **spec):
+def run(target_model, draft_model=None, *, n=40, n_ctx=256, n_ctx_draft=None, sampling=GREEDY, seed=1,
+        prompt=PROMPT, p_min=0.0, **spec):
     target = FakeBackend(target_model, n_ctx=n_ctx)
-    draft = FakeBackend(draft_model, n_ctx=n_ctx, name="draft") if draft_model else None
+    draft = FakeBackend(draft_model, n_ctx=n_ctx_draft or n_ctx, name="draft") if draft_model else None
     drafter = ModelDrafter(draft, p_min=p_min) if draft else None
     events = list(generate(target, prompt, Sampler(sampling, seed), SpecSettings(n_predict=n, **spec), drafter))
     return events, target, draft
@@ -110,6 +110,15 @@ def test_drafts_are_clipped_to_the_context(model):
     assert events[-1].reason == "length"
     assert target.max_pos < n_ctx and draft.max_pos < n_ctx
     assert out == plain_decode(model, PROMPT, 100, Sampler(GREEDY, 1), n_ctx=n_ctx)
+
+
+def test_a_smaller_draft_context_stops_drafting_not_generation(model):
+    n_ctx_draft = len(PROMPT) + 9
+    events, _, draft = run(model, model, draft_max=4, n=30, n_ctx_draft=n_ctx_draft)
+    assert tokens_of(events) == plain_decode(model, PROMPT, 30, Sampler(GREEDY, 1))
+    assert draft.max_pos < n_ctx_draft
+    drafted = [s.n_drafted for s in steps_of(events)]
+    assert drafted[0] == 4 and drafted[-1] == 0
 
 
 def test_prompt_that_fills_the_context_is_refused(model):
