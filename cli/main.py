@@ -181,6 +181,8 @@ def main() -> None:
     except SpeculateError as e:
         _fail(str(e), e.exit_code)
     except ClickException as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # help was shown, nothing went wrong
+            sys.exit(0)
         _fail(e.format_message(), 2)
     except KeyboardInterrupt:
         _fail("interrupted", 130)
@@ -188,6 +190,10 @@ def main() -> None:
         code = e.exit_code
     except typer.Abort:
         _fail("interrupted", 130)
+    except Exception as e:  # a bug or an unforeseen OS error: still one line, unless debugging
+        if os.environ.get("SPECULATE_DEBUG"):
+            raise
+        _fail(f"unexpected {type(e).__name__}: {e} (set SPECULATE_DEBUG=1 for the traceback)", 1)
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -72,12 +72,12 @@ def list_models(json_output: bool = typer.Option(False, "--json", help="One JSON
             print(json.dumps(row))
         return
     table = Table(title=f"models (cache: {registry.cache_dir})", title_justify="left")
-    for col in ("name", "size", "pulled", "default", "description"):
-        table.add_column(col, justify="right" if col == "size" else "left")
+    for col in ("name", "size", "pulled", "default", "path"):
+        table.add_column(col, justify="right" if col == "size" else "left", overflow="fold")
     for row in rows:
         table.add_row(row["name"] + (f" ({', '.join(row['aliases'])})" if row["aliases"] else ""),
                       f"{row['size'] / 1e6:,.0f} MB", "yes" if row["pulled"] else "no",
-                      row["default"], row["description"])
+                      row["default"], row["path"])
     Console().print(table)
 
 
