@@ -145,7 +145,7 @@ def run(
 
     registry = Registry.load()
     target, draft = models_cli.resolve_models(
-        registry, model, model_draft if use_draft else None, use_draft,
+        registry, model, model_draft, use_draft,
         ctx=(ctx_size, ctx_size_draft), ngl=(n_gpu_layers, n_gpu_layers_draft),
         threads=(threads, threads_draft), n_batch=batch_size,
     )

@@ -190,9 +190,12 @@ def test_output_into_a_closed_pipe_ends_quietly(model_path):
 
 def test_ctrl_c_prints_partial_text_and_stats_and_exits_130(model_path):
     smol = str(model_path(SMOL))
+    # SIGINT as at a terminal: a shell without job control starts background jobs with
+    # it ignored, and CI may run us that way.
     proc = subprocess.Popen([SPECULATE, "-m", smol, "-p", "Write a long story:", "-n", "-1",
                              "--ignore-eos", "--temp", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     first = proc.stdout.read(20)  # generation has started
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
