@@ -26,7 +26,7 @@ def pull_with_progress(entry: ModelEntry, dest: Path, force: bool = False) -> No
     stderr.print(f"pulling {entry.name} ({entry.size / 1e6:,.0f} MB) into {dest.parent}", highlight=False)
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                TransferSpeedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=stderr, transient=True) as bar:
+    with Progress(*columns, console=stderr, transient=True, disable=not stderr.is_terminal) as bar:
         task = bar.add_task(entry.name, total=None)
 
         def progress(done: int, total: int, what: str) -> None:
