@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""Decode speed of two llama-cpp-python builds, target-only and speculative, interleaved.
+
+    scripts/compare_builds.py VENV_A VENV_B [--rounds 3] [-- extra speculate flags]
+
+Each venv must have speculate installed over its own llama-cpp-python build (for
+example the stock build in .venv and the batch-invariant one in .venv-test). Every
+round runs, for each build, the default pair's target alone and then with its draft,
+so machine drift hits all four alike. Prints each run and the medians, with ratios
+against the first build's target-only speed measured in this same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+PROMPT = "def quicksort(arr):"
+MODES = {"target only": ["--spec-type", "none"], "speculative": []}
+
+
+def run(venv: Path, mode_flags: list[str], extra: list[str]) -> dict:
+    cmd = [str(venv / "bin" / "speculate"), "-p", PROMPT, "-n", "64", "--temp", "0", "--json",
+           *mode_flags, *extra]
+    out = subprocess.run(cmd, capture_output=True, check=True).stdout
+    return json.loads(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("venvs", nargs=2, type=Path)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("extra", nargs="*", help="more speculate flags, after --")
+    args = parser.parse_args()
+
+    speeds: dict[tuple[str, str], list[float]] = {}
+    for r in range(args.rounds):
+        for venv in args.venvs:
+            for mode, flags in MODES.items():
+                result = run(venv, flags, args.extra)
+                speeds.setdefault((str(venv), mode), []).append(result["decode_tps"])
+                print(f"round {r + 1}  {venv}  {mode:12s}  {result['decode_tps']:6.2f} t/s  "
+                      f"accepted {result['n_accept']}/{result['n_drafted']}", flush=True)
+
+    base = statistics.median(speeds[(str(args.venvs[0]), "target only")])
+    print(f"\nmedian decode speed over {args.rounds} rounds, ratio to {args.venvs[0]} target only:")
+    for (venv, mode), values in speeds.items():
+        median = statistics.median(values)
+        print(f"  {venv}  {mode:12s}  {median:6.2f} t/s  {median / base:5.2f}x")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
