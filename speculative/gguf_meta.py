@@ -102,8 +102,7 @@ class _Cursor:
                 start = self.take(count * size, key)
                 if not keep:
                     return None
-                fmt = "<" + _SCALARS[GGUFValueType(etype)][1] * count
-                return list(struct.unpack_from(fmt, self.buf, start))
+                return list(struct.unpack_from(f"<{count}{_SCALARS[GGUFValueType(etype)][1]}", self.buf, start))
             if etype == GGUFValueType.STRING:
                 return self.strings(count, key, keep)
             raise self.fail(f"{key}: unsupported array element type {etype}")
