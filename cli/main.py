@@ -15,11 +15,12 @@ from typing import Optional
 import typer
 
 from speculative.errors import SpeculateError, UsageError
-from speculative.loop import SpecSettings
-from speculative.registry import Registry
+from speculative.loop import DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, NgramSettings, SpecSettings
 from speculative.sampling import DEFAULT_SEQUENCE, SamplerSettings
 
 from . import models as models_cli
+from . import options
+from .bench import bench_command
 from .prompt import process_escapes, read_prompt
 from .render import run_and_render
 
@@ -37,8 +38,10 @@ EXIT_CODES = (
 app = typer.Typer(
     name="speculate",
     help="Speculative decoding over local GGUF models, through llama.cpp.\n\n"
-         "A cheap draft model proposes tokens, the target model verifies them all in one "
-         "forward pass. Greedy output is exactly the target's greedy output.\n\n" + EXIT_CODES,
+         "A cheap drafter (a small model, or n-gram lookup in the prompt and output) proposes "
+         "tokens; the target model verifies them all in one forward pass. Greedy output is exactly "
+         "the target's greedy output. By default (--spec-type auto) speculate measures what a "
+         "target pass costs on this machine and drafts only when it pays.\n\n" + EXIT_CODES,
     add_completion=False,
     invoke_without_command=True,
     no_args_is_help=False,
@@ -47,36 +50,24 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.add_typer(models_cli.app, name="models")
+app.command("bench", help="Measure speedup over target-only decoding on a prompt file, on this machine.")(
+    bench_command)
 
-M, P, S, D, O = "Models", "Prompt", "Sampling", "Speculation", "Output"
+P, S, D, O = "Prompt", "Sampling", "Speculation", "Output"
 
 
 @app.callback()
 def run(
     ctx: typer.Context,
-    model: Optional[str] = typer.Option(
-        None, "-m", "--model", rich_help_panel=M, metavar="PATH|NAME",
-        help="Target model: a GGUF file or a registry name (default: the registry's default target)."),
-    model_draft: Optional[str] = typer.Option(
-        None, "-md", "--model-draft", "--spec-draft-model", rich_help_panel=M, metavar="PATH|NAME",
-        help="Draft model: a GGUF file or a registry name (default with no -m: the default draft)."),
-    ctx_size: int = typer.Option(
-        4096, "-c", "--ctx-size", rich_help_panel=M, help="Target context size in tokens (0: the model's own)."),
-    ctx_size_draft: Optional[int] = typer.Option(
-        None, "-cd", "--ctx-size-draft", rich_help_panel=M, help="Draft context size (default: -c)."),
-    n_gpu_layers: int = typer.Option(
-        -1, "-ngl", "--n-gpu-layers", "--gpu-layers", rich_help_panel=M,
-        help="Target layers to offload to the GPU (-1: all that the build can)."),
-    n_gpu_layers_draft: Optional[int] = typer.Option(
-        None, "-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl", rich_help_panel=M,
-        help="Draft layers to offload to the GPU (default: -ngl)."),
-    threads: Optional[int] = typer.Option(
-        None, "-t", "--threads", rich_help_panel=M, help="CPU threads for the target (default: all available)."),
-    threads_draft: Optional[int] = typer.Option(
-        None, "-td", "--threads-draft", "--spec-draft-threads", rich_help_panel=M,
-        help="CPU threads for the draft (default: -t)."),
-    batch_size: int = typer.Option(
-        2048, "-b", "--batch-size", rich_help_panel=M, help="Most tokens in one forward pass."),
+    model: Optional[str] = options.MODEL,
+    model_draft: Optional[str] = options.MODEL_DRAFT,
+    ctx_size: int = options.CTX_SIZE,
+    ctx_size_draft: Optional[int] = options.CTX_SIZE_DRAFT,
+    n_gpu_layers: int = options.N_GPU_LAYERS,
+    n_gpu_layers_draft: Optional[int] = options.N_GPU_LAYERS_DRAFT,
+    threads: Optional[int] = options.THREADS,
+    threads_draft: Optional[int] = options.THREADS_DRAFT,
+    batch_size: int = options.BATCH_SIZE,
     prompt: Optional[str] = typer.Option(
         None, "-p", "--prompt", rich_help_panel=P, help="The prompt; '-' reads it from standard input."),
     file: Optional[str] = typer.Option(
@@ -106,17 +97,40 @@ def run(
     ignore_eos: bool = typer.Option(
         False, "--ignore-eos", rich_help_panel=S, help="Never stop at end-of-generation tokens."),
     spec_type: Optional[str] = typer.Option(
-        None, "--spec-type", rich_help_panel=D, metavar="TYPE",
-        help="'draft' (a draft model; implied by -md) or 'none' (target only, same code path)."),
-    draft_max: int = typer.Option(
-        3, "--draft-max", "--draft", "--spec-draft-n-max", rich_help_panel=D,
-        help="Most tokens drafted per step."),
+        None, "--spec-type", rich_help_panel=D, metavar="TYPES",
+        help="Comma-separated, tried in order: draft (the -md model), ngram-simple, ngram-map-k; "
+             "auto (the default): choose drafter and k each step by measured cost, k = 0 included; "
+             "none: target only, same code path."),
+    draft_max: Optional[int] = typer.Option(
+        None, "--draft-max", "--draft", "--spec-draft-n-max", rich_help_panel=D,
+        help=f"Most tokens drafted per step [default: {DRAFT_MAX_FIXED}; auto: up to {DRAFT_MAX_AUTO}]."),
     draft_min: int = typer.Option(
         0, "--draft-min", "--spec-draft-n-min", rich_help_panel=D,
         help="Drafts shorter than this are not verified."),
     draft_p_min: float = typer.Option(
         0.0, "--draft-p-min", "--spec-draft-p-min", rich_help_panel=D,
         help="Stop drafting when the draft's top candidate is less likely than P."),
+    ngram_n: Optional[int] = typer.Option(
+        None, "--spec-ngram-size-n", rich_help_panel=D,
+        help=f"N-gram drafters: length of the n-gram looked up [default: {NgramSettings.n}]."),
+    ngram_m: Optional[int] = typer.Option(
+        None, "--spec-ngram-size-m", rich_help_panel=D,
+        help=f"N-gram drafters: most tokens proposed after a match [default: {NgramSettings.m}]."),
+    ngram_min_hits: Optional[int] = typer.Option(
+        None, "--spec-ngram-min-hits", rich_help_panel=D,
+        help=f"N-gram drafters: earlier occurrences needed [default: {NgramSettings.min_hits}]."),
+    simple_n: Optional[int] = typer.Option(None, "--spec-ngram-simple-size-n", rich_help_panel=D,
+                                           help="ngram-simple only: as --spec-ngram-size-n."),
+    simple_m: Optional[int] = typer.Option(None, "--spec-ngram-simple-size-m", rich_help_panel=D,
+                                           help="ngram-simple only: as --spec-ngram-size-m."),
+    simple_hits: Optional[int] = typer.Option(None, "--spec-ngram-simple-min-hits", rich_help_panel=D,
+                                              help="ngram-simple only: as --spec-ngram-min-hits."),
+    map_n: Optional[int] = typer.Option(None, "--spec-ngram-map-k-size-n", rich_help_panel=D,
+                                        help="ngram-map-k only: as --spec-ngram-size-n."),
+    map_m: Optional[int] = typer.Option(None, "--spec-ngram-map-k-size-m", rich_help_panel=D,
+                                        help="ngram-map-k only: as --spec-ngram-size-m."),
+    map_hits: Optional[int] = typer.Option(None, "--spec-ngram-map-k-min-hits", rich_help_panel=D,
+                                           help="ngram-map-k only: as --spec-ngram-min-hits."),
     color: bool = typer.Option(
         False, "--color", rich_help_panel=O,
         help="Colour accepted draft tokens (green) apart from the target's own (NO_COLOR disables)."),
@@ -129,26 +143,28 @@ def run(
         return
     sampling = SamplerSettings(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                                sequence=sampling_seq, seed=seed)
-    spec = SpecSettings(draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min,
-                        n_predict=n_predict, ignore_eos=ignore_eos)
+    types = tuple(t.strip() for t in (spec_type or "auto").split(",") if t.strip())
+
+    def ngram(n, m, hits) -> NgramSettings:  # a type's own flag, else the common one, else the default
+        return NgramSettings(_first(n, ngram_n, NgramSettings.n), _first(m, ngram_m, NgramSettings.m),
+                             _first(hits, ngram_min_hits, NgramSettings.min_hits))
+
+    spec = SpecSettings(
+        types=types, draft_min=draft_min, draft_p_min=draft_p_min, n_predict=n_predict,
+        draft_max=draft_max if draft_max is not None else DRAFT_MAX_AUTO if "auto" in types else DRAFT_MAX_FIXED,
+        ignore_eos=ignore_eos, ngram_simple=ngram(simple_n, simple_m, simple_hits),
+        ngram_map_k=ngram(map_n, map_m, map_hits))
     sampling.validate()
     spec.validate()
-    for flag, value, least in (("-c/--ctx-size", ctx_size, 0), ("-b/--batch-size", batch_size, 1),
-                               ("-cd/--ctx-size-draft", ctx_size_draft, 0),
-                               ("-t/--threads", threads, 1), ("-td/--threads-draft", threads_draft, 1)):
-        if value is not None and value < least:
-            raise UsageError(f"{flag} must be >= {least}, got {value}")
-    use_draft = _spec_type(spec_type, model, model_draft)
+    use_draft = _uses_draft_model(spec, options.draft_available(model, model_draft))
     text = read_prompt(prompt, file, escape)
     if system_prompt is not None and escape:
         system_prompt = process_escapes(system_prompt)
 
-    registry = Registry.load()
-    target, draft = models_cli.resolve_models(
-        registry, model, model_draft, use_draft,
-        ctx=(ctx_size, ctx_size_draft), ngl=(n_gpu_layers, n_gpu_layers_draft),
-        threads=(threads, threads_draft), n_batch=batch_size,
-    )
+    target, draft = options.model_specs(
+        model, model_draft, use_draft, ctx_size=ctx_size, ctx_size_draft=ctx_size_draft,
+        n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, threads=threads,
+        threads_draft=threads_draft, batch_size=batch_size)
     code = run_and_render(
         target, draft, text, sampling, spec, use_chat=use_chat, system=system_prompt,
         color=color and not os.environ.get("NO_COLOR"), json_output=json_output,
@@ -156,22 +172,17 @@ def run(
     raise typer.Exit(code)
 
 
-def _spec_type(spec_type: str | None, model: str | None, model_draft: str | None) -> bool:
-    """Whether a draft model is used, from --spec-type and what was given."""
-    if spec_type is None:
-        return model_draft is not None or model is None
-    kinds = [k.strip() for k in spec_type.split(",") if k.strip()]
-    unknown = [k for k in kinds if k not in ("none", "draft")]
-    if unknown or not kinds:
-        raise UsageError(f"--spec-type: unknown type {', '.join(unknown) or repr(spec_type)} "
-                         "(this version knows: none, draft)")
-    if "none" in kinds:
-        if len(kinds) > 1:
-            raise UsageError("--spec-type none cannot be combined with other types")
-        return False
-    if model is not None and model_draft is None:
-        raise UsageError("--spec-type draft needs a draft model: give -md PATH|NAME")
-    return True
+def _first(*values):
+    return next(v for v in values if v is not None)
+
+
+def _uses_draft_model(spec: SpecSettings, available: bool) -> bool:
+    """Whether a draft model is loaded: named in --spec-type, or auto with one at hand."""
+    if "draft" in spec.drafters:
+        if not available:
+            raise UsageError("--spec-type draft needs a draft model: give -md PATH|NAME")
+        return True
+    return spec.auto and not spec.drafters and available
 
 
 def main() -> None:

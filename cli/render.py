@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
 from speculative.engine import Engine, ModelSpec
-from speculative.loop import Prefilled, SpecSettings, Token
+from speculative.loop import SpecSettings, Token
 from speculative.sampling import SamplerSettings
 from speculative.stats import Stats
 from speculative.text import TextStream
@@ -45,18 +44,17 @@ def run_and_render(target: ModelSpec, draft: ModelSpec | None, text: str, sampli
                    spec: SpecSettings, *, use_chat: bool, system: str | None, color: bool,
                    json_output: bool) -> int:
     seed = sampling.resolved_seed()
-    with Engine(target, draft) as engine:
+    with Engine(target, draft, notify=lambda message: print(message, file=sys.stderr)) as engine:
         prompt = engine.prompt_tokens(text, use_chat, system)
-        stats = Stats(t_load=engine.t_load)
         out = _Stdout(color)
         stream = TextStream(engine.target.token_bytes)
         pieces: list[str] = []
         tokens: list[int] = []
         code = 0
-        t_prefilled = None
+        finish = None
+        events = engine.run(prompt, sampling, spec, seed)
         try:
-            for event in engine.run(prompt, sampling, spec, seed):
-                stats.add(event)
+            for event in events:
                 if isinstance(event, Token):
                     tokens.append(event.id)
                     piece = stream.push(event.id)
@@ -64,38 +62,43 @@ def run_and_render(target: ModelSpec, draft: ModelSpec | None, text: str, sampli
                     if not json_output:
                         out.write(piece, event.from_draft)
                         if out.closed:
-                            stats.finish_reason = "output closed"
+                            finish = "output closed"
                             break
-                elif isinstance(event, Prefilled):
-                    t_prefilled = time.perf_counter()
         except KeyboardInterrupt:
-            stats.finish_reason = "interrupted"
+            finish = "interrupted"
             code = EXIT_INTERRUPTED
-        if stats.finish_reason in ("interrupted", "output closed") and t_prefilled is not None:
-            stats.t_decode = time.perf_counter() - t_prefilled
+        events.close()
+        stats = engine.stats
+        stats.finish_reason = finish or stats.finish_reason
         tail = stream.flush()
         pieces.append(tail)
         if json_output:
             result = {"text": "".join(pieces), "tokens": tokens, **stats.to_dict(),
                       "target": _model_info(target, engine.target),
                       "draft": _model_info(draft, engine.draft) if draft else None,
-                      "settings": _settings(sampling, spec, seed, use_chat, engine)}
+                      "settings": _settings(sampling, spec, seed, use_chat, engine),
+                      "notes": _notes(engine)}
             out.write(json.dumps(result, ensure_ascii=False) + "\n")
         else:
             out.write(tail + "\n")
-            print_stats(stats, spec, seed, target, draft, color)
+            print_stats(stats, spec, seed, target, draft, color, _notes(engine))
     return code
 
 
+def _notes(engine: Engine) -> list[str]:
+    summary = getattr(engine.drafter, "summary", None)
+    return summary() if summary else []
+
+
 def print_stats(stats: Stats, spec: SpecSettings, seed: int, target: ModelSpec, draft: ModelSpec | None,
-                color: bool) -> None:
+                color: bool, notes: list[str]) -> None:
     """llama.cpp's block first (as llama-speculative prints it), then what it does not show."""
     lines = [
         "",
         f"encoded {stats.n_prompt:4d} tokens in {stats.t_encode:8.3f} seconds, speed: {stats.encode_tps:8.3f} t/s",
         f"decoded {stats.n_predict:4d} tokens in {stats.t_decode:8.3f} seconds, speed: {stats.decode_tps:8.3f} t/s",
         "",
-        f"n_draft   = {spec.draft_max if draft else 0}",
+        f"n_draft   = {spec.draft_max if spec.drafters or spec.auto else 0}",
         f"n_predict = {stats.n_predict}",
         f"n_drafted = {stats.n_drafted}",
         f"n_accept  = {stats.n_accept}",
@@ -112,16 +115,22 @@ def print_stats(stats: Stats, spec: SpecSettings, seed: int, target: ModelSpec, 
             f"(accepted length: steps = {histogram})",
             f"position  = {by_position}",
         ]
+    plans = ", ".join(f"{d} k={k}: {n}" if d != "none" else f"no draft: {n}"
+                      for (d, k), n in sorted(stats.plans.items(), key=lambda item: -item[1]))
+    lines.append(f"plans     = {plans} (steps by drafter and draft length)")
     other = max(stats.t_decode - stats.t_draft - stats.t_verify, 0.0)
     total = stats.t_decode or 1.0
     lines += [
         f"time      = draft {stats.t_draft:.3f} s ({100 * stats.t_draft / total:.1f}%), "
         f"verify {stats.t_verify:.3f} s ({100 * stats.t_verify / total:.1f}%), other {other:.3f} s",
+        f"python    = {1000 * stats.python_seconds_per_token:.2f} ms per token outside llama.cpp "
+        f"({100 * stats.python_share:.1f}% of generation time)",
         f"load      = {stats.t_load:.3f} s (target {target.name}"
         + (f", draft {draft.name})" if draft else ")"),
         f"finish    = {stats.finish_reason}, seed {seed}",
     ]
-    if color and draft:
+    lines += [f"note      = {note}" for note in notes]
+    if color and (spec.drafters or spec.auto):
         lines.append(f"colors    = {GREEN}accepted draft tokens{RESET}, plain: the target's own tokens")
     print("\n".join(lines), file=sys.stderr)
 
@@ -136,4 +145,5 @@ def _settings(sampling: SamplerSettings, spec: SpecSettings, seed: int, use_chat
             "sampling_seq": sampling.sequence, "seed": seed, "n_predict": spec.n_predict,
             "draft_max": spec.draft_max, "draft_min": spec.draft_min, "draft_p_min": spec.draft_p_min,
             "ignore_eos": spec.ignore_eos, "chat": use_chat,
-            "spec_type": "draft" if engine.draft else "none", "n_batch": engine.target.n_batch}
+            "spec_type": ",".join(spec.types), "n_batch": engine.target.n_batch,
+            "ngram_simple": vars(spec.ngram_simple), "ngram_map_k": vars(spec.ngram_map_k)}

@@ -11,15 +11,22 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
-from . import chat
-from .drafters import ModelDrafter
-from .errors import ModelError
+import numpy as np
+
+from . import calibrate, chat
+from .auto import Auto
+from .drafters import Chain, Drafter, ModelDrafter, NgramMapK, NgramSimple
+from .errors import ModelError, UsageError
 from .llamacpp import LlamaModel
-from .loop import Event, SpecSettings, generate
+from .loop import Event, Prefilled, SpecSettings, Token, generate
 from .sampling import Sampler, SamplerSettings
+from .stats import Stats
 from .vocab import check_compatible, read_vocab
+
+
+CATCHUP_BATCH = 16  # a draft model catching up decodes about this many tokens at once
 
 
 @dataclass(frozen=True)
@@ -33,7 +40,8 @@ class ModelSpec:
 
 
 class Engine:
-    def __init__(self, target: ModelSpec, draft: ModelSpec | None = None):
+    def __init__(self, target: ModelSpec, draft: ModelSpec | None = None,
+                 notify: Callable[[str], None] | None = None):
         if draft is not None and draft.path.resolve() != target.path.resolve():
             check_compatible(read_vocab(target.path), read_vocab(draft.path))
         t0 = time.perf_counter()
@@ -45,30 +53,100 @@ class Engine:
             self.target.close()
             raise
         self.t_load = time.perf_counter() - t0
+        self.notify = notify
+        self.drafter: Drafter | None = None  # the drafter of the latest run
+        self.stats = Stats(t_load=self.t_load)  # the statistics of the latest run
+        self._costs: dict[int, list[float]] = {}  # id(model) -> v(1..)
 
     def prompt_tokens(self, text: str, use_chat: bool = False, system: str | None = None) -> list[int]:
-        if not use_chat:
-            return self.target.tokenize(text, add_special=True)
+        if use_chat:
+            return self.chat_tokens(chat.conversation(text, system))
+        return self.target.tokenize(text, add_special=True)
+
+    def chat_tokens(self, messages: list[dict[str, str]]) -> list[int]:
+        """A conversation through the target's own chat template, ready for the reply."""
         template = self.target.chat_template()
         if not template:
             raise ModelError(f"{self.target.name} has no chat template; run without --chat")
         bos = self.target.special_text("bos")
-        rendered = chat.render(template, chat.conversation(text, system),
-                               bos_token=bos, eos_token=self.target.special_text("eos"))
+        rendered = chat.render(template, messages, bos_token=bos, eos_token=self.target.special_text("eos"))
         # A template that writes BOS itself must not get a second one from the tokenizer.
         has_bos = bool(bos) and self.target.add_bos and rendered.startswith(bos)
         return self.target.tokenize(rendered, add_special=not has_bos)
 
-    def run(self, prompt: list[int], sampling: SamplerSettings, spec: SpecSettings, seed: int,
-            use_draft: bool = True) -> Iterator[Event]:
-        """Generate from `prompt` with empty caches; yields the loop's events."""
+    def top2(self, context: list[int]) -> tuple[tuple[int, float], tuple[int, float]]:
+        """The target's two best next tokens after `context`, with their logits."""
         self.target.trim(0)
-        drafter = None
-        if use_draft and self.draft is not None:
+        (row,) = self.target.decode(context, 0, "last")
+        second, first = np.argpartition(row, -2)[-2:]
+        if row[second] > row[first]:
+            first, second = second, first
+        return (int(first), float(row[first])), (int(second), float(row[second]))
+
+    def run(self, prompt: list[int], sampling: SamplerSettings, spec: SpecSettings,
+            seed: int) -> Iterator[Event]:
+        """Generate from `prompt` with empty caches, yielding the loop's events while
+        `self.stats` counts them (also when the consumer stops early)."""
+        self.target.trim(0)
+        if self.draft is not None:
             self.draft.trim(0)
-            drafter = ModelDrafter(self.draft, p_min=spec.draft_p_min)
+        self.drafter = self.make_drafter(spec)
         banned = self.target.eog_tokens() if spec.ignore_eos else None
-        return generate(self.target, prompt, Sampler(sampling, seed, banned), spec, drafter)
+        stats = self.stats = Stats(t_load=self.t_load)
+        started = None  # (wall clock, time inside llama.cpp) when the prompt was in
+        try:
+            for event in generate(self.target, prompt, Sampler(sampling, seed, banned), spec, self.drafter):
+                stats.add(event)
+                if isinstance(event, Prefilled):
+                    started = (time.perf_counter(), self.busy_seconds())
+                yield event
+        finally:
+            if started is not None:
+                stats.t_llama = self.busy_seconds() - started[1]
+                if stats.finish_reason is None:  # interrupted, or the consumer stopped
+                    stats.t_decode = time.perf_counter() - started[0]
+
+    def run_all(self, prompt: list[int], sampling: SamplerSettings, spec: SpecSettings,
+                seed: int) -> tuple[list[int], Stats]:
+        """Generate to the end: the tokens and the statistics."""
+        tokens = [e.id for e in self.run(prompt, sampling, spec, seed) if isinstance(e, Token)]
+        return tokens, self.stats
+
+    def make_drafter(self, spec: SpecSettings) -> Drafter | None:
+        """The drafter --spec-type asks for: one, a chain, or auto over several."""
+        names = spec.drafters or (("ngram-simple", "draft") if self.draft else ("ngram-simple",))
+        if not spec.auto and not spec.drafters:
+            return None
+        drafters = [self._drafter(name, spec) for name in names]
+        if spec.auto:
+            draft_costs, catchup_costs = {}, {}
+            if "draft" in names:  # a token alone, and a token within a batch of CATCHUP_BATCH
+                draft = self.costs(self.draft, CATCHUP_BATCH)
+                draft_costs["draft"], catchup_costs["draft"] = draft[0], draft[-1] / CATCHUP_BATCH
+            return Auto(drafters, self.costs(self.target, spec.draft_max + 1), spec.draft_max,
+                        draft_costs, catchup_costs)
+        return drafters[0] if len(drafters) == 1 else Chain(drafters)
+
+    def _drafter(self, name: str, spec: SpecSettings) -> Drafter:
+        if name == "draft":
+            if self.draft is None:
+                raise UsageError("--spec-type draft needs a draft model: give -md PATH|NAME")
+            return ModelDrafter(self.draft, p_min=spec.draft_p_min)
+        ngram = spec.ngram_simple if name == "ngram-simple" else spec.ngram_map_k
+        kind = NgramSimple if name == "ngram-simple" else NgramMapK
+        return kind(ngram.n, ngram.m, ngram.min_hits)
+
+    def costs(self, model: LlamaModel, max_batch: int) -> list[float]:
+        """The model's measured decode cost for batches of 1..max_batch tokens."""
+        known = self._costs.get(id(model), [])
+        if len(known) < max_batch:
+            known = self._costs[id(model)] = calibrate.batch_costs(
+                model, max_batch, model.identity(), self.notify)
+        return known[:max_batch]
+
+    def busy_seconds(self) -> float:
+        """Seconds both models have spent inside llama.cpp so far."""
+        return sum(m.busy_seconds for m in (self.target, self.draft) if m is not None)
 
     def close(self) -> None:
         for model in (self.draft, self.target):

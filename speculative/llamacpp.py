@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -46,11 +47,17 @@ def batch_variant_kernels() -> list[str]:
     """CPU kernels in this build that pick a different matmul path by batch size.
 
     With them, scoring a position inside a batch of k tokens can differ in the last
-    bits from scoring it alone, which can flip a near-tie in greedy decoding. The
-    default build has both (faster verification); the test build turns them off.
+    bits from scoring it alone, which can flip a near-tie in greedy decoding:
+    LLAMAFILE (sgemm) and REPACK are build options (-DGGML_LLAMAFILE=OFF
+    -DGGML_CPU_REPACK=OFF); TILED_MM, the x86 tiled K-quant matmul that takes over
+    from 8 rows, is switched off at run time with GGML_CPU_TILED_MM=0.
     """
     info = system_info()
-    return [name for name in ("LLAMAFILE", "REPACK") if f"{name} = 1" in info]
+    kernels = [name for name in ("LLAMAFILE", "REPACK") if f"{name} = 1" in info]
+    x86 = any(f"{flag} = 1" in info for flag in ("AVX", "AVX2", "AVX512_VNNI"))
+    if x86 and os.environ.get("GGML_CPU_TILED_MM", "1").strip() not in ("0", ""):
+        kernels.append("TILED_MM")
+    return kernels
 
 
 def default_threads() -> int:
@@ -116,6 +123,8 @@ class LlamaModel:
         self._vocab = ll.llama_model_get_vocab(model)
         self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
         self.n_threads = threads
+        self.n_gpu_layers = n_gpu_layers
+        self.busy_seconds = 0.0  # time spent inside llama_decode: the rest is Python
         self._pieces: dict[int, bytes] = {}
         self._eog_cache: dict[int, bool] = {}
         self._eog_tokens: np.ndarray | None = None
@@ -151,6 +160,13 @@ class LlamaModel:
         """Text of the BOS or EOS token ('' when the model has none)."""
         token = {"bos": ll.llama_vocab_bos, "eos": ll.llama_vocab_eos}[which](self._vocab)
         return self.token_bytes(token).decode("utf-8", errors="replace") if token >= 0 else ""
+
+    def identity(self) -> dict:
+        """Everything that changes how fast this model runs here (for calibration)."""
+        stat = self.path.stat()
+        return {"name": self.name, "file": str(self.path.resolve()), "size": stat.st_size,
+                "mtime_ns": stat.st_mtime_ns, "threads": self.n_threads, "n_gpu_layers": self.n_gpu_layers,
+                "n_batch": self.n_batch, "build": system_info(), "llama_cpp_python": ll.__version__}
 
     @property
     def add_bos(self) -> bool:
@@ -211,7 +227,10 @@ class LlamaModel:
             elif outputs == "last" and start + n == len(tokens):
                 self._out[n - 1] = 1
             self._batch.n_tokens = n
+            t0 = time.perf_counter()
             ret = ll.llama_decode(self._ctx, self._batch)
+            ll.llama_synchronize(self._ctx)  # GPU backends return early; count the real work
+            self.busy_seconds += time.perf_counter() - t0
             if ret != 0:
                 raise GenerationError(f"llama_decode failed on {self.name} (code {ret}) at position {pos + start}")
         if outputs == "all":

@@ -18,21 +18,59 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence, Union
 
 from .backend import Backend
-from .drafters import Drafter
+from .drafters import Draft, Drafter, Outcome
 from .errors import GenerationError, UsageError
 from .sampling import Sampler
 from .verify import sample_and_match
 
 
+SPEC_TYPES = ("none", "draft", "ngram-simple", "ngram-map-k", "auto")
+DRAFT_MAX_FIXED = 3    # llama.cpp's default --draft-max
+DRAFT_MAX_AUTO = 16    # auto's cap: it picks k <= this each step
+
+
+@dataclass(frozen=True)
+class NgramSettings:
+    n: int = 12            # length of the n-gram looked up (llama.cpp's default)
+    m: int = 48            # most tokens proposed after a match
+    min_hits: int = 1      # earlier occurrences needed before proposing
+
+    def validate(self, flag: str) -> None:
+        if not 1 <= self.n <= 1024 or not 1 <= self.m <= 1024:
+            raise UsageError(f"{flag}: n-gram sizes must be in [1, 1024], got n={self.n} m={self.m}")
+        if self.min_hits < 1:
+            raise UsageError(f"{flag}: min-hits must be >= 1, got {self.min_hits}")
+
+
 @dataclass(frozen=True)
 class SpecSettings:
-    draft_max: int = 3      # most tokens drafted per step
+    types: tuple[str, ...] = ("auto",)  # --spec-type: drafters, tried in order, or auto over them
+    draft_max: int = DRAFT_MAX_FIXED    # most tokens drafted per step
     draft_min: int = 0      # drafts shorter than this are not verified
     draft_p_min: float = 0.0  # the draft stops when its top candidate is less likely than this
     n_predict: int = -1     # hard cap on generated tokens; -1: until EOS or context full
     ignore_eos: bool = False
+    ngram_simple: NgramSettings = NgramSettings()
+    ngram_map_k: NgramSettings = NgramSettings()
+
+    @property
+    def drafters(self) -> tuple[str, ...]:
+        """The drafter types named, without 'auto' and 'none'."""
+        return tuple(t for t in self.types if t not in ("auto", "none"))
+
+    @property
+    def auto(self) -> bool:
+        return "auto" in self.types
 
     def validate(self) -> None:
+        unknown = [t for t in self.types if t not in SPEC_TYPES]
+        if unknown or not self.types:
+            raise UsageError(f"--spec-type: unknown type {', '.join(unknown) or '(empty)'} "
+                             f"(known: {', '.join(SPEC_TYPES)})")
+        if "none" in self.types and len(self.types) > 1:
+            raise UsageError("--spec-type none cannot be combined with other types")
+        if len(set(self.types)) != len(self.types):
+            raise UsageError(f"--spec-type names a type twice: {','.join(self.types)}")
         if self.draft_max < 0:
             raise UsageError(f"--draft-max must be >= 0, got {self.draft_max}")
         if self.draft_min < 0:
@@ -43,6 +81,8 @@ class SpecSettings:
             raise UsageError(f"--draft-p-min must be in [0, 1], got {self.draft_p_min}")
         if self.n_predict < -1:
             raise UsageError(f"-n/--n-predict must be -1 (no limit) or >= 0, got {self.n_predict}")
+        self.ngram_simple.validate("--spec-ngram-simple-*")
+        self.ngram_map_k.validate("--spec-ngram-map-k-*")
 
 
 @dataclass(frozen=True)
@@ -116,22 +156,22 @@ def generate(
         k = min(settings.draft_max, room - 1, target.n_batch - 1)
 
         t_draft = time.perf_counter()
-        drafted: list[int] = []
+        draft = Draft([], "none")
         if drafter is not None and k >= max(1, settings.draft_min):
-            drafted = drafter.propose(tokens, k)[:k]
-            if len(drafted) < settings.draft_min:
-                drafted = []
+            draft = drafter.propose(tokens, k)
+        drafted = draft.tokens[:k] if len(draft.tokens) >= settings.draft_min else []
         t_verify = time.perf_counter()
 
         n = len(tokens)
         rows = target.decode([tokens[-1], *drafted], n - 1, "all")
         m, bonus = sample_and_match(drafted, lambda i: sampler.sample(rows[i]))
         target.trim(n + m)
-        if drafter is not None and drafted:
-            drafter.accept(m)
         t_done = time.perf_counter()
+        if drafter is not None:
+            drafter.accept(Outcome(Draft(drafted, draft.source), m, bonus,
+                                   t_verify - t_draft, t_done - t_verify))
 
-        yield Step(step, drafter.name if drafted else None, len(drafted), m,
+        yield Step(step, draft.source if drafted else None, len(drafted), m,
                    t_verify - t_draft, t_done - t_verify)
         for i, token in enumerate([*drafted[:m], bonus]):
             if target.is_eog(token) and not settings.ignore_eos:

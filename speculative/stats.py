@@ -20,11 +20,13 @@ class Stats:
     drafted_at: list[int] = field(default_factory=list)   # per draft position: times drafted
     accepted_at: list[int] = field(default_factory=list)  # per draft position: times accepted
     accepted_lengths: Counter = field(default_factory=Counter)  # m -> number of drafting steps
+    plans: Counter = field(default_factory=Counter)  # (drafter or "none", k) -> steps
     t_load: float = 0.0
     t_encode: float = 0.0
     t_decode: float = 0.0
     t_draft: float = 0.0
     t_verify: float = 0.0
+    t_llama: float = 0.0        # of t_decode, the time inside llama.cpp (both models)
     finish_reason: str | None = None
 
     def add(self, event: Event) -> None:
@@ -35,6 +37,7 @@ class Stats:
             self.n_steps += 1
             self.t_draft += event.t_draft
             self.t_verify += event.t_verify
+            self.plans[(event.drafter or "none", event.n_drafted)] += 1
             if event.n_drafted:
                 self._add_draft(event.n_drafted, event.n_accepted)
         elif isinstance(event, Prefilled):
@@ -78,6 +81,15 @@ class Stats:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
 
     @property
+    def python_seconds_per_token(self) -> float:
+        """Generation time spent outside llama.cpp, per generated token."""
+        return max(self.t_decode - self.t_llama, 0.0) / self.n_predict if self.n_predict else 0.0
+
+    @property
+    def python_share(self) -> float:
+        return max(self.t_decode - self.t_llama, 0.0) / self.t_decode if self.t_decode > 0 else 0.0
+
+    @property
     def encode_tps(self) -> float:
         return self.n_prompt / self.t_encode if self.t_encode > 0 else 0.0
 
@@ -99,11 +111,15 @@ class Stats:
             "tokens_per_step": self.tokens_per_step,
             "accept_rate_by_position": self.accept_rate_by_position,
             "accepted_length_histogram": {str(m): n for m, n in sorted(self.accepted_lengths.items())},
+            "plans": [{"drafter": d, "k": k, "steps": n} for (d, k), n in sorted(self.plans.items())],
             "t_load_s": self.t_load,
             "t_encode_s": self.t_encode,
             "t_decode_s": self.t_decode,
             "t_draft_s": self.t_draft,
             "t_verify_s": self.t_verify,
+            "t_llama_s": self.t_llama,
+            "python_ms_per_token": 1000 * self.python_seconds_per_token,
+            "python_share": self.python_share,
             "encode_tps": self.encode_tps,
             "decode_tps": self.decode_tps,
         }

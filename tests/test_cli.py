@@ -23,7 +23,7 @@ QWEN_PROMPTS = [
 def test_smollm2_as_its_own_draft_is_identical_and_fully_accepted(model_path, batch_invariant):
     smol = str(model_path(SMOL))
     common = ("-m", smol, "-p", "The three primary colours are", "-n", "48", "--temp", "0")
-    spec = speculate_json(*common, "-md", smol, "--draft-max", "4")
+    spec = speculate_json(*common, "-md", smol, "--spec-type", "draft", "--draft-max", "4")
     base = speculate_json(*common, "--spec-type", "none")
     assert spec["tokens"] == base["tokens"]
     assert spec["text"] == base["text"] and spec["text"].strip()
@@ -36,7 +36,7 @@ def test_smollm2_as_its_own_draft_is_identical_and_fully_accepted(model_path, ba
 @pytest.mark.parametrize("prompt", QWEN_PROMPTS)
 def test_qwen_pair_greedy_equals_target_only(model_path, batch_invariant, prompt):
     common = ("-m", QWEN, "-p", prompt, "-n", "40", "--temp", "0", "--no-escape")
-    spec = speculate_json(*common, "-md", QWEN_DRAFT)
+    spec = speculate_json(*common, "-md", QWEN_DRAFT, "--spec-type", "draft")
     base = speculate_json(*common, "--spec-type", "none")
     assert spec["tokens"] == base["tokens"], (spec["text"], base["text"])
     assert spec["n_accept"] > 0
@@ -44,7 +44,7 @@ def test_qwen_pair_greedy_equals_target_only(model_path, batch_invariant, prompt
 
 def test_json_counters_add_up(model_path):
     smol = str(model_path(SMOL))
-    r = speculate_json("-m", smol, "-md", smol, "-p", "Once upon a time", "-n", "30",
+    r = speculate_json("-m", smol, "-md", smol, "--spec-type", "draft", "-p", "Once upon a time", "-n", "30",
                        "--temp", "0.9", "--seed", "7", "--draft-max", "3")
     assert r["n_predict"] == len(r["tokens"]) == 30
     assert r["finish_reason"] == "length"
@@ -64,8 +64,8 @@ def test_seeded_sampling_repeats_and_matches_target_only(model_path, batch_invar
     """Sample-and-match uses the sampler's random stream as target-only decoding does."""
     smol = str(model_path(SMOL))
     common = ("-m", smol, "-p", "My favourite animal is", "-n", "32", "--temp", "1.0", "-s", "1234")
-    a = speculate_json(*common, "-md", smol)
-    b = speculate_json(*common, "-md", smol)
+    a = speculate_json(*common, "-md", smol, "--spec-type", "draft")
+    b = speculate_json(*common, "-md", smol, "--spec-type", "draft")
     base = speculate_json(*common, "--spec-type", "none")
     assert a["tokens"] == b["tokens"] == base["tokens"]
 
@@ -132,7 +132,7 @@ def test_prompt_from_stdin_and_file_agree(model_path, tmp_path):
 
 def test_streamed_text_equals_json_text_and_stats_go_to_stderr(model_path):
     smol = str(model_path(SMOL))
-    common = ("-m", smol, "-md", smol, "-p", "List three fruits:", "-n", "24", "--temp", "0")
+    common = ("-m", smol, "-md", smol, "--spec-type", "draft", "-p", "List three fruits:", "-n", "24", "--temp", "0")
     streamed = speculate(*common)
     assert streamed.returncode == 0, streamed.stderr
     as_json = speculate_json(*common)
@@ -144,7 +144,7 @@ def test_streamed_text_equals_json_text_and_stats_go_to_stderr(model_path):
 
 def test_color_marks_draft_tokens_and_no_color_wins(model_path):
     smol = str(model_path(SMOL))
-    common = ("-m", smol, "-md", smol, "-p", "Hello", "-n", "12", "--temp", "0", "--color")
+    common = ("-m", smol, "-md", smol, "--spec-type", "draft", "-p", "Hello", "-n", "12", "--temp", "0", "--color")
     colored = speculate(*common)
     assert b"\x1b[32m" in colored.stdout
     plain = speculate(*common, env={"NO_COLOR": "1"})
@@ -166,7 +166,7 @@ def test_eos_ends_generation_with_stop(model_path):
 
 def test_context_limit_ends_with_length(model_path):
     smol = str(model_path(SMOL))
-    r = speculate_json("-m", smol, "-md", smol, "-p", "Count: 1, 2, 3,", "-c", "32", "--temp", "0",
+    r = speculate_json("-m", smol, "-md", smol, "--spec-type", "draft", "-p", "Count: 1, 2, 3,", "-c", "32", "--temp", "0",
                        "--ignore-eos", "--draft-max", "8")
     assert r["finish_reason"] == "length"
     assert r["n_prompt"] + r["n_predict"] == 32

@@ -1,10 +1,4 @@
-"""Drafters propose tokens for the target to verify.
-
-Every drafter has the same small interface: `propose(context, k)` returns up to
-k tokens that might follow `context`, and `accept(n)` tells it how many of them
-the target kept. `prefill(prompt)` lets a drafter do its prompt work up front,
-so it is timed as prompt processing rather than drafting.
-"""
+"""The draft-model drafter: a small model proposing its greedy continuation."""
 
 from __future__ import annotations
 
@@ -12,25 +6,12 @@ from typing import Sequence
 
 import numpy as np
 
-from .backend import Backend
+from ..backend import Backend
+from . import Draft, Drafter
 
 # llama.cpp judges --draft-p-min on the draft's top candidates renormalised over
 # the 10 best (common/speculative.cpp draws drafts through a top-k 10 sampler).
 P_MIN_TOP_K = 10
-
-
-class Drafter:
-    name = "drafter"
-
-    def prefill(self, prompt: Sequence[int]) -> None:
-        """Optional: process the prompt before generation starts."""
-
-    def propose(self, context: Sequence[int], k: int) -> list[int]:
-        """Up to k tokens that might follow `context` (prompt + generated so far)."""
-        raise NotImplementedError
-
-    def accept(self, n_accepted: int) -> None:
-        """The target kept the first n_accepted proposed tokens."""
 
 
 class ModelDrafter(Drafter):
@@ -53,12 +34,12 @@ class ModelDrafter(Drafter):
         if len(prompt) <= self.model.n_ctx:
             self._sync(prompt[:-1], outputs="none")
 
-    def propose(self, context: Sequence[int], k: int) -> list[int]:
+    def propose(self, context: Sequence[int], k: int) -> Draft:
         # The draft's own context may be smaller than the target's (-cd): it holds the
         # context and k - 1 drafted tokens (the last drafted token is never decoded).
         k = min(k, self.model.n_ctx - len(context) + 1)
         if k <= 0:
-            return []
+            return self.nothing()
         row = self._sync(context, outputs="last")
         drafted: list[int] = []
         while True:
@@ -70,7 +51,11 @@ class ModelDrafter(Drafter):
                 break
             (row,) = self.model.decode([token], len(self.cached), "last")
             self.cached.append(token)
-        return drafted
+        return Draft(drafted, self.name)
+
+    def behind(self, context: Sequence[int]) -> int:
+        """Tokens of `context` the draft's cache does not hold yet (to decode before drafting)."""
+        return max(len(context) - min(self._n_checked, len(self.cached)), 0)
 
     def _sync(self, context: Sequence[int], outputs) -> np.ndarray | None:
         """Make the cache hold `context` and return the last row of logits."""

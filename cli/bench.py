@@ -1,0 +1,160 @@
+"""`speculate bench`: configurations against target-only decoding, on this machine."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from speculative import bench
+from speculative.engine import Engine
+from speculative.errors import UsageError
+from speculative.llamacpp import batch_variant_kernels, system_info
+from speculative.loop import SpecSettings
+from speculative.sampling import SamplerSettings
+
+from . import options
+
+stderr = Console(stderr=True, highlight=False)
+
+
+def bench_command(
+    prompts: Path = typer.Argument(..., help="JSONL prompts: objects with `prompt` or chat `messages` "
+                                             "(optional `id`, `category`)."),
+    config: Optional[List[str]] = typer.Option(
+        None, "-C", "--config", metavar="TYPES",
+        help="A --spec-type value to measure; repeat for several [default: draft (with a draft model), "
+             "ngram-simple, auto]. Target-only runs are always measured."),
+    sweep: Optional[List[str]] = typer.Option(
+        None, "--sweep", metavar="KEY=V1,V2",
+        help=f"Grid over a setting ({', '.join(bench.SWEEP_KEYS)}); repeat for a product. "
+             "draft-max applies to fixed types, not auto."),
+    n_predict: int = typer.Option(128, "-n", "--n-predict", help="Tokens to generate per run."),
+    temp: float = typer.Option(0.0, "--temp", help="Temperature (0: greedy, outputs checked for identity)."),
+    seed: int = typer.Option(0, "-s", "--seed", help="One seed for every run, so sampled outputs compare."),
+    repeat: int = typer.Option(1, "--repeat", help="Runs of every configuration per prompt."),
+    category: Optional[List[str]] = typer.Option(None, "--category", help="Only prompts of this category."),
+    limit: int = typer.Option(0, "--limit", help="Only the first N prompts (0: all)."),
+    output: Optional[Path] = typer.Option(
+        None, "-o", "--output", help="JSON results (default: speculate-bench-DATE-TIME.json here; "
+                                     "an existing file is never overwritten)."),
+    per_prompt: bool = typer.Option(False, "--per-prompt", help="Also print one row per prompt."),
+    model: Optional[str] = options.MODEL,
+    model_draft: Optional[str] = options.MODEL_DRAFT,
+    ctx_size: int = options.CTX_SIZE,
+    ctx_size_draft: Optional[int] = options.CTX_SIZE_DRAFT,
+    n_gpu_layers: int = options.N_GPU_LAYERS,
+    n_gpu_layers_draft: Optional[int] = options.N_GPU_LAYERS_DRAFT,
+    threads: Optional[int] = options.THREADS,
+    threads_draft: Optional[int] = options.THREADS_DRAFT,
+    batch_size: int = options.BATCH_SIZE,
+) -> None:
+    """Measure speedup over target-only decoding per prompt and category, on this machine."""
+    has_draft = options.draft_available(model, model_draft)
+    configs_wanted = config or [*(["draft"] if has_draft else []), "ngram-simple", "auto"]
+    grid = bench.parse_sweeps(sweep or [])
+    if n_predict < 1 or repeat < 1 or limit < 0:
+        raise UsageError("-n and --repeat must be >= 1, --limit >= 0")
+    uses_draft = any("draft" in c.split(",") or c == "auto" for c in configs_wanted) and has_draft
+    if any("draft" in c.split(",") for c in configs_wanted) and not has_draft:
+        raise UsageError("a draft configuration needs a draft model: give -md PATH|NAME")
+    configs = bench.make_configs(configs_wanted, grid, SpecSettings(n_predict=n_predict))
+    prompts_ = [p for p in bench.load_prompts(prompts) if not category or p.category in category]
+    prompts_ = prompts_[:limit] if limit else prompts_
+    if not prompts_:
+        raise UsageError("no prompt left after --category/--limit")
+    output = output or Path(time.strftime("speculate-bench-%Y%m%d-%H%M%S.json"))
+    if output.exists():
+        raise UsageError(f"{output} exists; bench never overwrites results (choose another -o)")
+    sampling = SamplerSettings(temp=temp, seed=seed)
+    sampling.validate()
+
+    target, draft = options.model_specs(
+        model, model_draft, uses_draft, ctx_size=ctx_size, ctx_size_draft=ctx_size_draft,
+        n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, threads=threads,
+        threads_draft=threads_draft, batch_size=batch_size)
+    total = len(prompts_) * repeat * (len(configs) + 1)
+    stderr.print(f"bench: {len(prompts_)} prompts x {len(configs)} configurations x {repeat} "
+                 f"(+ a second target-only run per prompt), {n_predict} tokens each")
+    done = []
+
+    def progress(run: bench.Run) -> None:
+        done.append(run)
+        stderr.print(f"[{len(done)}/{total}] {run.prompt:28s} {run.config:34s} {run.decode_tps:6.2f} t/s  "
+                     f"accepted {run.n_accept}/{run.n_drafted}")
+
+    with Engine(target, draft, notify=stderr.print) as engine:
+        started = time.time()
+        runs = bench.run_bench(engine, prompts_, configs, sampling, repeat, progress)
+        meta = {
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": round(time.time() - started, 1),
+            "machine": {"platform": platform.platform(), "processor": platform.machine(),
+                        "llama_cpp": system_info(), "batch_variant_kernels": batch_variant_kernels()},
+            "target": {"name": target.name, "path": str(target.path), "threads": engine.target.n_threads},
+            "draft": {"name": draft.name, "path": str(draft.path)} if draft else None,
+            "settings": {"n_predict": n_predict, "temp": temp, "seed": seed, "repeat": repeat,
+                         "configs": [c.label for c in configs], "prompts": str(prompts)},
+        }
+    rows = bench.summarize(runs)
+    output.write_text(json.dumps(bench.report(runs, rows, meta), indent=1))
+    console = Console(width=None if sys.stdout.isatty() else 150)
+    console.print(_table(rows, "by category (speedup: median over prompts, vs target only in the same run)"))
+    if per_prompt:
+        console.print(_per_prompt_table(runs))
+    console.print(_chart(rows))
+    mismatches = [r for r in runs if r.mismatch]
+    for r in mismatches:
+        m = r.mismatch
+        console.print(f"mismatch: {r.prompt} / {r.config}: position {m['position']}, target top-2 margin "
+                      f"{m['margin']:.3f} ({'near-tie' if m['margin'] < 0.5 else 'LARGE: a bug'})")
+    console.print(f"{len(mismatches)} output mismatches against target-only; "
+                  f"llama.cpp batch-variant kernels: {', '.join(meta['machine']['batch_variant_kernels']) or 'none'}")
+    console.print(f"results: {output}")
+
+
+def _table(rows: list[dict], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for col, just in (("category", "left"), ("config", "left"), ("speedup", "right"), ("min", "right"),
+                      ("t/s", "right"), ("accept", "right"), ("acc len", "right"), ("draft", "right"),
+                      ("verify", "right"), ("python", "right"), ("mism.", "right")):
+        table.add_column(col, justify=just)
+    for row in sorted(rows, key=lambda r: (r["category"] == "all", r["category"])):
+        table.add_row(row["category"], row["config"], f"{row['median_speedup']:.2f}x",
+                      f"{row['min_speedup']:.2f}x", f"{row['median_tps']:.1f}",
+                      f"{100 * row['accept_rate']:.0f}%", f"{row['mean_accepted_length']:.2f}",
+                      f"{100 * row['draft_share']:.0f}%", f"{100 * row['verify_share']:.0f}%",
+                      f"{100 * row['python_share']:.1f}%", str(row["mismatches"]))
+    return table
+
+
+def _per_prompt_table(runs: list[bench.Run]) -> Table:
+    table = Table(title="by prompt", title_justify="left")
+    for col in ("prompt", "category", "config", "speedup", "t/s", "accept"):
+        table.add_column(col)
+    for r in runs:
+        table.add_row(r.prompt, r.category, r.config, f"{r.speedup:.2f}x", f"{r.decode_tps:.1f}",
+                      f"{100 * r.accept_rate:.0f}%")
+    return table
+
+
+def _chart(rows: list[dict], width: int = 40) -> Table:
+    """Median speedup per configuration over all prompts, as bars (| marks 1.0x)."""
+    overall = [r for r in rows if r["category"] == "all"]
+    top = max([r["median_speedup"] for r in overall] + [1.0])
+    table = Table(title="speedup per configuration, all prompts (| = target only)", title_justify="left",
+                  show_header=False, box=None)
+    for row in overall:
+        filled = int(round(width * row["median_speedup"] / top))
+        one = int(round(width / top))
+        bar = "".join("|" if i == one - 1 else ("█" if i < filled else " ") for i in range(width))
+        table.add_row(row["config"], f"[green]{bar}[/green]" if row["median_speedup"] >= 1 else f"[red]{bar}[/red]",
+                      f"{row['median_speedup']:.2f}x")
+    return table
+

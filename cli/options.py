@@ -1,0 +1,59 @@
+"""Options shared by `speculate` and `speculate bench`: the models and how they run."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from speculative.engine import ModelSpec
+from speculative.errors import UsageError
+from speculative.registry import Registry
+
+from .models import resolve_models
+
+M = "Models"
+
+MODEL = typer.Option(
+    None, "-m", "--model", rich_help_panel=M, metavar="PATH|NAME",
+    help="Target model: a GGUF file or a registry name (default: the registry's default target).")
+MODEL_DRAFT = typer.Option(
+    None, "-md", "--model-draft", "--spec-draft-model", rich_help_panel=M, metavar="PATH|NAME",
+    help="Draft model: a GGUF file or a registry name (default with no -m: the default draft).")
+CTX_SIZE = typer.Option(
+    4096, "-c", "--ctx-size", rich_help_panel=M, help="Target context size in tokens (0: the model's own).")
+CTX_SIZE_DRAFT = typer.Option(
+    None, "-cd", "--ctx-size-draft", rich_help_panel=M, help="Draft context size (default: -c).")
+N_GPU_LAYERS = typer.Option(
+    -1, "-ngl", "--n-gpu-layers", "--gpu-layers", rich_help_panel=M,
+    help="Target layers to offload to the GPU (-1: all that the build can).")
+N_GPU_LAYERS_DRAFT = typer.Option(
+    None, "-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl", rich_help_panel=M,
+    help="Draft layers to offload to the GPU (default: -ngl).")
+THREADS = typer.Option(
+    None, "-t", "--threads", rich_help_panel=M, help="CPU threads for the target (default: all available).")
+THREADS_DRAFT = typer.Option(
+    None, "-td", "--threads-draft", "--spec-draft-threads", rich_help_panel=M,
+    help="CPU threads for the draft (default: -t).")
+BATCH_SIZE = typer.Option(
+    2048, "-b", "--batch-size", rich_help_panel=M, help="Most tokens in one forward pass.")
+
+
+def model_specs(model: Optional[str], model_draft: Optional[str], use_draft: bool, *, ctx_size: int,
+                ctx_size_draft: Optional[int], n_gpu_layers: int, n_gpu_layers_draft: Optional[int],
+                threads: Optional[int], threads_draft: Optional[int],
+                batch_size: int) -> tuple[ModelSpec, ModelSpec | None]:
+    """Validate the model options, resolve -m/-md (pulling registry models as needed)."""
+    for flag, value, least in (("-c/--ctx-size", ctx_size, 0), ("-b/--batch-size", batch_size, 1),
+                               ("-cd/--ctx-size-draft", ctx_size_draft, 0),
+                               ("-t/--threads", threads, 1), ("-td/--threads-draft", threads_draft, 1)):
+        if value is not None and value < least:
+            raise UsageError(f"{flag} must be >= {least}, got {value}")
+    return resolve_models(Registry.load(), model, model_draft, use_draft,
+                          ctx=(ctx_size, ctx_size_draft), ngl=(n_gpu_layers, n_gpu_layers_draft),
+                          threads=(threads, threads_draft), n_batch=batch_size)
+
+
+def draft_available(model: Optional[str], model_draft: Optional[str]) -> bool:
+    """A draft model is at hand: -md, or the registry's default pair when -m is not given."""
+    return model_draft is not None or model is None

@@ -1,0 +1,210 @@
+"""`--spec-type auto`: choose each step's drafter and draft length k to maximise
+expected tokens per second, k = 0 (no speculation) included.
+
+For a drafter with per-position acceptance estimates a_1, a_2, ... (a_i: the
+chance drafted token i is accepted given the ones before it were), drafting k
+tokens is expected to yield
+
+    E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_k        tokens (the bonus included)
+    T(k) = k * c_draft + v(k + 1)                       seconds
+
+where v(b) is the target's cost of verifying a batch of b tokens and c_draft the
+drafter's cost per drafted token. Each step runs the (drafter, k) with the
+largest E(k) / T(k); k = 0 is plain decoding at 1 / v(1).
+
+Where the numbers come from:
+  v(b)     a calibration of this model on this machine (speculative/calibrate.py),
+           scaled by how fast the machine runs right now: every step's verify
+           time updates one running factor (a laptop that throttles, a noisy VM).
+  c_draft  the draft model's calibrated cost per token, then its measured one;
+           n-gram lookups are timed too (microseconds).
+  a_i      running counts that favour the last few dozen tokens. Free drafters
+           (n-gram) propose every step and each proposal is scored token by token
+           against what the target really produced, verified or not, so their
+           estimates follow the text (copying a file: high; free prose: low)
+           even while auto declines them. A draft model is only scored when it
+           drafts, and the tokens it has to catch up on first are costed; one
+           that could not beat plain decoding even at MODEL_ACCEPTANCE_CEILING
+           acceptance on this hardware is never tried, and one that is merely
+           unpromising is tried again once its estimates fade to the prior.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+
+from .drafters import Draft, Drafter, Outcome
+
+# Beliefs before any evidence, worth PRIOR_WEIGHT observations: the first drafted
+# token's acceptance, for a draft model and for each kind of n-gram proposal (the
+# longer the matched context, the likelier; see drafters/ngram.py, match_class) ...
+MODEL_PRIOR = 0.7
+FREE_PRIOR = {0: 0.4, 1: 0.7, 2: 0.9, 3: 0.6}
+CONTINUE_PRIOR = 0.85   # ... and of each later token, given the ones before it
+PRIOR_WEIGHT = 3.0
+DECAY = 0.9                # per step: evidence older than a few dozen tokens fades
+COST_EMA = 0.1             # weight of a new timing in the running costs
+MODEL_ACCEPTANCE_CEILING = 0.95
+
+
+class Acceptance:
+    """Running acceptance estimates of one kind of proposal from one drafter.
+
+    Two numbers: the chance the first drafted token is accepted, and the chance each
+    later one is, given the ones before it were. Drafts that start right tend to go
+    on right (a copied passage continues), and pooling every later position into one
+    estimate lets it learn from a few drafts instead of a few hundred.
+    """
+
+    def __init__(self, k_max: int, first_prior: float, continue_prior: float = CONTINUE_PRIOR):
+        self.k_max = k_max
+        self.prior = np.array([first_prior, continue_prior])
+        self.accepted = np.zeros(2)
+        self.trials = np.zeros(2)
+
+    def age(self) -> None:
+        self.accepted *= DECAY
+        self.trials *= DECAY
+
+    def observe(self, position: int, accepted: bool) -> None:
+        """Drafted token `position` (0-based), all before it accepted, was or was not."""
+        i = min(position, 1)
+        self.trials[i] += 1
+        self.accepted[i] += accepted
+
+    def observe_draft(self, n_drafted: int, n_accepted: int) -> None:
+        for i in range(min(n_drafted, n_accepted + 1)):
+            self.observe(i, i < n_accepted)
+
+    def rates(self) -> np.ndarray:
+        first, later = (self.prior * PRIOR_WEIGHT + self.accepted) / (PRIOR_WEIGHT + self.trials)
+        return np.array([first, *[later] * (self.k_max - 1)])
+
+
+def expected_tokens(rates: np.ndarray) -> np.ndarray:
+    """E(k) for k = 0..len(rates)."""
+    return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(rates))])
+
+
+def best_plan(rates: np.ndarray, verify: np.ndarray, draft_cost: float, k_max: int,
+              fixed_cost: float = 0.0) -> tuple[int, float]:
+    """(k, tokens per second) maximising E(k) / T(k) over k = 1..k_max; verify[b] is v(b)."""
+    k_max = min(k_max, len(rates), len(verify) - 2)
+    if k_max < 1:
+        return 0, 0.0
+    ks = np.arange(1, k_max + 1)
+    speed = expected_tokens(rates[:k_max])[1:] / (fixed_cost + ks * draft_cost + verify[2 : k_max + 2])
+    i = int(np.argmax(speed))
+    return int(ks[i]), float(speed[i])
+
+
+class Auto(Drafter):
+    """Chooses among `drafters` and the draft length, step by step."""
+
+    name = "auto"
+
+    def __init__(self, drafters: list[Drafter], verify_costs: Sequence[float], k_max: int,
+                 draft_costs: dict[str, float] | None = None, catchup_costs: dict[str, float] | None = None):
+        self.drafters = drafters
+        self.k_max = k_max
+        self.calibrated = np.array([np.inf, *verify_costs], dtype=float)  # v(b) at index b
+        self.speed_factor = 1.0   # how much slower than at calibration the machine runs now
+        self.draft_cost = {d.name: (draft_costs or {}).get(d.name, 0.0) for d in drafters}
+        # per token a draft model must catch up on before drafting (what it did not see)
+        self.catchup_cost = {d.name: (catchup_costs or {}).get(d.name, 0.0) for d in drafters}
+        self.acceptance: dict[tuple[str, int], Acceptance] = {}  # (drafter, draft kind) -> estimates
+        self.declined: dict[str, str] = {}          # drafter -> why auto never tried it
+        self._pending: list[list] = []              # [estimates, where, proposal, scored]
+        self._proposals: dict[str, Draft] = {}      # this step's free proposals
+
+    def estimates(self, d: Drafter | str, kind: int = 0) -> Acceptance:
+        name = d if isinstance(d, str) else d.name
+        if (name, kind) not in self.acceptance:
+            free = next(x.free for x in self.drafters if x.name == name)
+            self.acceptance[(name, kind)] = Acceptance(self.k_max, FREE_PRIOR.get(kind, 0.5) if free else MODEL_PRIOR)
+        return self.acceptance[(name, kind)]
+
+    @property
+    def verify(self) -> np.ndarray:
+        return self.calibrated * self.speed_factor
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        for d in self.drafters:
+            d.prefill(prompt)
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        self._score_pending(context)
+        k = min(k, self.k_max)
+        verify = self.verify
+        best: tuple[float, Drafter | None, int] = (1.0 / verify[1], None, 0)
+        self._proposals = {}
+        for d in self.drafters:
+            plan_k, speed = self._plan_free(d, context, k, verify) if d.free else self._plan_model(d, context, k, verify)
+            if plan_k and speed > best[0]:
+                best = (speed, d, plan_k)
+
+        _, chosen, plan_k = best
+        if chosen is None:
+            return self.nothing()
+        if chosen.free:
+            draft = self._proposals[chosen.name]
+            return Draft(draft.tokens[:plan_k], chosen.name, draft.kind)
+        return chosen.propose(context, plan_k)
+
+    def _plan_free(self, d: Drafter, context: Sequence[int], k: int, verify: np.ndarray) -> tuple[int, float]:
+        t0 = time.perf_counter()
+        draft = d.propose(context, k)
+        self.draft_cost[d.name] += COST_EMA * (time.perf_counter() - t0 - self.draft_cost[d.name])
+        self._proposals[d.name] = draft
+        if draft.tokens:
+            self._pending.append([self.estimates(d, draft.kind), len(context), draft.tokens, 0])
+        return best_plan(self.estimates(d, draft.kind).rates(), verify, self.draft_cost[d.name], len(draft.tokens))
+
+    def _plan_model(self, d: Drafter, context: Sequence[int], k: int, verify: np.ndarray) -> tuple[int, float]:
+        cost = self.draft_cost[d.name]
+        if best_plan(np.full(k, MODEL_ACCEPTANCE_CEILING), verify, cost, k)[1] <= 1.0 / verify[1]:
+            self.declined[d.name] = (f"slower than the target alone on this hardware even at "
+                                     f"{MODEL_ACCEPTANCE_CEILING:.0%} acceptance")
+            return 0, 0.0
+        self.declined.pop(d.name, None)
+        # Unused, its estimates fade back to the prior, so it is tried again in time.
+        catchup = self.catchup_cost[d.name] * getattr(d, "behind", lambda c: 0)(context)
+        return best_plan(self.estimates(d).rates(), verify, cost, k, catchup)
+
+    def _score_pending(self, context: Sequence[int]) -> None:
+        """Score free proposals, token by token, against what really followed them."""
+        for estimate in self.acceptance.values():
+            estimate.age()
+        still = []
+        for entry in self._pending:
+            estimates, where, proposal, scored = entry
+            while scored < len(proposal) and where + scored < len(context):
+                ok = proposal[scored] == context[where + scored]
+                estimates.observe(scored, ok)
+                scored += 1
+                if not ok:
+                    scored = len(proposal)  # decided: drop it
+            entry[3] = scored
+            if scored < len(proposal):
+                still.append(entry)
+        self._pending = still[-self.k_max:]
+
+    def accept(self, outcome: Outcome) -> None:
+        drafted, m, source = outcome.draft.tokens, outcome.n_accepted, outcome.draft.source
+        b = len(drafted) + 1
+        if b < len(self.calibrated):
+            ratio = outcome.t_verify / self.calibrated[b]
+            self.speed_factor += COST_EMA * (ratio - self.speed_factor)
+        model = next((d for d in self.drafters if d.name == source and not d.free), None)
+        if drafted and model is not None:
+            self.estimates(model, outcome.draft.kind).observe_draft(len(drafted), m)
+            self.draft_cost[source] += COST_EMA * (outcome.t_draft / len(drafted) - self.draft_cost[source])
+        for d in self.drafters:
+            d.accept(outcome)
+
+    def summary(self) -> list[str]:
+        """Why auto never tried a drafter, if it did not."""
+        return [f"auto declined {name}: {why}" for name, why in self.declined.items()]

@@ -1,0 +1,228 @@
+"""`speculate bench`: what speculation buys on this machine, measured, not assumed.
+
+Every prompt runs under every configuration with the models loaded once. Per
+prompt (and repeat), target-only decoding runs first and last, the configurations
+in between, so a machine that speeds up or slows down over the minutes hits
+baseline and speculation alike; each configuration's speedup is its tokens per
+second over the mean of the two baseline runs around it (the baseline's row
+reports that mean, and the drift between its two runs). Outputs are compared
+token for token with the baseline (sample-and-match verification makes them
+identical whenever scoring is batch-invariant); a mismatch is reported with its
+position and the target's top-2 logit margin there.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterable
+
+from .engine import Engine
+from .errors import UsageError
+from .loop import DRAFT_MAX_AUTO, SpecSettings
+from .sampling import SamplerSettings
+
+BASELINE = "target only"
+
+# --sweep KEY=v1,v2: which setting each key changes.
+SWEEP_KEYS = {
+    "draft-max": ("draft_max", int),
+    "draft-min": ("draft_min", int),
+    "draft-p-min": ("draft_p_min", float),
+    "ngram-n": ("n", int),
+    "ngram-m": ("m", int),
+    "ngram-min-hits": ("min_hits", int),
+}
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    id: str
+    category: str
+    prompt: str | None = None
+    messages: list | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    label: str
+    spec: SpecSettings
+
+
+@dataclass
+class Run:
+    prompt: str
+    category: str
+    config: str
+    repeat: int
+    n_predict: int
+    decode_tps: float
+    speedup: float = 0.0
+    accept_rate: float = 0.0
+    mean_accepted_length: float = 0.0
+    n_drafted: int = 0
+    n_accept: int = 0
+    t_draft_s: float = 0.0
+    t_verify_s: float = 0.0
+    t_decode_s: float = 0.0
+    python_share: float = 0.0
+    plans: list = field(default_factory=list)
+    mismatch: dict | None = None
+    baseline_drift: float | None = None  # target only: last run's speed over the first's
+
+
+def load_prompts(path: Path) -> list[BenchPrompt]:
+    """JSONL: each line an object with `prompt` or chat `messages`, optional id and category."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read prompt file {path}: {getattr(e, 'strerror', None) or e}") from None
+    prompts = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{path}:{number}: not JSON ({e.msg})") from None
+        ok_prompt = isinstance(item, dict) and isinstance(item.get("prompt"), str)
+        ok_messages = isinstance(item, dict) and isinstance(item.get("messages"), list) and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in item["messages"])
+        if not (ok_prompt or ok_messages):
+            raise UsageError(f"{path}:{number}: needs a string `prompt` or a list of chat `messages`")
+        prompts.append(BenchPrompt(str(item.get("id", f"line-{number}")), str(item.get("category", "all")),
+                                   item.get("prompt") if ok_prompt else None,
+                                   None if ok_prompt else item["messages"]))
+    if not prompts:
+        raise UsageError(f"{path}: no prompts")
+    return prompts
+
+
+def parse_sweeps(sweeps: Iterable[str]) -> dict[str, list]:
+    grid: dict[str, list] = {}
+    for sweep in sweeps:
+        key, _, values = sweep.partition("=")
+        if key not in SWEEP_KEYS or not values:
+            raise UsageError(f"--sweep {sweep!r}: expected KEY=v1,v2,... with KEY one of {', '.join(SWEEP_KEYS)}")
+        kind = SWEEP_KEYS[key][1]
+        try:
+            grid[key] = [kind(v) for v in values.split(",")]
+        except ValueError:
+            raise UsageError(f"--sweep {sweep!r}: values must be {kind.__name__}s") from None
+    return grid
+
+
+def make_configs(spec_types: list[str], grid: dict[str, list], base: SpecSettings) -> list[Config]:
+    """The baseline, then every --spec-type value under every combination of the sweep.
+
+    draft-max applies to fixed types only (auto picks its own k up to its cap)."""
+    configs = [Config(BASELINE, replace(base, types=("none",)))]
+    for types in spec_types:
+        kinds = tuple(t.strip() for t in types.split(",") if t.strip())
+        if kinds == ("none",):
+            continue
+        keys = [k for k in grid if not (k == "draft-max" and "auto" in kinds)]
+        for values in itertools.product(*(grid[k] for k in keys)):
+            spec = replace(base, types=kinds, draft_max=DRAFT_MAX_AUTO if "auto" in kinds else base.draft_max)
+            for key, value in zip(keys, values):
+                spec = _set(spec, key, value)
+            spec.validate()
+            label = ",".join(kinds) + "".join(f" {k}={v}" for k, v in zip(keys, values))
+            configs.append(Config(label, spec))
+    return configs
+
+
+def _set(spec: SpecSettings, key: str, value) -> SpecSettings:
+    name = SWEEP_KEYS[key][0]
+    if key.startswith("ngram-"):
+        return replace(spec, ngram_simple=replace(spec.ngram_simple, **{name: value}),
+                       ngram_map_k=replace(spec.ngram_map_k, **{name: value}))
+    return replace(spec, **{name: value})
+
+
+def run_bench(engine: Engine, prompts: list[BenchPrompt], configs: list[Config], sampling: SamplerSettings,
+              repeats: int = 1, on_run: Callable[[Run], None] | None = None) -> list[Run]:
+    """All runs, speedups filled in; `on_run` hears of each run as it ends (before its speedup)."""
+    runs: list[Run] = []
+    seed = sampling.resolved_seed()
+    _warm_up(engine, prompts[0], configs[0], sampling, seed)
+    for prompt in prompts:
+        tokens = _tokens(engine, prompt)
+        for repeat in range(repeats):
+            block = []
+            for config in [*configs, configs[0]]:
+                out, run = _run(engine, tokens, config, sampling, seed, prompt, repeat)
+                block.append((config, run, out))
+                if on_run:
+                    on_run(run)
+            (_, first, base_tokens), (_, last, _) = block[0], block.pop()
+            baseline_tps = (first.decode_tps + last.decode_tps) / 2
+            first.decode_tps, first.baseline_drift = baseline_tps, last.decode_tps / first.decode_tps
+            for config, run, out in block:
+                run.speedup = run.decode_tps / baseline_tps
+                if config is not configs[0] and out != base_tokens:
+                    run.mismatch = _mismatch(engine, tokens, base_tokens, out)
+                runs.append(run)
+    return runs
+
+
+def _tokens(engine: Engine, prompt: BenchPrompt) -> list[int]:
+    return engine.chat_tokens(prompt.messages) if prompt.messages else engine.prompt_tokens(prompt.prompt)
+
+
+def _warm_up(engine: Engine, prompt: BenchPrompt, baseline: Config, sampling: SamplerSettings, seed: int) -> None:
+    """An untimed run first: the first pass over memory-mapped weights pays for page faults."""
+    engine.run_all(_tokens(engine, prompt), sampling, replace(baseline.spec, n_predict=16), seed)
+
+
+def _run(engine: Engine, tokens: list[int], config: Config, sampling: SamplerSettings, seed: int,
+         prompt: BenchPrompt, repeat: int) -> tuple[list[int], Run]:
+    out, stats = engine.run_all(tokens, sampling, config.spec, seed)
+    return out, Run(
+        prompt=prompt.id, category=prompt.category, config=config.label, repeat=repeat,
+        n_predict=stats.n_predict, decode_tps=stats.decode_tps, accept_rate=stats.accept_rate,
+        mean_accepted_length=stats.mean_accepted_length, n_drafted=stats.n_drafted, n_accept=stats.n_accept,
+        t_draft_s=stats.t_draft, t_verify_s=stats.t_verify, t_decode_s=stats.t_decode,
+        python_share=stats.python_share,
+        plans=[{"drafter": d, "k": k, "steps": n} for (d, k), n in sorted(stats.plans.items())])
+
+
+def _mismatch(engine: Engine, prompt: list[int], expected: list[int], got: list[int]) -> dict:
+    position = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
+    (first, l1), (second, l2) = engine.top2(prompt + expected[:position])
+    return {"position": position, "baseline_token": expected[position] if position < len(expected) else None,
+            "token": got[position] if position < len(got) else None,
+            "top2": [first, second], "margin": l1 - l2}
+
+
+def summarize(runs: list[Run]) -> list[dict]:
+    """One row per (category, config), then per config over all prompts ('all')."""
+    rows = []
+    groups: dict[tuple[str, str], list[Run]] = {}
+    for run in runs:
+        groups.setdefault((run.category, run.config), []).append(run)
+        groups.setdefault(("all", run.config), []).append(run)
+    for (category, config), group in groups.items():
+        drafted = sum(r.n_drafted for r in group)
+        decode = sum(r.t_decode_s for r in group) or 1.0
+        rows.append({
+            "category": category, "config": config, "runs": len(group),
+            "median_speedup": statistics.median(r.speedup for r in group),
+            "min_speedup": min(r.speedup for r in group),
+            "median_tps": statistics.median(r.decode_tps for r in group),
+            "accept_rate": sum(r.n_accept for r in group) / drafted if drafted else 0.0,
+            "mean_accepted_length": statistics.mean(r.mean_accepted_length for r in group),
+            "draft_share": sum(r.t_draft_s for r in group) / decode,
+            "verify_share": sum(r.t_verify_s for r in group) / decode,
+            "python_share": sum(r.python_share * r.t_decode_s for r in group) / decode,
+            "mismatches": sum(r.mismatch is not None for r in group),
+        })
+    return rows
+
+
+def report(runs: list[Run], rows: list[dict], meta: dict) -> dict:
+    return {"meta": meta, "summary": rows, "runs": [asdict(r) for r in runs]}

@@ -1,0 +1,89 @@
+"""What a forward pass costs on this machine, by batch size, measured once and kept.
+
+`--spec-type auto` needs v(b), the target's time to score a batch of b tokens,
+for b = 1..k_max+1 (the curve is not monotonic on CPUs: kernels change with the
+batch size), and the draft's time per token. They are measured on the loaded
+model, then cached in $SPECULATE_HOME/calibration.json under a key of everything
+that changes them: the model file, threads, GPU layers, batch sizes, the
+llama.cpp build and its devices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from .backend import Backend
+from .registry import home
+
+FILLER_TOKENS = 32   # the batches are scored after a short context, like a real step
+QUICK_REPEATS = 4    # small batches are cheap and noisy: take the best of several
+
+
+def cache_path() -> Path:
+    return home() / "calibration.json"
+
+
+def batch_costs(model: Backend, max_batch: int, identity: dict, notify: Callable[[str], None] | None = None,
+                path: Path | None = None) -> list[float]:
+    """v(1..max_batch) in seconds, from the cache or measured now (and cached)."""
+    path = path or cache_path()
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+    cache = _load(path)
+    known = cache.get(key, {}).get("seconds", [])
+    if len(known) >= max_batch:
+        return known[:max_batch]
+    if notify:
+        notify(f"calibrating {identity.get('name', 'the model')}: verify cost of batches of 1-{max_batch} "
+               f"tokens (once for this model, threads and build; cached in {path})")
+    t0 = time.perf_counter()
+    costs = measure(model, max_batch)
+    if notify:
+        notify("calibrated in {:.1f} s: {}".format(
+            time.perf_counter() - t0, " ".join(f"{b}:{1000 * c:.0f}ms" for b, c in enumerate(costs, 1))))
+    cache[key] = {"identity": identity, "seconds": costs}
+    _store(path, cache)
+    return costs
+
+
+def measure(model: Backend, max_batch: int) -> list[float]:
+    """Time one decode of b tokens after FILLER_TOKENS of context, for b = 1..max_batch."""
+    filler = [(1000 + i) % model.n_vocab for i in range(FILLER_TOKENS)]
+    model.trim(0)
+    model.decode(filler, 0, "none")
+    costs = []
+    for b in range(1, max_batch + 1):
+        batch = [(2000 + i) % model.n_vocab for i in range(b)]
+        best = float("inf")
+        for _ in range(QUICK_REPEATS if b <= 4 else 1):
+            t0 = time.perf_counter()
+            model.decode(batch, FILLER_TOKENS, "all")
+            best = min(best, time.perf_counter() - t0)
+            model.trim(FILLER_TOKENS)
+        costs.append(best)
+    model.trim(0)
+    return costs
+
+
+def _load(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}  # no cache yet, or a damaged one: measure again
+
+
+def _store(path: Path, cache: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".calibration.", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump(cache, f, indent=1)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home only costs a new calibration next time

@@ -1,0 +1,61 @@
+"""Drafters propose tokens for the target to verify.
+
+Every drafter has the same small interface: `propose(context, k)` returns a
+Draft of up to k tokens that might follow `context`, and `accept(outcome)` tells
+it what the target made of them. `prefill(prompt)` lets a drafter do its prompt
+work up front, so it is timed as prompt processing rather than drafting.
+
+  model.py   a small draft model (its greedy continuation)
+  ngram.py   n-gram lookup in the prompt and output: no model at all
+  chain.py   several drafters tried in order
+The cost-aware choice among them (`--spec-type auto`) lives in speculative/auto.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: list[int]
+    source: str          # the drafter that made it, as --spec-type names it
+    kind: int = 0        # a class of proposals whose acceptance auto estimates apart
+                         # (n-gram: how long the matched context is)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What verification made of a draft."""
+    draft: Draft
+    n_accepted: int      # drafted tokens the target kept
+    bonus: int           # the target's own token after them
+    t_draft: float       # seconds spent proposing
+    t_verify: float      # seconds the target spent on the batch of len(draft.tokens) + 1
+
+
+class Drafter:
+    name = "drafter"
+    free = False  # proposing costs (next to) nothing: auto may ask for a proposal every step
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        """Optional: process the prompt before generation starts."""
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        """Up to k tokens that might follow `context` (prompt + generated so far)."""
+        raise NotImplementedError
+
+    def accept(self, outcome: Outcome) -> None:
+        """Optional: learn from what the target kept."""
+
+    def nothing(self) -> Draft:
+        return Draft([], self.name)
+
+
+from .chain import Chain  # noqa: E402
+from .model import ModelDrafter, top_probability  # noqa: E402
+from .ngram import NgramMapK, NgramSimple  # noqa: E402
+
+__all__ = ["Draft", "Outcome", "Drafter", "ModelDrafter", "NgramSimple", "NgramMapK", "Chain",
+           "top_probability"]
