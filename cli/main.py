@@ -15,7 +15,8 @@ from typing import Optional
 import typer
 
 from speculative.errors import SpeculateError, UsageError
-from speculative.loop import DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, NgramSettings, SpecSettings
+from speculative.loop import (DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, NGRAM_N_AUTO, NGRAM_N_FIXED, NgramSettings,
+                              SpecSettings)
 from speculative.sampling import DEFAULT_SEQUENCE, SamplerSettings
 
 from . import models as models_cli
@@ -112,7 +113,8 @@ def run(
         help="Stop drafting when the draft's top candidate is less likely than P."),
     ngram_n: Optional[int] = typer.Option(
         None, "--spec-ngram-size-n", rich_help_panel=D,
-        help=f"N-gram drafters: length of the n-gram looked up [default: {NgramSettings.n}]."),
+        help=f"N-gram drafters: length of the n-gram looked up [default: {NGRAM_N_FIXED}; "
+             f"auto: {NGRAM_N_AUTO}]."),
     ngram_m: Optional[int] = typer.Option(
         None, "--spec-ngram-size-m", rich_help_panel=D,
         help=f"N-gram drafters: most tokens proposed after a match [default: {NgramSettings.m}]."),
@@ -173,7 +175,7 @@ def run(
 
 
 def _first(*values):
-    return next(v for v in values if v is not None)
+    return next((v for v in values if v is not None), None)
 
 
 def _uses_draft_model(spec: SpecSettings, available: bool) -> bool:

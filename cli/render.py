@@ -146,4 +146,5 @@ def _settings(sampling: SamplerSettings, spec: SpecSettings, seed: int, use_chat
             "draft_max": spec.draft_max, "draft_min": spec.draft_min, "draft_p_min": spec.draft_p_min,
             "ignore_eos": spec.ignore_eos, "chat": use_chat,
             "spec_type": ",".join(spec.types), "n_batch": engine.target.n_batch,
-            "ngram_simple": vars(spec.ngram_simple), "ngram_map_k": vars(spec.ngram_map_k)}
+            **{name: {"n": ngram.size(spec.auto), "m": ngram.m, "min_hits": ngram.min_hits}
+               for name, ngram in (("ngram_simple", spec.ngram_simple), ("ngram_map_k", spec.ngram_map_k))}}

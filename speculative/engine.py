@@ -134,7 +134,7 @@ class Engine:
             return ModelDrafter(self.draft, p_min=spec.draft_p_min)
         ngram = spec.ngram_simple if name == "ngram-simple" else spec.ngram_map_k
         kind = NgramSimple if name == "ngram-simple" else NgramMapK
-        return kind(ngram.n, ngram.m, ngram.min_hits)
+        return kind(ngram.size(spec.auto), ngram.m, ngram.min_hits)
 
     def costs(self, model: LlamaModel, max_batch: int) -> list[float]:
         """The model's measured decode cost for batches of 1..max_batch tokens."""

@@ -166,7 +166,8 @@ class LlamaModel:
         stat = self.path.stat()
         return {"name": self.name, "file": str(self.path.resolve()), "size": stat.st_size,
                 "mtime_ns": stat.st_mtime_ns, "threads": self.n_threads, "n_gpu_layers": self.n_gpu_layers,
-                "n_batch": self.n_batch, "build": system_info(), "llama_cpp_python": ll.__version__}
+                "n_batch": self.n_batch, "build": system_info(), "kernels": batch_variant_kernels(),
+                "llama_cpp_python": ll.__version__}
 
     @property
     def add_bos(self) -> bool:
