@@ -80,9 +80,10 @@ def bench_command(
         model, model_draft, uses_draft, ctx_size=ctx_size, ctx_size_draft=ctx_size_draft,
         n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, threads=threads,
         threads_draft=threads_draft, batch_size=batch_size)
-    total = len(prompts_) * repeat * (len(configs) + 1)
-    stderr.print(f"bench: {len(prompts_)} prompts x {len(configs)} configurations x {repeat} "
-                 f"(+ a second target-only run per prompt), {n_predict} tokens each")
+    rest = len(configs) - 1
+    total = len(prompts_) * repeat * (len(configs) + (rest + bench.BASELINE_EVERY - 1) // bench.BASELINE_EVERY)
+    stderr.print(f"bench: {len(prompts_)} prompts x {len(configs)} configurations x {repeat}, target-only "
+                 f"runs between every {bench.BASELINE_EVERY}: {total} runs of {n_predict} tokens")
     done = []
 
     def progress(run: bench.Run) -> None:
@@ -116,6 +117,8 @@ def bench_command(
                       f"{m['margin']:.3f} ({'near-tie' if m['margin'] < 0.5 else 'LARGE: a bug'})")
     console.print(f"{len(mismatches)} output mismatches against target-only; "
                   f"llama.cpp batch-variant kernels: {', '.join(meta['machine']['batch_variant_kernels']) or 'none'}")
+    console.print("n-gram bound: what a planner knowing the output in advance would get from n-gram "
+                  "drafting with this machine's measured verify costs (median over prompts)")
     console.print(f"results: {output}")
 
 
@@ -123,14 +126,15 @@ def _table(rows: list[dict], title: str) -> Table:
     table = Table(title=title, title_justify="left")
     for col, just in (("category", "left"), ("config", "left"), ("speedup", "right"), ("min", "right"),
                       ("t/s", "right"), ("accept", "right"), ("acc len", "right"), ("draft", "right"),
-                      ("verify", "right"), ("python", "right"), ("mism.", "right")):
+                      ("verify", "right"), ("python", "right"), ("mism.", "right"), ("n-gram bound", "right")):
         table.add_column(col, justify=just)
     for row in sorted(rows, key=lambda r: (r["category"] == "all", r["category"])):
         table.add_row(row["category"], row["config"], f"{row['median_speedup']:.2f}x",
                       f"{row['min_speedup']:.2f}x", f"{row['median_tps']:.1f}",
                       f"{100 * row['accept_rate']:.0f}%", f"{row['mean_accepted_length']:.2f}",
                       f"{100 * row['draft_share']:.0f}%", f"{100 * row['verify_share']:.0f}%",
-                      f"{100 * row['python_share']:.1f}%", str(row["mismatches"]))
+                      f"{100 * row['python_share']:.1f}%", str(row["mismatches"]),
+                      f"{row['median_ngram_bound']:.2f}x" if "median_ngram_bound" in row else "")
     return table
 
 

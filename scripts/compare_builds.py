@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 PROMPT = "def quicksort(arr):"
-MODES = {"target only": ["--spec-type", "none"], "speculative": []}
+MODES = {"target only": ["--spec-type", "none"], "draft model": ["--spec-type", "draft"]}
 
 
 def run(venv: Path, mode_flags: list[str], extra: list[str]) -> dict:

@@ -48,6 +48,8 @@ PRIOR_WEIGHT = 3.0
 DECAY = 0.9                # per step: evidence older than a few dozen tokens fades
 COST_EMA = 0.1             # weight of a new timing in the running costs
 MODEL_ACCEPTANCE_CEILING = 0.95
+MARGIN = 0.03  # a draft must be expected to beat plain decoding by this much: estimates
+               # and timings are noisy, and a marginal bet loses as often as it wins
 
 
 class Acceptance:
@@ -119,12 +121,14 @@ class Auto(Drafter):
         self.declined: dict[str, str] = {}          # drafter -> why auto never tried it
         self._pending: list[list] = []              # [estimates, where, proposal, scored]
         self._proposals: dict[str, Draft] = {}      # this step's free proposals
+        self._catchup = 0.0                         # this step's planned catch-up cost
 
     def estimates(self, d: Drafter | str, kind: int = 0) -> Acceptance:
         name = d if isinstance(d, str) else d.name
         if (name, kind) not in self.acceptance:
             free = next(x.free for x in self.drafters if x.name == name)
-            self.acceptance[(name, kind)] = Acceptance(self.k_max, FREE_PRIOR.get(kind, 0.5) if free else MODEL_PRIOR)
+            prior = FREE_PRIOR.get(kind, 0.5) if free else MODEL_PRIOR
+            self.acceptance[(name, kind)] = Acceptance(self.k_max, prior)
         return self.acceptance[(name, kind)]
 
     @property
@@ -139,10 +143,11 @@ class Auto(Drafter):
         self._score_pending(context)
         k = min(k, self.k_max)
         verify = self.verify
-        best: tuple[float, Drafter | None, int] = (1.0 / verify[1], None, 0)
+        best: tuple[float, Drafter | None, int] = ((1.0 + MARGIN) / verify[1], None, 0)
         self._proposals = {}
         for d in self.drafters:
-            plan_k, speed = self._plan_free(d, context, k, verify) if d.free else self._plan_model(d, context, k, verify)
+            plan = self._plan_free if d.free else self._plan_model
+            plan_k, speed = plan(d, context, k, verify)
             if plan_k and speed > best[0]:
                 best = (speed, d, plan_k)
 
@@ -171,8 +176,8 @@ class Auto(Drafter):
             return 0, 0.0
         self.declined.pop(d.name, None)
         # Unused, its estimates fade back to the prior, so it is tried again in time.
-        catchup = self.catchup_cost[d.name] * getattr(d, "behind", lambda c: 0)(context)
-        return best_plan(self.estimates(d).rates(), verify, cost, k, catchup)
+        self._catchup = self.catchup_cost[d.name] * d.behind(context)
+        return best_plan(self.estimates(d).rates(), verify, cost, k, self._catchup)
 
     def _score_pending(self, context: Sequence[int]) -> None:
         """Score free proposals, token by token, against what really followed them."""
@@ -201,7 +206,8 @@ class Auto(Drafter):
         model = next((d for d in self.drafters if d.name == source and not d.free), None)
         if drafted and model is not None:
             self.estimates(model, outcome.draft.kind).observe_draft(len(drafted), m)
-            self.draft_cost[source] += COST_EMA * (outcome.t_draft / len(drafted) - self.draft_cost[source])
+            per_token = max(outcome.t_draft - self._catchup, 0.0) / len(drafted)
+            self.draft_cost[source] += COST_EMA * (per_token - self.draft_cost[source])
         for d in self.drafters:
             d.accept(outcome)
 

@@ -1,11 +1,11 @@
 """`speculate bench`: what speculation buys on this machine, measured, not assumed.
 
 Every prompt runs under every configuration with the models loaded once. Per
-prompt (and repeat), target-only decoding runs first and last, the configurations
-in between, so a machine that speeds up or slows down over the minutes hits
-baseline and speculation alike; each configuration's speedup is its tokens per
-second over the mean of the two baseline runs around it (the baseline's row
-reports that mean, and the drift between its two runs). Outputs are compared
+prompt (and repeat), target-only decoding runs before, between every two and
+after the configurations, so a machine that speeds up or slows down over the
+minutes hits baseline and speculation alike; each configuration's speedup is its
+tokens per second over the mean of the two baseline runs around it (the
+baseline's row reports the mean of all of them, and their spread as drift). Outputs are compared
 token for token with the baseline (sample-and-match verification makes them
 identical whenever scoring is batch-invariant); a mismatch is reported with its
 position and the target's top-2 logit margin there.
@@ -22,10 +22,12 @@ from typing import Callable, Iterable
 
 from .engine import Engine
 from .errors import UsageError
-from .loop import DRAFT_MAX_AUTO, SpecSettings
+from .drafters import NgramSimple
+from .loop import DRAFT_MAX_AUTO, NGRAM_N_AUTO, SpecSettings
 from .sampling import SamplerSettings
 
 BASELINE = "target only"
+BASELINE_EVERY = 2  # configurations between two target-only runs
 
 # --sweep KEY=v1,v2: which setting each key changes.
 SWEEP_KEYS = {
@@ -71,7 +73,8 @@ class Run:
     python_share: float = 0.0
     plans: list = field(default_factory=list)
     mismatch: dict | None = None
-    baseline_drift: float | None = None  # target only: last run's speed over the first's
+    baseline_drift: float | None = None  # target only: fastest of its runs over the slowest
+    ngram_bound: float | None = None     # target only: the best any n-gram plan could do (see below)
 
 
 def load_prompts(path: Path) -> list[BenchPrompt]:
@@ -146,27 +149,42 @@ def _set(spec: SpecSettings, key: str, value) -> SpecSettings:
 
 def run_bench(engine: Engine, prompts: list[BenchPrompt], configs: list[Config], sampling: SamplerSettings,
               repeats: int = 1, on_run: Callable[[Run], None] | None = None) -> list[Run]:
-    """All runs, speedups filled in; `on_run` hears of each run as it ends (before its speedup)."""
+    """All runs, speedups filled in; `on_run` hears of each run as it ends (before its speedup).
+
+    Per prompt and repeat, target-only runs come first, last and after every
+    BASELINE_EVERY configurations; each configuration is compared with the mean of
+    the two baseline runs around it, so machine drift hits both sides alike.
+    """
     runs: list[Run] = []
     seed = sampling.resolved_seed()
-    _warm_up(engine, prompts[0], configs[0], sampling, seed)
+    baseline, rest = configs[0], configs[1:]
+    _warm_up(engine, prompts[0], baseline, sampling, seed)
     for prompt in prompts:
         tokens = _tokens(engine, prompt)
+
+        def run(config: Config, repeat: int) -> tuple[list[int], Run]:
+            out, result = _run(engine, tokens, config, sampling, seed, prompt, repeat)
+            if on_run:
+                on_run(result)
+            return out, result
+
         for repeat in range(repeats):
-            block = []
-            for config in [*configs, configs[0]]:
-                out, run = _run(engine, tokens, config, sampling, seed, prompt, repeat)
-                block.append((config, run, out))
-                if on_run:
-                    on_run(run)
-            (_, first, base_tokens), (_, last, _) = block[0], block.pop()
-            baseline_tps = (first.decode_tps + last.decode_tps) / 2
-            first.decode_tps, first.baseline_drift = baseline_tps, last.decode_tps / first.decode_tps
-            for config, run, out in block:
-                run.speedup = run.decode_tps / baseline_tps
-                if config is not configs[0] and out != base_tokens:
-                    run.mismatch = _mismatch(engine, tokens, base_tokens, out)
-                runs.append(run)
+            base_tokens, first = run(baseline, repeat)
+            bases = [first]
+            for start in range(0, len(rest), BASELINE_EVERY):
+                measured = [(config, *run(config, repeat)) for config in rest[start : start + BASELINE_EVERY]]
+                bases.append(run(baseline, repeat)[1])
+                around = (bases[-2].decode_tps + bases[-1].decode_tps) / 2
+                for config, out, result in measured:
+                    result.speedup = result.decode_tps / around
+                    if out != base_tokens:
+                        result.mismatch = _mismatch(engine, tokens, base_tokens, out)
+                    runs.append(result)
+            speeds = [b.decode_tps for b in bases]
+            first.decode_tps, first.speedup = statistics.mean(speeds), 1.0
+            first.baseline_drift = max(speeds) / min(speeds)
+            first.ngram_bound = ngram_bound(tokens, base_tokens, engine.costs(engine.target, DRAFT_MAX_AUTO + 1))
+            runs.append(first)
     return runs
 
 
@@ -199,6 +217,23 @@ def _mismatch(engine: Engine, prompt: list[int], expected: list[int], got: list[
             "top2": [first, second], "margin": l1 - l2}
 
 
+def ngram_bound(prompt: list[int], output: list[int], verify: list[float], n: int = NGRAM_N_AUTO) -> float:
+    """The speedup over target-only decoding that a planner knowing the output in advance
+    would get from n-gram proposals (ngram-simple, n tokens, up to len(verify) - 1 drafted),
+    with the measured verify costs: a bound for what auto can do with them on this machine.
+    Dynamic programming over positions: cost[i] = min over k of v(k+1) + cost[i + accepted + 1]."""
+    drafter, max_k = NgramSimple(n=n, m=len(verify) - 1), len(verify) - 1
+    proposals = [drafter.propose(prompt + output[:i], max_k).tokens for i in range(len(output))]
+    cost = [0.0] * (len(output) + 1)
+    for i in range(len(output) - 1, -1, -1):
+        best = verify[0] + cost[i + 1]
+        for k in range(1, min(len(proposals[i]), len(output) - i - 1) + 1):
+            accepted = next((j for j in range(k) if proposals[i][j] != output[i + j]), k)
+            best = min(best, verify[k] + cost[i + accepted + 1])
+        cost[i] = best
+    return len(output) * verify[0] / cost[0] if cost[0] else 1.0
+
+
 def summarize(runs: list[Run]) -> list[dict]:
     """One row per (category, config), then per config over all prompts ('all')."""
     rows = []
@@ -221,6 +256,9 @@ def summarize(runs: list[Run]) -> list[dict]:
             "python_share": sum(r.python_share * r.t_decode_s for r in group) / decode,
             "mismatches": sum(r.mismatch is not None for r in group),
         })
+        bounds = [r.ngram_bound for r in group if r.ngram_bound is not None]
+        if bounds:
+            rows[-1]["median_ngram_bound"] = statistics.median(bounds)
     return rows
 
 

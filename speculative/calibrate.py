@@ -18,11 +18,15 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from .backend import Backend
 from .registry import home
 
 FILLER_TOKENS = 32   # the batches are scored after a short context, like a real step
-QUICK_REPEATS = 4    # small batches are cheap and noisy: take the best of several
+QUICK_REPEATS = 3    # single tokens (the baseline) are cheap and noisy: best of several
+DENSE_UP_TO = 9      # kernels switch below here (8 rows on x86): every size is timed ...
+SPARSE_STEP = 4      # ... and beyond, every 4th
 
 
 def cache_path() -> Path:
@@ -52,22 +56,26 @@ def batch_costs(model: Backend, max_batch: int, identity: dict, notify: Callable
 
 
 def measure(model: Backend, max_batch: int) -> list[float]:
-    """Time one decode of b tokens after FILLER_TOKENS of context, for b = 1..max_batch."""
+    """v(1..max_batch): one decode of b tokens after FILLER_TOKENS of context is timed
+    for every b up to DENSE_UP_TO, and for every SPARSE_STEP-th b beyond, where costs
+    change slowly; the sizes between are interpolated. It keeps calibration to seconds."""
     filler = [(1000 + i) % model.n_vocab for i in range(FILLER_TOKENS)]
+    sizes = sorted({*range(1, min(max_batch, DENSE_UP_TO) + 1),
+                    *range(DENSE_UP_TO, max_batch + 1, SPARSE_STEP), max_batch})
     model.trim(0)
     model.decode(filler, 0, "none")
-    costs = []
-    for b in range(1, max_batch + 1):
+    timed = []
+    for b in sizes:
         batch = [(2000 + i) % model.n_vocab for i in range(b)]
         best = float("inf")
-        for _ in range(QUICK_REPEATS if b <= 4 else 1):
+        for _ in range(QUICK_REPEATS if b <= 2 else 1):
             t0 = time.perf_counter()
             model.decode(batch, FILLER_TOKENS, "all")
             best = min(best, time.perf_counter() - t0)
             model.trim(FILLER_TOKENS)
-        costs.append(best)
+        timed.append(best)
     model.trim(0)
-    return costs
+    return [float(c) for c in np.interp(np.arange(1, max_batch + 1), sizes, timed)]
 
 
 def _load(path: Path) -> dict:

@@ -255,3 +255,25 @@ def test_help_lists_exit_codes_and_llama_cpp_flags():
     for flag in ("-md", "--spec-draft-model", "--draft-max", "--spec-draft-n-max", "--draft-p-min",
                  "-ngld", "-cd", "--sampling-seq", "--spec-type", "-sys", "Exit codes"):
         assert flag in text, flag
+
+
+@pytest.mark.parametrize("spec_type", ["ngram-simple", "ngram-map-k", "ngram-simple,draft", "auto"])
+def test_every_spec_type_gives_the_target_only_output(model_path, batch_invariant, spec_type):
+    smol = str(model_path(SMOL))
+    prompt = "Copy this list twice: red, green, blue, yellow, purple, orange. red, green,"
+    common = ("-m", smol, "-md", smol, "-p", prompt, "-n", "40", "--temp", "0", "--spec-ngram-size-n", "2")
+    spec = speculate_json(*common, "--spec-type", spec_type)
+    base = speculate_json(*common, "--spec-type", "none")
+    assert spec["tokens"] == base["tokens"]
+    assert spec["settings"]["spec_type"] == spec_type
+    if spec_type.startswith("ngram"):
+        assert spec["n_drafted"] > 0 and {p["drafter"] for p in spec["plans"]} >= {spec_type.split(",")[0]}
+    assert sum(p["steps"] for p in spec["plans"]) == spec["n_steps"]
+
+
+def test_auto_reports_its_plans_and_python_overhead(model_path):
+    proc = speculate("-m", str(model_path(SMOL)), "-p", "one two three one two three one two", "-n", "16",
+                     "--temp", "0")
+    assert proc.returncode == 0, proc.stderr
+    assert "plans     = " in proc.stderr and "python    = " in proc.stderr
+    assert "n_draft   = 16" in proc.stderr  # auto's cap

@@ -49,6 +49,10 @@ class Drafter:
     def accept(self, outcome: Outcome) -> None:
         """Optional: learn from what the target kept."""
 
+    def behind(self, context: Sequence[int]) -> int:
+        """Tokens of `context` to process before proposing (a draft model catching up)."""
+        return 0
+
     def nothing(self) -> Draft:
         return Draft([], self.name)
 

@@ -1,0 +1,77 @@
+"""speculate bench: its pure helpers, and one small real run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from speculative.bench import load_prompts, make_configs, parse_sweeps
+from speculative.errors import UsageError
+from speculative.loop import DRAFT_MAX_AUTO, SpecSettings
+from tests.conftest import SMOL, speculate
+
+
+def test_prompts_accept_text_or_chat_messages(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"id": "a", "category": "x", "prompt": "hi"}\n\n'
+                    '{"messages": [{"role": "user", "content": "yo"}]}\n')
+    a, b = load_prompts(path)
+    assert (a.id, a.category, a.prompt) == ("a", "x", "hi")
+    assert (b.id, b.category, b.messages[0]["content"]) == ("line-3", "all", "yo")
+
+
+@pytest.mark.parametrize("line, message", [
+    ("{not json", ":1: not JSON"),
+    ('{"prompt": 3}', ":1: needs a string `prompt`"),
+    ('{"messages": [{"role": "user"}]}', ":1: needs a string `prompt`"),
+])
+def test_bad_prompt_lines_name_the_line(tmp_path, line, message):
+    path = tmp_path / "p.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(UsageError, match=message):
+        load_prompts(path)
+
+
+def test_sweeps_make_a_grid_and_auto_keeps_its_own_cap():
+    grid = parse_sweeps(["draft-max=1,4", "ngram-n=2,3"])
+    configs = make_configs(["ngram-simple", "auto"], grid, SpecSettings(n_predict=16))
+    labels = [c.label for c in configs]
+    assert labels == ["target only",
+                      "ngram-simple draft-max=1 ngram-n=2", "ngram-simple draft-max=1 ngram-n=3",
+                      "ngram-simple draft-max=4 ngram-n=2", "ngram-simple draft-max=4 ngram-n=3",
+                      "auto ngram-n=2", "auto ngram-n=3"]
+    assert configs[0].spec.types == ("none",)
+    assert configs[1].spec.draft_max == 1 and configs[1].spec.ngram_simple.n == 2
+    assert configs[-1].spec.draft_max == DRAFT_MAX_AUTO and configs[-1].spec.ngram_map_k.n == 3
+
+
+@pytest.mark.parametrize("sweep", ["draft-max", "nope=1", "draft-max=a"])
+def test_bad_sweeps_are_usage_errors(sweep):
+    with pytest.raises(UsageError):
+        parse_sweeps([sweep])
+
+
+@pytest.mark.real
+def test_a_small_real_bench(model_path, batch_invariant, tmp_path):
+    smol = str(model_path(SMOL))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "repeat", "category": "copy", "messages": [{"role": "user", "content": '
+                       '"Repeat exactly: the cat sat on the mat and the dog sat on the log."}]}\n'
+                       '{"id": "count", "category": "complete", "prompt": "1, 2, 3, 4,"}\n')
+    out = tmp_path / "r.json"
+    proc = speculate("bench", str(prompts), "-m", smol, "-md", smol, "-C", "draft", "-C", "ngram-simple,draft",
+                     "-C", "auto", "-n", "24", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    configs = {r["config"] for r in report["runs"]}
+    assert configs == {"target only", "draft", "ngram-simple,draft", "auto"}
+    assert len(report["runs"]) == 2 * 4
+    assert all(r["mismatch"] is None for r in report["runs"])  # sample-and-match + invariant build
+    baseline = [r for r in report["runs"] if r["config"] == "target only"]
+    assert all(r["speedup"] == 1.0 and r["baseline_drift"] > 0 for r in baseline)
+    rows = {(r["category"], r["config"]) for r in report["summary"]}
+    assert ("all", "auto") in rows and ("copy", "draft") in rows
+    assert "speedup per configuration" in proc.stdout.decode()
+    again = speculate("bench", str(prompts), "-m", smol, "-o", str(out))
+    assert again.returncode == 2 and "never overwrites" in again.stderr
