@@ -62,10 +62,8 @@ def bench_command(
     grid = bench.parse_sweeps(sweep or [])
     if n_predict < 1 or repeat < 1 or limit < 0:
         raise UsageError("-n and --repeat must be >= 1, --limit >= 0")
-    uses_draft = any("draft" in c.split(",") or c == "auto" for c in configs_wanted) and has_draft
-    if any("draft" in c.split(",") for c in configs_wanted) and not has_draft:
-        raise UsageError("a draft configuration needs a draft model: give -md PATH|NAME")
     configs = bench.make_configs(configs_wanted, grid, SpecSettings(n_predict=n_predict))
+    uses_draft = any([options.uses_draft_model(c.spec, has_draft) for c in configs])
     prompts_ = [p for p in bench.load_prompts(prompts) if not category or p.category in category]
     prompts_ = prompts_[:limit] if limit else prompts_
     if not prompts_:

@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from speculative.errors import SpeculateError, UsageError
+from speculative.errors import SpeculateError
 from speculative.loop import (DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, NGRAM_N_AUTO, NGRAM_N_FIXED, NgramSettings,
                               SpecSettings)
 from speculative.sampling import DEFAULT_SEQUENCE, SamplerSettings
@@ -158,7 +158,7 @@ def run(
         ngram_map_k=ngram(map_n, map_m, map_hits))
     sampling.validate()
     spec.validate()
-    use_draft = _uses_draft_model(spec, options.draft_available(model, model_draft))
+    use_draft = options.uses_draft_model(spec, options.draft_available(model, model_draft))
     text = read_prompt(prompt, file, escape)
     if system_prompt is not None and escape:
         system_prompt = process_escapes(system_prompt)
@@ -176,15 +176,6 @@ def run(
 
 def _first(*values):
     return next((v for v in values if v is not None), None)
-
-
-def _uses_draft_model(spec: SpecSettings, available: bool) -> bool:
-    """Whether a draft model is loaded: named in --spec-type, or auto with one at hand."""
-    if "draft" in spec.drafters:
-        if not available:
-            raise UsageError("--spec-type draft needs a draft model: give -md PATH|NAME")
-        return True
-    return spec.auto and not spec.drafters and available
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ import typer
 
 from speculative.engine import ModelSpec
 from speculative.errors import UsageError
+from speculative.loop import SpecSettings
 from speculative.registry import Registry
 
 from .models import resolve_models
@@ -57,3 +58,12 @@ def model_specs(model: Optional[str], model_draft: Optional[str], use_draft: boo
 def draft_available(model: Optional[str], model_draft: Optional[str]) -> bool:
     """A draft model is at hand: -md, or the registry's default pair when -m is not given."""
     return model_draft is not None or model is None
+
+
+def uses_draft_model(spec: SpecSettings, available: bool) -> bool:
+    """Whether a draft model is loaded: named in --spec-type, or auto with one at hand."""
+    if "draft" in spec.drafters:
+        if not available:
+            raise UsageError("--spec-type draft needs a draft model: give -md PATH|NAME")
+        return True
+    return spec.auto and not spec.drafters and available

@@ -64,7 +64,18 @@ class NgramIndex:
         return self.after.get(tuple(history[-self.n :]), [])
 
 
-class NgramSimple(Drafter):
+class NgramDrafter(Drafter):
+    """What the n-gram drafters share: an index of the history, n, m and min-hits."""
+
+    free = True
+
+    def __init__(self, n: int = 12, m: int = 48, min_hits: int = 1):
+        self.index = NgramIndex(n)
+        self.m = m
+        self.min_hits = min_hits
+
+
+class NgramSimple(NgramDrafter):
     """`ngram-simple`: the m tokens that followed an earlier occurrence of the last
     n-gram (llama.cpp's common_ngram_simple_draft, indexed). Where the n-gram occurs
     several times, llama.cpp takes the most recent; here the most recent among those
@@ -72,12 +83,9 @@ class NgramSimple(Drafter):
     same for a unique n-gram and picks the right passage in repetitive code."""
 
     name = "ngram-simple"
-    free = True
 
     def __init__(self, n: int = 12, m: int = 48, min_hits: int = 1):
-        self.index = NgramIndex(n)
-        self.m = m
-        self.min_hits = min_hits
+        super().__init__(n, m, min_hits)
         self._offset: int | None = None  # len(context) - source position of the last proposal
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
@@ -86,18 +94,17 @@ class NgramSimple(Drafter):
             return self.nothing()
         n, offset = self.index.n, self._offset
 
-        def rank(i: int) -> tuple[int, int]:
-            aligned = offset is not None and abs(len(context) - i - offset) <= ALIGNED_SLACK
-            return context_match(context, i, n) + (ALIGNED_SLACK if aligned else 0), i
+        def aligned(i: int) -> bool:  # resumes the passage the last proposal came from
+            return offset is not None and abs(len(context) - i - offset) <= ALIGNED_SLACK
 
-        start = max(found[-RECENT_OCCURRENCES:], key=rank)
-        length = context_match(context, start, n)
-        aligned = offset is not None and abs(len(context) - start - offset) <= ALIGNED_SLACK
+        start = max(found[-RECENT_OCCURRENCES:],
+                    key=lambda i: (context_match(context, i, n) + ALIGNED_SLACK * aligned(i), i))
+        kind = match_class(context_match(context, start, n), aligned(start))
         self._offset = len(context) - start
-        return Draft(list(context[start : start + min(self.m, k)]), self.name, match_class(length, aligned))
+        return Draft(list(context[start : start + min(self.m, k)]), self.name, kind)
 
 
-class NgramMapK(Drafter):
+class NgramMapK(NgramDrafter):
     """`ngram-map-k`: a map from n-grams to what followed them. The continuation
     whose first token followed the key most often (at least min-hits times, among
     its recent occurrences) is proposed, from its most recent occurrence; after a
@@ -105,12 +112,9 @@ class NgramMapK(Drafter):
     what the target accepted (llama.cpp's per-key n_accepted)."""
 
     name = "ngram-map-k"
-    free = True
 
     def __init__(self, n: int = 12, m: int = 48, min_hits: int = 1):
-        self.index = NgramIndex(n)
-        self.m = m
-        self.min_hits = min_hits
+        super().__init__(n, m, min_hits)
         self.limit: dict[tuple[int, ...], int] = {}
         self._last_key: tuple[int, ...] | None = None
 
