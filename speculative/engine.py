@@ -1,6 +1,6 @@
 """A target and an optional draft, loaded once, ready to run prompts.
 
-This is what the command line (and later bench/serve/batch) builds on: it checks
+This is what the command line and `speculate bench` build on: it checks
 the pair's vocabularies before loading any weights, loads both models, turns a
 prompt into tokens (optionally through the model's chat template), and runs the
 loop with fresh caches each time.
