@@ -16,7 +16,7 @@ from rich.table import Table
 from speculative import bench
 from speculative.engine import Engine
 from speculative.errors import UsageError
-from speculative.llamacpp import batch_variant_kernels, system_info
+from speculative.llamacpp import system_info
 from speculative.loop import SpecSettings
 from speculative.sampling import SamplerSettings
 
@@ -55,6 +55,7 @@ def bench_command(
     threads: Optional[int] = options.THREADS,
     threads_draft: Optional[int] = options.THREADS_DRAFT,
     batch_size: int = options.BATCH_SIZE,
+    flash_attn: str = options.FLASH_ATTN,
 ) -> None:
     """Measure speedup over target-only decoding per prompt and category, on this machine."""
     has_draft = options.draft_available(model, model_draft)
@@ -77,7 +78,7 @@ def bench_command(
     target, draft = options.model_specs(
         model, model_draft, uses_draft, ctx_size=ctx_size, ctx_size_draft=ctx_size_draft,
         n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, threads=threads,
-        threads_draft=threads_draft, batch_size=batch_size)
+        threads_draft=threads_draft, batch_size=batch_size, flash_attn=flash_attn)
     rest = len(configs) - 1
     total = len(prompts_) * repeat * (len(configs) + (rest + bench.BASELINE_EVERY - 1) // bench.BASELINE_EVERY)
     stderr.print(f"bench: {len(prompts_)} prompts x {len(configs)} configurations x {repeat}, target-only "
@@ -95,7 +96,7 @@ def bench_command(
         meta = {
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": round(time.time() - started, 1),
             "machine": {"platform": platform.platform(), "processor": platform.machine(),
-                        "llama_cpp": system_info(), "batch_variant_kernels": batch_variant_kernels()},
+                        "llama_cpp": system_info(), "batch_variant_kernels": engine.target.kernels},
             "target": {"name": target.name, "path": str(target.path), "threads": engine.target.n_threads},
             "draft": {"name": draft.name, "path": str(draft.path)} if draft else None,
             "settings": {"n_predict": n_predict, "temp": temp, "seed": seed, "repeat": repeat,

@@ -68,6 +68,7 @@ def run(
     threads: Optional[int] = options.THREADS,
     threads_draft: Optional[int] = options.THREADS_DRAFT,
     batch_size: int = options.BATCH_SIZE,
+    flash_attn: str = options.FLASH_ATTN,
     prompt: Optional[str] = typer.Option(
         None, "-p", "--prompt", rich_help_panel=P, help="The prompt; '-' reads it from standard input."),
     file: Optional[str] = typer.Option(
@@ -165,7 +166,7 @@ def run(
     target, draft = options.model_specs(
         model, model_draft, use_draft, ctx_size=ctx_size, ctx_size_draft=ctx_size_draft,
         n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, threads=threads,
-        threads_draft=threads_draft, batch_size=batch_size)
+        threads_draft=threads_draft, batch_size=batch_size, flash_attn=flash_attn)
     code = run_and_render(
         target, draft, text, sampling, spec, use_chat=use_chat, system=system_prompt,
         color=color and not os.environ.get("NO_COLOR"), json_output=json_output,

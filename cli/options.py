@@ -8,6 +8,7 @@ import typer
 
 from speculative.engine import ModelSpec
 from speculative.errors import UsageError
+from speculative.llamacpp import FLASH_ATTN_MODES
 from speculative.loop import SpecSettings
 from speculative.registry import Registry
 
@@ -36,6 +37,11 @@ THREADS = typer.Option(
 THREADS_DRAFT = typer.Option(
     None, "-td", "--threads-draft", "--spec-draft-threads", rich_help_panel=M,
     help="CPU threads for the draft (default: -t).")
+FLASH_ATTN = typer.Option(
+    "auto", "-fa", "--flash-attn", rich_help_panel=M, metavar="on|off|auto",
+    help="Flash attention (both models). auto: llama.cpp's choice on a GPU, off on the CPU, where "
+         "it scores a position differently alone and inside a batch (greedy speculation would "
+         "then drift from target-only output on near-ties).")
 BATCH_SIZE = typer.Option(
     2048, "-b", "--batch-size", rich_help_panel=M, help="Most tokens in one forward pass.")
 
@@ -43,16 +49,18 @@ BATCH_SIZE = typer.Option(
 def model_specs(model: Optional[str], model_draft: Optional[str], use_draft: bool, *, ctx_size: int,
                 ctx_size_draft: Optional[int], n_gpu_layers: int, n_gpu_layers_draft: Optional[int],
                 threads: Optional[int], threads_draft: Optional[int],
-                batch_size: int) -> tuple[ModelSpec, ModelSpec | None]:
+                batch_size: int, flash_attn: str) -> tuple[ModelSpec, ModelSpec | None]:
     """Validate the model options, resolve -m/-md (pulling registry models as needed)."""
     for flag, value, least in (("-c/--ctx-size", ctx_size, 0), ("-b/--batch-size", batch_size, 1),
                                ("-cd/--ctx-size-draft", ctx_size_draft, 0),
                                ("-t/--threads", threads, 1), ("-td/--threads-draft", threads_draft, 1)):
         if value is not None and value < least:
             raise UsageError(f"{flag} must be >= {least}, got {value}")
+    if flash_attn not in FLASH_ATTN_MODES:
+        raise UsageError(f"-fa/--flash-attn: expected one of {', '.join(FLASH_ATTN_MODES)}, got {flash_attn!r}")
     return resolve_models(Registry.load(), model, model_draft, use_draft,
                           ctx=(ctx_size, ctx_size_draft), ngl=(n_gpu_layers, n_gpu_layers_draft),
-                          threads=(threads, threads_draft), n_batch=batch_size)
+                          threads=(threads, threads_draft), n_batch=batch_size, flash_attn=flash_attn)
 
 
 def draft_available(model: Optional[str], model_draft: Optional[str]) -> bool:

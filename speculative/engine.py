@@ -37,6 +37,7 @@ class ModelSpec:
     n_batch: int = 2048
     n_gpu_layers: int = -1
     n_threads: int | None = None
+    flash_attn: str = "auto"
 
 
 class Engine:
@@ -162,4 +163,5 @@ class Engine:
 
 def _load(spec: ModelSpec) -> LlamaModel:
     return LlamaModel(spec.path, name=spec.name, n_ctx=spec.n_ctx, n_batch=spec.n_batch,
-                      n_gpu_layers=spec.n_gpu_layers, n_threads=spec.n_threads)
+                      n_gpu_layers=spec.n_gpu_layers, n_threads=spec.n_threads,
+                      flash_attn=spec.flash_attn)

@@ -60,6 +60,20 @@ def batch_variant_kernels() -> list[str]:
     return kernels
 
 
+FLASH_ATTN_MODES = ("auto", "on", "off")
+
+
+def flash_attn_type(mode: str, on_cpu: bool) -> int:
+    """llama.cpp's flash-attention setting for -fa MODE. `auto` is llama.cpp's auto on a
+    GPU and off on the CPU, where the flash-attention kernel is batch-variant (see
+    LlamaModel.kernels) and decodes no faster."""
+    if mode == "on":
+        return ll.LLAMA_FLASH_ATTN_TYPE_ENABLED
+    if mode == "off" or on_cpu:
+        return ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    return ll.LLAMA_FLASH_ATTN_TYPE_AUTO
+
+
 def default_threads() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
@@ -79,6 +93,7 @@ class LlamaModel:
         n_batch: int = 2048,
         n_gpu_layers: int = -1,
         n_threads: int | None = None,
+        flash_attn: str = "auto",
     ):
         _init_once()
         self.name = name
@@ -110,6 +125,8 @@ class LlamaModel:
         cparams.n_threads_batch = threads
         cparams.swa_full = True  # sliding-window caches keep everything, so rollback is exact
         cparams.no_perf = True
+        on_cpu = n_gpu_layers == 0 or not ll.llama_supports_gpu_offload()
+        cparams.flash_attn_type = flash_attn_type(flash_attn, on_cpu)
         ctx = ll.llama_init_from_model(model, cparams)
         if not ctx:
             self.close()
@@ -124,6 +141,12 @@ class LlamaModel:
         self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
         self.n_threads = threads
         self.n_gpu_layers = n_gpu_layers
+        self.flash_attn = flash_attn
+        # Flash attention on the CPU splits a lone query's cache over the threads (from 512
+        # cells) and tiles many queries: the same position then scores differently alone
+        # and inside a batch.
+        fa_on_cpu = on_cpu and cparams.flash_attn_type != ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        self.kernels = batch_variant_kernels() + (["FLASH_ATTN"] if fa_on_cpu else [])
         self.busy_seconds = 0.0  # time spent inside llama_decode: the rest is Python
         self._pieces: dict[int, bytes] = {}
         self._eog_cache: dict[int, bool] = {}
@@ -166,7 +189,7 @@ class LlamaModel:
         stat = self.path.stat()
         return {"name": self.name, "file": str(self.path.resolve()), "size": stat.st_size,
                 "mtime_ns": stat.st_mtime_ns, "threads": self.n_threads, "n_gpu_layers": self.n_gpu_layers,
-                "n_batch": self.n_batch, "build": system_info(), "kernels": batch_variant_kernels(),
+                "n_batch": self.n_batch, "build": system_info(), "kernels": self.kernels,
                 "llama_cpp_python": ll.__version__}
 
     @property
