@@ -23,7 +23,8 @@ stderr = Console(stderr=True)
 
 def pull_with_progress(entry: ModelEntry, dest: Path, force: bool = False) -> None:
     """Pull a registry model, with a progress bar on stderr."""
-    stderr.print(f"pulling {entry.name} ({entry.size / 1e6:,.0f} MB) into {dest.parent}", highlight=False)
+    stderr.print(f"pulling {entry.name} ({entry.size / 1e6:,.0f} MB) into {dest.parent}",
+                 highlight=False, soft_wrap=True)  # one line, however long the path
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                TransferSpeedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=stderr, transient=True, disable=not stderr.is_terminal) as bar:

