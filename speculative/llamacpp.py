@@ -16,11 +16,19 @@ from typing import Sequence
 import llama_cpp as ll
 import numpy as np
 
+from . import interrupt
 from .backend import Outputs
 from .errors import GenerationError, ModelError
+from .gguf_meta import preflight
 
 _SEQ = 0
 _initialised = False
+_abort = ll.ggml_abort_callback(interrupt.poll)  # Ctrl-C and SIGTERM stop a decode within a graph node
+_no_abort = ll.ggml_abort_callback()  # NULL
+# llama.cpp calls the abort callback at every graph node, which costs ~2% of decoding speed;
+# only batches this large (prompt chunks, seconds to minutes on a CPU) are made abortable.
+# A draft step, at most a few hundred ms, finishes before the signal is handled.
+ABORTABLE_FROM = 64
 
 
 @ll.llama_log_callback
@@ -95,6 +103,7 @@ class LlamaModel:
         n_threads: int | None = None,
         flash_attn: str = "auto",
     ):
+        preflight(path)  # hostile or corrupt GGUF headers never reach llama.cpp's parser
         _init_once()
         self.name = name
         self.path = Path(path)
@@ -132,6 +141,7 @@ class LlamaModel:
             self.close()
             raise ModelError(f"{self.path}: llama.cpp could not create a context (n_ctx={n_ctx})")
         self._ctx = ctx
+        self._abortable = False
         self._mem = ll.llama_get_memory(ctx)
         # llama.cpp pads the context (to 256); the limit is still what was asked for.
         allocated = ll.llama_n_ctx(ctx)
@@ -251,8 +261,13 @@ class LlamaModel:
             elif outputs == "last" and start + n == len(tokens):
                 self._out[n - 1] = 1
             self._batch.n_tokens = n
+            if (n >= ABORTABLE_FROM) != self._abortable:
+                self._abortable = n >= ABORTABLE_FROM
+                ll.llama_set_abort_callback(self._ctx, _abort if self._abortable else _no_abort, None)
             t0 = time.perf_counter()
             ret = ll.llama_decode(self._ctx, self._batch)
+            if ret == 2:  # aborted by interrupt.poll
+                interrupt.stop()
             ll.llama_synchronize(self._ctx)  # GPU backends return early; count the real work
             self.busy_seconds += time.perf_counter() - t0
             if ret != 0:
