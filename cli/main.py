@@ -13,6 +13,8 @@ from typing import Optional
 
 import typer
 
+from speculative import interrupt
+from speculative.chat import check_jinja2_version
 from speculative.errors import SpeculateError
 from speculative.loop import (DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, NGRAM_N_AUTO, NGRAM_N_FIXED, NgramSettings,
                               SpecSettings)
@@ -32,7 +34,7 @@ except ImportError:  # pragma: no cover
 EXIT_CODES = (
     "Exit codes: 0 success; 1 generation failed; 2 usage error; 3 model or registry problem "
     "(missing or invalid file, unknown name, vocabulary or checksum mismatch); "
-    "130 interrupted (Ctrl-C: the partial text and statistics are printed first)."
+    "130 interrupted (Ctrl-C or SIGTERM: the partial text and statistics are printed first)."
 )
 
 app = typer.Typer(
@@ -145,7 +147,7 @@ def run(
         return
     sampling = SamplerSettings(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                                sequence=sampling_seq, seed=seed)
-    types = tuple(t.strip() for t in (spec_type or "auto").split(",") if t.strip())
+    types = tuple(t.strip() for t in (spec_type if spec_type is not None else "auto").split(","))
 
     def ngram(n, m, hits) -> NgramSettings:  # a type's own flag, else the common one, else the default
         return NgramSettings(_first(n, ngram_n, NgramSettings.n), _first(m, ngram_m, NgramSettings.m),
@@ -180,7 +182,9 @@ def _first(*values):
 
 def main() -> None:
     """Console entry point: one-line errors and documented exit codes, never a traceback."""
+    interrupt.install()  # SIGTERM too ends as Ctrl-C does: partial output, statistics, 130
     try:
+        check_jinja2_version()  # refused at start-up, not at the first chat template
         code = app(standalone_mode=False, prog_name="speculate")
     except SpeculateError as e:
         _fail(str(e), e.exit_code)

@@ -56,6 +56,9 @@ def model_specs(model: Optional[str], model_draft: Optional[str], use_draft: boo
                                ("-t/--threads", threads, 1), ("-td/--threads-draft", threads_draft, 1)):
         if value is not None and value < least:
             raise UsageError(f"{flag} must be >= {least}, got {value}")
+    for flag, value in (("-ngl/--n-gpu-layers", n_gpu_layers), ("-ngld/--n-gpu-layers-draft", n_gpu_layers_draft)):
+        if value is not None and value < -1:
+            raise UsageError(f"{flag} must be -1 (all) or >= 0, got {value}")
     if flash_attn not in FLASH_ATTN_MODES:
         raise UsageError(f"-fa/--flash-attn: expected one of {', '.join(FLASH_ATTN_MODES)}, got {flash_attn!r}")
     return resolve_models(Registry.load(), model, model_draft, use_draft,

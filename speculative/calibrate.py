@@ -59,7 +59,8 @@ def measure(model: Backend, max_batch: int) -> list[float]:
     """v(1..max_batch): one decode of b tokens after FILLER_TOKENS of context is timed
     for every b up to DENSE_UP_TO, and for every SPARSE_STEP-th b beyond, where costs
     change slowly; the sizes between are interpolated. It keeps calibration to seconds."""
-    filler = [(1000 + i) % model.n_vocab for i in range(FILLER_TOKENS)]
+    n_fill = max(0, min(FILLER_TOKENS, model.n_ctx - max_batch))  # a tiny -c still calibrates
+    filler = [(1000 + i) % model.n_vocab for i in range(n_fill)]
     sizes = sorted({*range(1, min(max_batch, DENSE_UP_TO) + 1),
                     *range(DENSE_UP_TO, max_batch + 1, SPARSE_STEP), max_batch})
     model.trim(0)
@@ -70,9 +71,9 @@ def measure(model: Backend, max_batch: int) -> list[float]:
         best = float("inf")
         for _ in range(QUICK_REPEATS if b <= 2 else 1):
             t0 = time.perf_counter()
-            model.decode(batch, FILLER_TOKENS, "all")
+            model.decode(batch, n_fill, "all")
             best = min(best, time.perf_counter() - t0)
-            model.trim(FILLER_TOKENS)
+            model.trim(n_fill)
         timed.append(best)
     model.trim(0)
     return [float(c) for c in np.interp(np.arange(1, max_batch + 1), sizes, timed)]

@@ -20,7 +20,7 @@ from .auto import Auto
 from .drafters import Chain, Drafter, ModelDrafter, NgramMapK, NgramSimple
 from .errors import ModelError, UsageError
 from .llamacpp import LlamaModel
-from .loop import Event, Prefilled, SpecSettings, Token, generate
+from .loop import Event, Prefilled, SpecSettings, Token, check_prompt, generate
 from .sampling import Sampler, SamplerSettings
 from .stats import Stats
 from .vocab import check_compatible, read_vocab
@@ -88,6 +88,7 @@ class Engine:
             seed: int) -> Iterator[Event]:
         """Generate from `prompt` with empty caches, yielding the loop's events while
         `self.stats` counts them (also when the consumer stops early)."""
+        check_prompt(prompt, self.target.n_ctx, spec.n_predict)  # before any calibration
         self.target.trim(0)
         if self.draft is not None:
             self.draft.trim(0)
@@ -123,9 +124,9 @@ class Engine:
             draft_costs, catchup_costs = {}, {}
             if "draft" in names:  # a token alone, and a token within a batch of CATCHUP_BATCH
                 draft = self.costs(self.draft, CATCHUP_BATCH)
-                draft_costs["draft"], catchup_costs["draft"] = draft[0], draft[-1] / CATCHUP_BATCH
-            return Auto(drafters, self.costs(self.target, spec.draft_max + 1), spec.draft_max,
-                        draft_costs, catchup_costs)
+                draft_costs["draft"], catchup_costs["draft"] = draft[0], draft[-1] / len(draft)
+            k_max = min(spec.draft_max, _largest_batch(self.target) - 1)
+            return Auto(drafters, self.costs(self.target, k_max + 1), k_max, draft_costs, catchup_costs)
         return drafters[0] if len(drafters) == 1 else Chain(drafters)
 
     def _drafter(self, name: str, spec: SpecSettings) -> Drafter:
@@ -139,6 +140,7 @@ class Engine:
 
     def costs(self, model: LlamaModel, max_batch: int) -> list[float]:
         """The model's measured decode cost for batches of 1..max_batch tokens."""
+        max_batch = min(max_batch, _largest_batch(model))
         known = self._costs.get(id(model), [])
         if len(known) < max_batch:
             known = self._costs[id(model)] = calibrate.batch_costs(
@@ -159,6 +161,11 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _largest_batch(model: LlamaModel) -> int:
+    """The largest batch a step can send: -b, and the context less the prompt's first token."""
+    return max(1, min(model.n_batch, model.n_ctx - 1))
 
 
 def _load(spec: ModelSpec) -> LlamaModel:

@@ -79,8 +79,8 @@ class SpecSettings:
             raise UsageError("--spec-type none cannot be combined with other types")
         if len(set(self.types)) != len(self.types):
             raise UsageError(f"--spec-type names a type twice: {','.join(self.types)}")
-        if self.draft_max < 0:
-            raise UsageError(f"--draft-max must be >= 0, got {self.draft_max}")
+        if self.draft_max < 1 and self.types != ("none",):
+            raise UsageError(f"--draft-max must be >= 1, got {self.draft_max} (--spec-type none: no drafting)")
         if self.draft_min < 0:
             raise UsageError(f"--draft-min must be >= 0, got {self.draft_min}")
         if self.draft_min > self.draft_max:
@@ -127,6 +127,17 @@ class Done:
 Event = Union[Prefilled, Step, Token, Done]
 
 
+def check_prompt(prompt: Sequence[int], n_ctx: int, n_predict: int) -> None:
+    """A prompt must leave room in the context for at least one generated token."""
+    if not prompt:
+        raise GenerationError("the prompt is empty (no tokens)")
+    if len(prompt) >= n_ctx:
+        raise GenerationError(
+            f"the prompt has {len(prompt)} tokens but the context holds {n_ctx}, "
+            f"leaving no room to generate; raise -c/--ctx-size (to at least {len(prompt) + max(n_predict, 1)})"
+        )
+
+
 def generate(
     target: Backend,
     prompt: Sequence[int],
@@ -134,14 +145,7 @@ def generate(
     settings: SpecSettings,
     drafter: Drafter | None = None,
 ) -> Iterator[Event]:
-    if not prompt:
-        raise GenerationError("the prompt is empty (no tokens)")
-    if len(prompt) >= target.n_ctx:
-        raise GenerationError(
-            f"the prompt has {len(prompt)} tokens but the context holds {target.n_ctx}, "
-            f"leaving no room to generate; raise -c/--ctx-size "
-            f"(to at least {len(prompt) + max(settings.n_predict, 1)})"
-        )
+    check_prompt(prompt, target.n_ctx, settings.n_predict)
 
     t0 = time.perf_counter()
     tokens = list(prompt)

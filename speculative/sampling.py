@@ -44,6 +44,10 @@ class SamplerSettings:
                 raise UsageError(
                     f"--sampling-seq: unknown sampler letter {letter!r} (known letters: {known})"
                 )
+        if not self.temp >= 0.0:
+            raise UsageError(f"--temp must be >= 0 (0: greedy), got {self.temp}")
+        if self.top_k < 0:
+            raise UsageError(f"--top-k must be >= 0 (0: off), got {self.top_k}")
         if not 0.0 <= self.top_p <= 1.0:
             raise UsageError(f"--top-p must be in [0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p <= 1.0:

@@ -96,28 +96,6 @@ def test_unknown_model_name_suggests_close_names():
     assert "unknown model 'qwen2.5-coder-1.5b'" in proc.stderr and QWEN in proc.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (("-p", "x", "--draft-min", "5", "--draft-max", "2"), "--draft-min (5) is larger than --draft-max (2)"),
-    (("-p", "x", "--draft-p-min", "1.5"), "--draft-p-min must be in [0, 1]"),
-    (("-p", "x", "-f", "file.txt"), "not both"),
-    ((), "no prompt"),
-    (("-f", "/nonexistent/prompt.txt"), "cannot read prompt file"),
-    (("-p", "x", "--spec-type", "eagle"), "unknown type eagle"),
-    (("-p", "x", "--sampling-seq", "kpq"), "unknown sampler letter 'q'"),
-    (("-p", "x", "-c", "-5"), "-c/--ctx-size must be >= 0"),
-    (("-p", "x", "--top-p", "2"), "--top-p must be in [0, 1]"),
-    (("-p", "x", "-n", "-3"), "-n/--n-predict must be -1"),
-    (("-p", "x", "--no-such-flag"), "No such option"),
-    (("-p", "x", "-t", "0"), "-t/--threads must be >= 1"),
-])
-def test_bad_command_lines_exit_2_with_one_line(args, message):
-    proc = speculate(*args)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("speculate: error: ") and message in lines[0], proc.stderr
-    assert proc.stdout == b""
-
-
 def test_prompt_from_stdin_and_file_agree(model_path, tmp_path):
     smol = str(model_path(SMOL))
     prompt = "def add(a, b):\n"
