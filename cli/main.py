@@ -23,6 +23,7 @@ from speculative.sampling import DEFAULT_SEQUENCE, SamplerSettings
 from . import models as models_cli
 from . import options
 from .bench import bench_command
+from .doctor import doctor_command
 from .prompt import process_escapes, read_prompt
 from .render import run_and_render
 
@@ -54,6 +55,8 @@ app = typer.Typer(
 app.add_typer(models_cli.app, name="models")
 app.command("bench", help="Measure speedup over target-only decoding on a prompt file, on this machine.")(
     bench_command)
+app.command("doctor", help="Show the llama.cpp build and measure whether greedy speculation is exact on it.")(
+    doctor_command)
 
 P, S, D, O = "Prompt", "Sampling", "Speculation", "Output"
 
@@ -113,6 +116,12 @@ def run(
     draft_p_min: float = typer.Option(
         0.0, "--draft-p-min", "--spec-draft-p-min", rich_help_panel=D,
         help="Stop drafting when the draft's top candidate is less likely than P."),
+    spec_accept: str = typer.Option(
+        "rejection", "--spec-accept", rich_help_panel=D, metavar="rejection|match",
+        help="How sampled drafts are verified: rejection (speculative sampling: the draft model samples, "
+             "tokens are kept with probability min(1, p/q); accepts more) or match (the target samples, "
+             "a drafted token is kept when it is the one drawn). Both follow the target's distribution "
+             "exactly; with --temp 0 both are greedy."),
     ngram_n: Optional[int] = typer.Option(
         None, "--spec-ngram-size-n", rich_help_panel=D,
         help=f"N-gram drafters: length of the n-gram looked up [default: {NGRAM_N_FIXED}; "
@@ -156,7 +165,7 @@ def run(
     spec = SpecSettings(
         types=types, draft_min=draft_min, draft_p_min=draft_p_min, n_predict=n_predict,
         draft_max=draft_max if draft_max is not None else DRAFT_MAX_AUTO if "auto" in types else DRAFT_MAX_FIXED,
-        ignore_eos=ignore_eos, ngram_simple=ngram(simple_n, simple_m, simple_hits),
+        ignore_eos=ignore_eos, accept=spec_accept, ngram_simple=ngram(simple_n, simple_m, simple_hits),
         ngram_map_k=ngram(map_n, map_m, map_hits))
     sampling.validate()
     spec.validate()

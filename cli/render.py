@@ -145,6 +145,6 @@ def _settings(sampling: SamplerSettings, spec: SpecSettings, seed: int, use_chat
             "sampling_seq": sampling.sequence, "seed": seed, "n_predict": spec.n_predict,
             "draft_max": spec.draft_max, "draft_min": spec.draft_min, "draft_p_min": spec.draft_p_min,
             "ignore_eos": spec.ignore_eos, "chat": use_chat,
-            "spec_type": ",".join(spec.types), "n_batch": engine.target.n_batch,
+            "spec_type": ",".join(spec.types), "spec_accept": spec.accept, "n_batch": engine.target.n_batch,
             **{name: {"n": ngram.size(spec.auto), "m": ngram.m, "min_hits": ngram.min_hits}
                for name, ngram in (("ngram_simple", spec.ngram_simple), ("ngram_map_k", spec.ngram_map_k))}}

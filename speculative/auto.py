@@ -32,6 +32,7 @@ Where the numbers come from:
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -156,7 +157,7 @@ class Auto(Drafter):
             return self.nothing()
         if chosen.free:
             draft = self._proposals[chosen.name]
-            return Draft(draft.tokens[:plan_k], chosen.name, draft.kind)
+            return replace(draft.head(plan_k), source=chosen.name)
         return chosen.propose(context, plan_k)
 
     def _plan_free(self, d: Drafter, context: Sequence[int], k: int, verify: np.ndarray) -> tuple[int, float]:

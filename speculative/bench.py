@@ -34,6 +34,7 @@ SWEEP_KEYS = {
     "draft-max": ("draft_max", int),
     "draft-min": ("draft_min", int),
     "draft-p-min": ("draft_p_min", float),
+    "accept": ("accept", str),  # --spec-accept: rejection, match (sampled runs)
     "ngram-n": ("n", int),
     "ngram-m": ("m", int),
     "ngram-min-hits": ("min_hits", int),

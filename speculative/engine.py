@@ -27,6 +27,7 @@ from .vocab import check_compatible, read_vocab
 
 
 CATCHUP_BATCH = 16  # a draft model catching up decodes about this many tokens at once
+DRAFT_SEED_OFFSET = 0x9E3779B9  # the draft samples from its own random stream, derived from --seed
 
 
 @dataclass(frozen=True)
@@ -92,8 +93,12 @@ class Engine:
         self.target.trim(0)
         if self.draft is not None:
             self.draft.trim(0)
-        self.drafter = self.make_drafter(spec)
         banned = self.target.eog_tokens() if spec.ignore_eos else None
+        draft_sampler = None  # a draft model samples its drafts for speculative sampling
+        if self.draft is not None and spec.accept == "rejection":
+            draft_sampler = Sampler(sampling, (seed + DRAFT_SEED_OFFSET) % 2**32,
+                                    self.draft.eog_tokens() if spec.ignore_eos else None)
+        self.drafter = self.make_drafter(spec, draft_sampler)
         stats = self.stats = Stats(t_load=self.t_load)
         started = None  # (wall clock, time inside llama.cpp) when the prompt was in
         try:
@@ -114,12 +119,13 @@ class Engine:
         tokens = [e.id for e in self.run(prompt, sampling, spec, seed) if isinstance(e, Token)]
         return tokens, self.stats
 
-    def make_drafter(self, spec: SpecSettings) -> Drafter | None:
-        """The drafter --spec-type asks for: one, a chain, or auto over several."""
+    def make_drafter(self, spec: SpecSettings, draft_sampler: Sampler | None = None) -> Drafter | None:
+        """The drafter --spec-type asks for: one, a chain, or auto over several.
+        `draft_sampler`: the draft model samples with it (else it drafts greedily)."""
         names = spec.drafters or (("ngram-simple", "draft") if self.draft else ("ngram-simple",))
         if not spec.auto and not spec.drafters:
             return None
-        drafters = [self._drafter(name, spec) for name in names]
+        drafters = [self._drafter(name, spec, draft_sampler) for name in names]
         if spec.auto:
             draft_costs, catchup_costs = {}, {}
             if "draft" in names:  # a token alone, and a token within a batch of CATCHUP_BATCH
@@ -129,11 +135,11 @@ class Engine:
             return Auto(drafters, self.costs(self.target, k_max + 1), k_max, draft_costs, catchup_costs)
         return drafters[0] if len(drafters) == 1 else Chain(drafters)
 
-    def _drafter(self, name: str, spec: SpecSettings) -> Drafter:
+    def _drafter(self, name: str, spec: SpecSettings, draft_sampler: Sampler | None) -> Drafter:
         if name == "draft":
             if self.draft is None:
                 raise UsageError("--spec-type draft needs a draft model: give -md PATH|NAME")
-            return ModelDrafter(self.draft, p_min=spec.draft_p_min)
+            return ModelDrafter(self.draft, p_min=spec.draft_p_min, sampler=draft_sampler)
         ngram = spec.ngram_simple if name == "ngram-simple" else spec.ngram_map_k
         kind = NgramSimple if name == "ngram-simple" else NgramMapK
         return kind(ngram.size(spec.auto), ngram.m, ngram.min_hits)

@@ -3,7 +3,8 @@
 One step:
   1. the drafter proposes d1..dk given everything so far (k may be 0);
   2. the target scores [last, d1..dk] in one batch at positions n-1..n-1+k;
-  3. the acceptance rule keeps d1..dm and adds the target's own token (bonus);
+  3. the acceptance rule (verify.py: the target's pick must match, or speculative
+     sampling) keeps d1..dm and adds the target's own token (bonus);
   4. the target cache is rolled back to the accepted prefix.
 
 The target cache always holds every token except the last one, whose logits the
@@ -21,10 +22,11 @@ from .backend import Backend
 from .drafters import Draft, Drafter, Outcome
 from .errors import GenerationError, UsageError
 from .sampling import Sampler
-from .verify import sample_and_match
+from .verify import rejection_sample, sample_and_match
 
 
 SPEC_TYPES = ("none", "draft", "ngram-simple", "ngram-map-k", "auto")
+SPEC_ACCEPT = ("rejection", "match")  # speculative sampling, or the target samples and drafts must match
 DRAFT_MAX_FIXED = 3    # llama.cpp's default --draft-max
 DRAFT_MAX_AUTO = 16    # auto's cap: it picks k <= this each step
 # n-gram length: llama.cpp's default when every match is drafted blindly; auto weighs
@@ -58,6 +60,7 @@ class SpecSettings:
     draft_p_min: float = 0.0  # the draft stops when its top candidate is less likely than this
     n_predict: int = -1     # hard cap on generated tokens; -1: until EOS or context full
     ignore_eos: bool = False
+    accept: str = "rejection"  # --spec-accept: how sampled drafts are verified (SPEC_ACCEPT)
     ngram_simple: NgramSettings = NgramSettings()
     ngram_map_k: NgramSettings = NgramSettings()
 
@@ -79,6 +82,8 @@ class SpecSettings:
             raise UsageError("--spec-type none cannot be combined with other types")
         if len(set(self.types)) != len(self.types):
             raise UsageError(f"--spec-type names a type twice: {','.join(self.types)}")
+        if self.accept not in SPEC_ACCEPT:
+            raise UsageError(f"--spec-accept: expected one of {', '.join(SPEC_ACCEPT)}, got {self.accept!r}")
         if self.draft_max < 1 and self.types != ("none",):
             raise UsageError(f"--draft-max must be >= 1, got {self.draft_max} (--spec-type none: no drafting)")
         if self.draft_min < 0:
@@ -171,17 +176,20 @@ def generate(
         draft = Draft([], "none")
         if drafter is not None and k >= max(1, settings.draft_min):
             draft = drafter.propose(tokens, k)
-        drafted = draft.tokens[:k] if len(draft.tokens) >= settings.draft_min else []
+        draft = draft.head(k if len(draft.tokens) >= settings.draft_min else 0)
+        drafted = draft.tokens
         t_verify = time.perf_counter()
 
         n = len(tokens)
         rows = target.decode([tokens[-1], *drafted], n - 1, "all")
-        m, bonus = sample_and_match(drafted, lambda i: sampler.sample(rows[i]))
+        if sampler.settings.greedy or settings.accept == "match":
+            m, bonus = sample_and_match(drafted, lambda i: sampler.sample(rows[i]))
+        else:
+            m, bonus = rejection_sample(drafted, draft.q, lambda i: sampler.distribution(rows[i]), sampler.rng)
         target.trim(n + m)
         t_done = time.perf_counter()
         if drafter is not None:
-            drafter.accept(Outcome(Draft(drafted, draft.source), m, bonus,
-                                   t_verify - t_draft, t_done - t_verify))
+            drafter.accept(Outcome(draft, m, bonus, t_verify - t_draft, t_done - t_verify))
 
         yield Step(step, draft.source if drafted else None, len(drafted), m,
                    t_verify - t_draft, t_done - t_verify)

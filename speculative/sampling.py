@@ -62,6 +62,16 @@ class SamplerSettings:
         return int.from_bytes(os.urandom(4), "little")
 
 
+Dist = tuple[np.ndarray, np.ndarray]  # token ids and their probabilities (summing to 1)
+
+
+def draw(dist: Dist, rng: np.random.Generator) -> int:
+    """One token from a distribution, with one uniform number from `rng`."""
+    ids, probs = dist
+    i = int(np.searchsorted(np.cumsum(probs), rng.random() * probs.sum(), side="right"))
+    return int(ids[min(i, len(ids) - 1)])
+
+
 def softmax(logits: np.ndarray) -> np.ndarray:
     z = logits - logits.max()
     e = np.exp(z, dtype=np.float64)
@@ -104,14 +114,21 @@ class Sampler:
 
     def sample(self, logits: np.ndarray) -> int:
         """Draw a token from one row of logits. The row may be modified in place."""
+        if self.settings.greedy:
+            if self.banned is not None:
+                logits[self.banned] = -np.inf
+            return int(np.argmax(logits))
+        return draw(self.distribution(logits), self.rng)
+
+    def distribution(self, logits: np.ndarray) -> Dist:
+        """What `sample` draws from: the chain's surviving ids and their probabilities
+        (greedy: the argmax, with probability 1). The row may be modified in place."""
         if self.banned is not None:
             logits[self.banned] = -np.inf
         if self.settings.greedy:
-            return int(np.argmax(logits))
+            return np.array([int(np.argmax(logits))]), np.ones(1)
         ids, z = self.candidates(logits)
-        probs = softmax(z)
-        i = int(np.searchsorted(np.cumsum(probs), self.rng.random() * probs.sum(), side="right"))
-        return int(ids[min(i, len(ids) - 1)])
+        return ids, softmax(z)
 
     def candidates(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Run the chain: the surviving token ids and their (scaled) logits."""

@@ -15,11 +15,23 @@ accepted prefix; d(i+1) is accepted while it equals that pick. Every emitted
 token is therefore exactly what the target alone would have picked, so greedy
 output equals target-only greedy output and sampled output follows the target's
 distribution. No llama.cpp here: this module is pure and tested in isolation.
+
+"Speculative sampling" (Leviathan et al. 2023, Chen et al. 2023) accepts more
+when sampling: d_i ~ q_i (the draft's distribution after its sampler chain) is
+accepted with probability min(1, p_i(d_i) / q_i(d_i)), p_i being the target's
+distribution after its chain; on the first rejection the token is drawn from
+norm(max(0, p_i - q_i)); when all k are accepted a bonus token is drawn from
+p_(k+1). Each emitted token then follows p exactly, whatever q is. A drafter that
+proposes deterministically (n-gram lookup, a greedy draft) has q = one-hot.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Sequence
+
+import numpy as np
+
+from .sampling import Dist, draw
 
 
 def sample_and_match(drafted: Sequence[int], target_pick: Callable[[int], int]) -> tuple[int, int]:
@@ -37,3 +49,49 @@ def sample_and_match(drafted: Sequence[int], target_pick: Callable[[int], int]) 
         if picked != d:
             return i, picked
     return len(drafted), target_pick(len(drafted))
+
+
+def prob(dist: Dist, token: int) -> float:
+    """dist(token); 0 outside its support."""
+    ids, probs = dist
+    hit = np.flatnonzero(ids == token)
+    return float(probs[hit[0]]) if len(hit) else 0.0
+
+
+def residual(p: Dist, q: Dist) -> Dist:
+    """norm(max(0, p - q)): where the target wants more than the draft offered.
+    Only p's support can be positive. If nothing is (p <= q everywhere, which
+    only rounding allows after a rejection), p itself."""
+    p_ids, p_probs = p
+    q_ids, q_probs = q
+    order = np.argsort(q_ids)
+    at = np.clip(np.searchsorted(q_ids, p_ids, sorter=order), 0, len(q_ids) - 1)
+    q_at = np.where(q_ids[order][at] == p_ids, q_probs[order][at], 0.0)
+    r = np.maximum(p_probs - q_at, 0.0)
+    total = r.sum()
+    if not total > 0.0:
+        return p
+    keep = r > 0.0
+    return p_ids[keep], r[keep] / total
+
+
+def one_hot(token: int) -> Dist:
+    return np.array([token]), np.ones(1)
+
+
+def rejection_sample(drafted: Sequence[int], q: Sequence[Dist] | None,
+                     target_dist: Callable[[int], Dist], rng: np.random.Generator) -> tuple[int, int]:
+    """Speculative sampling of `drafted` (d_i ~ q[i]; q None: deterministic proposals).
+
+    `target_dist(i)` is the target's distribution for batch row i; rows 0..m are
+    asked for, in order. One uniform number is drawn per verified token and one
+    for the token after them, from `rng`. Returns (m, bonus) as sample_and_match.
+    """
+    for i, d in enumerate(drafted):
+        p = target_dist(i)
+        q_i = one_hot(d) if q is None else q[i]
+        q_d = prob(q_i, d)
+        ratio = prob(p, d) / q_d if q_d > 0.0 else 0.0
+        if rng.random() >= ratio:  # rejected: accept probability min(1, p/q)
+            return i, draw(residual(p, q_i), rng)
+    return len(drafted), draw(target_dist(len(drafted)), rng)

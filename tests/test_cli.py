@@ -64,10 +64,24 @@ def test_seeded_sampling_repeats_and_matches_target_only(model_path, batch_invar
     """Sample-and-match uses the sampler's random stream as target-only decoding does."""
     smol = str(model_path(SMOL))
     common = ("-m", smol, "-p", "My favourite animal is", "-n", "32", "--temp", "1.0", "-s", "1234")
-    a = speculate_json(*common, "-md", smol, "--spec-type", "draft")
-    b = speculate_json(*common, "-md", smol, "--spec-type", "draft")
+    a = speculate_json(*common, "-md", smol, "--spec-type", "draft", "--spec-accept", "match")
+    b = speculate_json(*common, "-md", smol, "--spec-type", "draft", "--spec-accept", "match")
     base = speculate_json(*common, "--spec-type", "none")
     assert a["tokens"] == b["tokens"] == base["tokens"]
+
+
+def test_speculative_sampling_repeats_bit_for_bit_and_keeps_more_drafts(model_path):
+    """Rejection sampling (the default): a seed repeats the run exactly, and it keeps
+    more drafted tokens than sample-and-match (whose draft proposes greedily)."""
+    smol = str(model_path(SMOL))
+    common = ("-m", smol, "-md", smol, "--spec-type", "draft", "-p", "My favourite animal is", "-n", "64",
+              "--temp", "1.0", "-s", "7", "--ignore-eos")
+    a = speculate_json(*common)
+    assert a["settings"]["spec_accept"] == "rejection"
+    assert speculate_json(*common)["tokens"] == a["tokens"]
+    match = speculate_json(*common, "--spec-accept", "match")
+    # the draft is the target, so q = p and every sampled draft is kept
+    assert a["accept_rate"] == 1.0 and match["accept_rate"] < 0.9
 
 
 def test_vocab_mismatch_exits_3_naming_the_token(model_path):

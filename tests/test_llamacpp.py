@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from speculative.llamacpp import LlamaModel
-from tests.conftest import SMOL
+from tests.conftest import SMOL, speculate, speculate_json
 
 pytestmark = pytest.mark.real
 
@@ -31,3 +31,17 @@ def test_flash_attention_on_the_cpu_is_reported_as_batch_variant(model_path):
     with LlamaModel(model_path(SMOL), name=SMOL, n_ctx=256, n_gpu_layers=0, flash_attn="on") as model:
         assert "FLASH_ATTN" in model.kernels
         assert "FLASH_ATTN" in model.identity()["kernels"]  # calibrations are kept apart
+
+
+def test_doctor_measures_batch_invariance(model_path, batch_invariant):
+    smol = str(model_path(SMOL))
+    exact = speculate_json("doctor", "-m", smol)
+    assert exact["batch_invariant"] is True and exact["batch_variant_kernels"] == []
+    assert {c["cached"] for c in exact["checks"]} == {16, 300} and len(exact["checks"]) == 30
+    flash = speculate("doctor", "-m", smol, "-fa", "on")
+    assert flash.returncode == 0, flash.stderr
+    lines = flash.stdout.decode().splitlines()
+    assert any("FLASH_ATTN" in line for line in lines)
+    assert any(line.startswith("a position after 300 cached tokens") and "differs in batches" in line
+               for line in lines)
+    assert lines[-1].startswith("verdict: not batch-invariant")

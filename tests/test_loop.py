@@ -16,10 +16,11 @@ PROMPT = [3, 5, 7, 11]
 
 
 def run(target_model, draft_model=None, *, n=40, n_ctx=256, n_ctx_draft=None, sampling=GREEDY, seed=1,
-        prompt=PROMPT, p_min=0.0, **spec):
+        prompt=PROMPT, p_min=0.0, draft_sampling=None, **spec):
     target = FakeBackend(target_model, n_ctx=n_ctx)
     draft = FakeBackend(draft_model, n_ctx=n_ctx_draft or n_ctx, name="draft") if draft_model else None
-    drafter = ModelDrafter(draft, p_min=p_min) if draft else None
+    draft_sampler = Sampler(draft_sampling, seed + 1000) if draft_sampling else None
+    drafter = ModelDrafter(draft, p_min=p_min, sampler=draft_sampler) if draft else None
     events = list(generate(target, prompt, Sampler(sampling, seed), SpecSettings(n_predict=n, **spec), drafter))
     return events, target, draft
 
@@ -69,8 +70,48 @@ def test_sampled_output_follows_target_stream(model):
     sampling = SamplerSettings(temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
     draft = model.perturbed(0.3, seed=3)
     for seed in range(5):
-        events, _, _ = run(model, draft, sampling=sampling, seed=seed, draft_max=4, n=50)
+        events, _, _ = run(model, draft, sampling=sampling, seed=seed, draft_max=4, n=50, accept="match")
         assert tokens_of(events) == plain_decode(model, PROMPT, 50, Sampler(sampling, seed))
+
+
+def target_only_marginals(model, sampling, n_tokens: int) -> list[np.ndarray]:
+    """The exact distribution of each of the first generated tokens, target alone."""
+    sampler = Sampler(sampling, 0)
+    marginals, paths = [], {tuple(PROMPT): 1.0}
+    for _ in range(n_tokens):
+        out, nxt = np.zeros(model.vocab), {}
+        for path, weight in paths.items():
+            ids, probs = sampler.distribution(model.logits(list(path)))
+            for t, pr in zip(ids, probs):
+                out[t] += weight * pr
+                nxt[path + (int(t),)] = nxt.get(path + (int(t),), 0.0) + weight * pr
+        marginals.append(out)
+        paths = nxt
+    return marginals
+
+
+def test_speculative_sampling_follows_the_target_distribution_and_accepts_more(model):
+    """The draft samples at another temperature; the first three tokens of 4,000
+    seeded runs match target-only probabilities (L1 bound with false-alarm rate 1e-6,
+    see tests/test_verify.py), and more drafts are kept than with sample-and-match."""
+    target_sampling = SamplerSettings(temp=1.0, top_k=6, top_p=1.0, min_p=0.0)
+    draft_sampling = SamplerSettings(temp=1.5, top_k=6, top_p=1.0, min_p=0.0)
+    draft = model.perturbed(0.3, seed=3)
+    runs, n_tokens = 4000, 3
+    counts = np.zeros((n_tokens, model.vocab))
+    kept = {"rejection": 0, "match": 0}
+    for seed in range(runs):
+        for accept in kept:
+            events, _, _ = run(model, draft, sampling=target_sampling, seed=seed, draft_max=3, n=n_tokens,
+                               accept=accept, draft_sampling=draft_sampling if accept == "rejection" else None)
+            kept[accept] += sum(s.n_accepted for s in steps_of(events))
+            if accept == "rejection":
+                for i, t in enumerate(tokens_of(events)):
+                    counts[i, t] += 1
+    lam = np.sqrt(2 * (model.vocab * np.log(2) + np.log(1e6)) / runs)
+    for i, expected in enumerate(target_only_marginals(model, target_sampling, n_tokens)):
+        assert np.abs(counts[i] / runs - expected).sum() < lam, f"token {i}"
+    assert kept["rejection"] > kept["match"]
 
 
 def test_no_drafter_is_plain_decoding(model):
@@ -91,6 +132,33 @@ def test_eog_inside_accepted_draft_stops_there():
     # the draft proposed the end-of-generation token and the target accepted it
     last_step = steps_of(events)[-1]
     assert last_step.n_accepted >= 1
+
+
+class Script:
+    """A model that says `text` (then end-of-generation), whatever came before."""
+
+    def __init__(self, text: list[int], start: int, vocab: int = 24):
+        self.text, self.start, self.vocab = text + [EOG], start, vocab
+
+    def logits(self, context: list[int]) -> np.ndarray:
+        row = np.zeros(self.vocab, dtype=np.float32)
+        row[self.text[min(max(len(context) - self.start, 0), len(self.text) - 1)]] = 10.0
+        return row
+
+
+@pytest.mark.parametrize("draft_max", [1, 3, 4])
+def test_eog_at_any_draft_position_ends_output_exactly_there(draft_max):
+    positions = set()  # where in its draft the end-of-generation token was
+    for m in range(2 * (draft_max + 1)):
+        model = Script([5 + i % 7 for i in range(m)], start=len(PROMPT))
+        events, _, _ = run(model, model, draft_max=draft_max, n=100)
+        assert tokens_of(events) == model.text[:-1]
+        assert events[-1].reason == "stop"
+        last = steps_of(events)[-1:]
+        emitted = [e for e in events if isinstance(e, Token) and last and e.step == last[0].index]
+        if last and last[0].n_accepted == len(emitted) + 1:  # the accepted draft ended with it
+            positions.add(len(emitted))
+    assert positions == set(range(draft_max))  # every position of the draft
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 5, 9, 17])

@@ -5,7 +5,7 @@ Draft of up to k tokens that might follow `context`, and `accept(outcome)` tells
 it what the target made of them. `prefill(prompt)` lets a drafter do its prompt
 work up front, so it is timed as prompt processing rather than drafting.
 
-  model.py   a small draft model (its greedy continuation)
+  model.py   a small draft model (its greedy or sampled continuation)
   ngram.py   n-gram lookup in the prompt and output: no model at all
   chain.py   several drafters tried in order
 The cost-aware choice among them (`--spec-type auto`) lives in speculative/auto.py.
@@ -23,6 +23,12 @@ class Draft:
     source: str          # the drafter that made it, as --spec-type names it
     kind: int = 0        # a class of proposals whose acceptance auto estimates apart
                          # (n-gram: how long the matched context is)
+    q: tuple | None = None  # the distribution each token was sampled from, as (ids, probs),
+                            # when the drafter sampled; None: deterministic proposals
+
+    def head(self, k: int) -> "Draft":
+        """The first k tokens (and their distributions)."""
+        return Draft(self.tokens[:k], self.source, self.kind, None if self.q is None else self.q[:k])
 
 
 @dataclass(frozen=True)

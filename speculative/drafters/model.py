@@ -1,4 +1,5 @@
-"""The draft-model drafter: a small model proposing its greedy continuation."""
+"""The draft-model drafter: a small model proposing its continuation (greedy, or
+sampled from its own distribution q for speculative sampling)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from ..backend import Backend
+from ..sampling import Sampler, draw
 from . import Draft, Drafter
 
 # llama.cpp judges --draft-p-min on the draft's top candidates renormalised over
@@ -15,7 +17,9 @@ P_MIN_TOP_K = 10
 
 
 class ModelDrafter(Drafter):
-    """A small model proposing its greedy continuation.
+    """A small model proposing its continuation: greedy, or with `sampler` (a
+    sampling one) drawn from its own sampler chain, each token's distribution kept
+    in the Draft for the acceptance rule.
 
     Its KV cache holds `self.cached`; before drafting it is brought in line with
     the context by trimming to the common prefix and decoding the rest, which is
@@ -24,9 +28,10 @@ class ModelDrafter(Drafter):
 
     name = "draft"
 
-    def __init__(self, model: Backend, p_min: float = 0.0):
+    def __init__(self, model: Backend, p_min: float = 0.0, sampler: Sampler | None = None):
         self.model = model
         self.p_min = p_min
+        self.sampler = sampler if sampler is not None and not sampler.settings.greedy else None
         self.cached: list[int] = []
         self._n_checked = 0  # cached[:_n_checked] is known to equal the context
 
@@ -42,16 +47,20 @@ class ModelDrafter(Drafter):
             return self.nothing()
         row = self._sync(context, outputs="last")
         drafted: list[int] = []
+        q = []
         while True:
             token = int(np.argmax(row))
             if self.p_min > 0.0 and top_probability(row, token) < self.p_min:
                 break
+            if self.sampler is not None:
+                q.append(self.sampler.distribution(row))
+                token = draw(q[-1], self.sampler.rng)
             drafted.append(token)
             if len(drafted) >= k or self.model.is_eog(token):
                 break
             (row,) = self.model.decode([token], len(self.cached), "last")
             self.cached.append(token)
-        return Draft(drafted, self.name)
+        return Draft(drafted, self.name, q=tuple(q) if self.sampler is not None else None)
 
     def behind(self, context: Sequence[int]) -> int:
         """Tokens of `context` the draft's cache does not hold yet (to decode before drafting)."""

@@ -1,0 +1,66 @@
+"""`speculate doctor`: the llama.cpp build, and whether greedy speculation is exact on it."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import llama_cpp
+import typer
+from rich.console import Console
+
+from speculative.doctor import batch_invariance
+from speculative.engine import Engine
+from speculative.llamacpp import system_info
+
+from . import options
+
+
+def doctor_command(
+    model: Optional[str] = options.MODEL,
+    n_gpu_layers: int = options.N_GPU_LAYERS,
+    threads: Optional[int] = options.THREADS,
+    flash_attn: str = options.FLASH_ATTN,
+    json_output: bool = typer.Option(False, "--json", help="One JSON object instead of the report."),
+) -> None:
+    """Report the llama.cpp build and measure whether it scores a position the same alone and
+    inside a batch (then greedy speculative output is token-identical to target-only output)."""
+    target, _ = options.model_specs(model, None, False, ctx_size=512, ctx_size_draft=None,
+                                    n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=None, threads=threads,
+                                    threads_draft=None, batch_size=512, flash_attn=flash_attn)
+    with Engine(target) as engine:
+        m = engine.target
+        checks = batch_invariance(m)
+        report = {
+            "llama_cpp_python": llama_cpp.__version__, "system_info": system_info(),
+            "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()), "model": target.name,
+            "n_gpu_layers": m.n_gpu_layers, "threads": m.n_threads, "flash_attn": m.flash_attn,
+            "batch_variant_kernels": m.kernels, "checks": [c.to_dict() for c in checks],
+            "batch_invariant": all(c.max_abs_diff == 0.0 for c in checks),
+        }
+    if json_output:
+        print(json.dumps(report))
+        return
+    out = Console(highlight=False, soft_wrap=True)
+    out.print(f"llama-cpp-python {report['llama_cpp_python']}, GPU offload "
+              f"{'supported' if report['gpu_offload'] else 'not built in'}")
+    out.print(f"llama.cpp: {report['system_info'].strip()}")
+    out.print(f"model: {target.name}, {m.n_threads} threads, -ngl {m.n_gpu_layers}, -fa {m.flash_attn}")
+    out.print("kernels of this build and settings that may change with batch size: "
+              f"{', '.join(m.kernels) or 'none'} (measured below)")
+    for cached in sorted({c.cached for c in checks}):
+        row = [c for c in checks if c.cached == cached]
+        differ = [c for c in row if c.max_abs_diff != 0.0]
+        detail = ("bit-identical in every batch" if not differ else
+                  f"differs in batches {', '.join(str(c.batch) for c in differ)} "
+                  f"(max |logit difference| {max(c.max_abs_diff for c in differ):.3g})")
+        out.print(f"a position after {cached} cached tokens, alone vs first of a batch of "
+                  f"{row[0].batch}-{row[-1].batch}: {detail}")
+    if report["batch_invariant"]:
+        out.print("verdict: batch-invariant. Greedy speculative output is token-identical to "
+                  "target-only output.")
+    else:
+        out.print("verdict: not batch-invariant. Greedy speculative output can diverge from "
+                  "target-only output where the target's top two logits nearly tie; both are valid "
+                  "greedy decodings up to rounding. For exact identity build as scripts/test.sh does "
+                  "and run with GGML_CPU_TILED_MM=0 and -fa off (see README).")
