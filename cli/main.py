@@ -95,11 +95,21 @@ def run(
     top_k: int = typer.Option(40, "--top-k", rich_help_panel=S, help="Top-k sampling (0: off)."),
     top_p: float = typer.Option(0.95, "--top-p", rich_help_panel=S, help="Top-p sampling (1.0: off)."),
     min_p: float = typer.Option(0.05, "--min-p", rich_help_panel=S, help="Min-p sampling (0.0: off)."),
+    typical_p: float = typer.Option(1.0, "--typical", rich_help_panel=S,
+                                    help="Locally typical sampling, p (1.0: off)."),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", rich_help_panel=S,
+                                         help="Penalise repeated tokens (1.0: off)."),
+    repeat_last_n: int = typer.Option(64, "--repeat-last-n", rich_help_panel=S,
+                                      help="Last N tokens the penalties look at (0: off, -1: all)."),
+    presence_penalty: float = typer.Option(0.0, "--presence-penalty", rich_help_panel=S,
+                                           help="Lower a seen token's logit by this (0.0: off)."),
+    frequency_penalty: float = typer.Option(0.0, "--frequency-penalty", rich_help_panel=S,
+                                            help="Lower a token's logit by this per time seen (0.0: off)."),
     seed: int = typer.Option(-1, "-s", "--seed", rich_help_panel=S, help="Random seed (-1: random, reported)."),
     sampling_seq: str = typer.Option(
         DEFAULT_SEQUENCE, "--sampling-seq", "--sampler-seq", rich_help_panel=S,
-        help="Sampler order, llama.cpp letters: k top-k, p top-p, m min-p, t temperature "
-             "(e d s y x accepted, inactive)."),
+        help="Sampler order, llama.cpp letters: e penalties, k top-k, y typical, p top-p, m min-p, "
+             "t temperature (d s x accepted, inactive)."),
     ignore_eos: bool = typer.Option(
         False, "--ignore-eos", rich_help_panel=S, help="Never stop at end-of-generation tokens."),
     spec_type: Optional[str] = typer.Option(
@@ -154,7 +164,9 @@ def run(
     """Generate text from a prompt, with speculative decoding."""
     if ctx.invoked_subcommand is not None:
         return
-    sampling = SamplerSettings(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+    sampling = SamplerSettings(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
+                               repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                               presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                                sequence=sampling_seq, seed=seed)
     types = tuple(t.strip() for t in (spec_type if spec_type is not None else "auto").split(","))
 

@@ -142,6 +142,9 @@ def _model_info(spec: ModelSpec, model) -> dict:
 
 def _settings(sampling: SamplerSettings, spec: SpecSettings, seed: int, use_chat: bool, engine: Engine) -> dict:
     return {"temp": sampling.temp, "top_k": sampling.top_k, "top_p": sampling.top_p, "min_p": sampling.min_p,
+            "typical_p": sampling.typical_p, "repeat_penalty": sampling.repeat_penalty,
+            "repeat_last_n": sampling.repeat_last_n, "presence_penalty": sampling.presence_penalty,
+            "frequency_penalty": sampling.frequency_penalty,
             "sampling_seq": sampling.sequence, "seed": seed, "n_predict": spec.n_predict,
             "draft_max": spec.draft_max, "draft_min": spec.draft_min, "draft_p_min": spec.draft_p_min,
             "ignore_eos": spec.ignore_eos, "chat": use_chat,

@@ -182,10 +182,12 @@ def generate(
 
         n = len(tokens)
         rows = target.decode([tokens[-1], *drafted], n - 1, "all")
+        history = _history(sampler, tokens, drafted)  # row i follows tokens + d1..di
         if sampler.settings.greedy or settings.accept == "match":
-            m, bonus = sample_and_match(drafted, lambda i: sampler.sample(rows[i]))
+            m, bonus = sample_and_match(drafted, lambda i: sampler.sample(rows[i], history(i)))
         else:
-            m, bonus = rejection_sample(drafted, draft.q, lambda i: sampler.distribution(rows[i]), sampler.rng)
+            m, bonus = rejection_sample(drafted, draft.q, lambda i: sampler.distribution(rows[i], history(i)),
+                                        sampler.rng)
         target.trim(n + m)
         t_done = time.perf_counter()
         if drafter is not None:
@@ -201,3 +203,12 @@ def generate(
             n_generated += 1
             yield Token(token, from_draft=i < m, step=step)
         step += 1
+
+
+def _history(sampler: Sampler, tokens: list[int], drafted: list[int]):
+    """The tokens each row of a verified batch follows, for penalties (else nothing)."""
+    if not sampler.settings.penalties:
+        return lambda i: ()
+    n = sampler.settings.repeat_last_n
+    recent = tokens[-n:] if n > 0 else tokens
+    return lambda i: [*recent, *drafted[:i]]

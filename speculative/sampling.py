@@ -5,23 +5,29 @@ that order over the candidate set, then one token is drawn from what is left
 (llama.cpp's `dist` sampler). A temperature of 0 or less is greedy (argmax).
 
 Letters, as in llama.cpp: e penalties, d dry, s top-n-sigma, k top-k, y typical,
-p top-p, m min-p, x xtc, t temperature. Only k, p, m and t have flags here; the
-others are accepted so llama.cpp's default sequence works, and they do nothing,
-exactly as in llama.cpp when their parameters are at the defaults.
+p top-p, m min-p, x xtc, t temperature. d, s and x have no flags here; they are
+accepted so llama.cpp's default sequence works, and do nothing, exactly as in
+llama.cpp at their default parameters.
+
+Penalties depend on the tokens so far (the prompt and the output, the last
+--repeat-last-n of them), so every position of a verified batch is sampled with
+its own history. As in llama.cpp they apply with --temp 0 too.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
 from .errors import UsageError
 
 DEFAULT_SEQUENCE = "edskypmxt"
-ACTIVE_SAMPLERS = {"k": "top-k", "p": "top-p", "m": "min-p", "t": "temperature"}
-NEUTRAL_SAMPLERS = {"e": "penalties", "d": "dry", "s": "top-n-sigma", "y": "typical", "x": "xtc"}
+ACTIVE_SAMPLERS = {"e": "penalties", "k": "top-k", "y": "typical", "p": "top-p", "m": "min-p",
+                   "t": "temperature"}
+NEUTRAL_SAMPLERS = {"d": "dry", "s": "top-n-sigma", "x": "xtc"}
 
 
 @dataclass(frozen=True)
@@ -30,12 +36,23 @@ class SamplerSettings:
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
+    typical_p: float = 1.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64     # -1: the whole context; 0: no penalties
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     sequence: str = DEFAULT_SEQUENCE
     seed: int = -1  # -1: a random seed, reported so the run can be repeated
 
     @property
     def greedy(self) -> bool:
         return self.temp <= 0.0
+
+    @property
+    def penalties(self) -> bool:
+        """Whether the penalties sampler changes anything (then tokens need their history)."""
+        return ("e" in self.sequence and self.repeat_last_n != 0 and
+                (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0))
 
     def validate(self) -> None:
         for letter in self.sequence:
@@ -52,6 +69,15 @@ class SamplerSettings:
             raise UsageError(f"--top-p must be in [0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p <= 1.0:
             raise UsageError(f"--min-p must be in [0, 1], got {self.min_p}")
+        if not 0.0 < self.typical_p <= 1.0:
+            raise UsageError(f"--typical must be in (0, 1], got {self.typical_p}")
+        if not self.repeat_penalty > 0.0:
+            raise UsageError(f"--repeat-penalty must be > 0 (1.0: off), got {self.repeat_penalty}")
+        if self.repeat_last_n < -1:
+            raise UsageError(f"--repeat-last-n must be -1 (the whole context) or >= 0, got {self.repeat_last_n}")
+        for flag, v in (("--presence-penalty", self.presence_penalty), ("--frequency-penalty", self.frequency_penalty)):
+            if not np.isfinite(v):
+                raise UsageError(f"{flag} must be a number, got {v}")
         if self.seed < -1 or self.seed >= 2**32:
             raise UsageError(f"--seed must be -1 (random) or in [0, 2^32), got {self.seed}")
 
@@ -104,6 +130,40 @@ def min_p(ids: np.ndarray, logits: np.ndarray, p: float) -> tuple[np.ndarray, np
     return ids[keep], logits[keep]
 
 
+def penalize(ids: np.ndarray, logits: np.ndarray, history: Sequence[int],
+             s: SamplerSettings) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's penalties over the last repeat_last_n tokens of `history`: a seen
+    token's logit is divided by the repeat penalty (multiplied when negative), then
+    lowered by count x frequency penalty + presence penalty."""
+    window = np.asarray(history[-s.repeat_last_n:] if s.repeat_last_n > 0 else history, dtype=np.int64)
+    if not len(window):
+        return ids, logits
+    seen, counts = np.unique(window, return_counts=True)
+    at = np.searchsorted(seen, ids)
+    hit = (at < len(seen)) & (seen[np.minimum(at, len(seen) - 1)] == ids)
+    z = np.array(logits, dtype=np.float32)
+    c = counts[at[hit]]
+    zh = z[hit]
+    zh = np.where(zh <= 0, zh * s.repeat_penalty, zh / s.repeat_penalty)
+    z[hit] = zh - c * s.frequency_penalty - s.presence_penalty
+    return ids, z
+
+
+def typical(ids: np.ndarray, logits: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarray]:
+    """Locally typical sampling: keep the tokens whose surprise is closest to the
+    entropy, in that order, until their probability passes p (llama.cpp's rule)."""
+    if p >= 1.0:
+        return ids, logits
+    probs = softmax(logits)
+    with np.errstate(divide="ignore"):
+        surprise = -np.log(probs)
+    entropy = float(np.sum(probs[probs > 0] * surprise[probs > 0]))
+    order = np.argsort(np.abs(surprise - entropy), kind="stable")
+    n_keep = int(np.searchsorted(np.cumsum(probs[order]), p, side="right")) + 1
+    keep = order[: min(n_keep, len(order))]
+    return ids[keep], logits[keep]
+
+
 class Sampler:
     """One model's sampler: settings, a seeded generator, and banned tokens."""
 
@@ -112,31 +172,38 @@ class Sampler:
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.banned = banned if banned is not None and len(banned) else None
 
-    def sample(self, logits: np.ndarray) -> int:
-        """Draw a token from one row of logits. The row may be modified in place."""
+    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        """Draw a token from one row of logits, which followed `history` (needed only
+        with penalties). The row may be modified in place."""
         if self.settings.greedy:
-            if self.banned is not None:
-                logits[self.banned] = -np.inf
-            return int(np.argmax(logits))
-        return draw(self.distribution(logits), self.rng)
+            return int(self.distribution(logits, history)[0][0])
+        return draw(self.distribution(logits, history), self.rng)
 
-    def distribution(self, logits: np.ndarray) -> Dist:
+    def distribution(self, logits: np.ndarray, history: Sequence[int] = ()) -> Dist:
         """What `sample` draws from: the chain's surviving ids and their probabilities
-        (greedy: the argmax, with probability 1). The row may be modified in place."""
+        (greedy: the argmax after penalties, with probability 1). The row may be
+        modified in place."""
         if self.banned is not None:
             logits[self.banned] = -np.inf
         if self.settings.greedy:
+            if self.settings.penalties:
+                ids, z = penalize(np.arange(len(logits)), logits, history, self.settings)
+                return np.array([int(ids[np.argmax(z)])]), np.ones(1)
             return np.array([int(np.argmax(logits))]), np.ones(1)
-        ids, z = self.candidates(logits)
+        ids, z = self.candidates(logits, history)
         return ids, softmax(z)
 
-    def candidates(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def candidates(self, logits: np.ndarray, history: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
         """Run the chain: the surviving token ids and their (scaled) logits."""
         s = self.settings
         ids = np.arange(len(logits))
         z = np.asarray(logits, dtype=np.float32)
         for letter in s.sequence:
-            if letter == "k":
+            if letter == "e" and s.penalties:
+                ids, z = penalize(ids, z, history, s)
+            elif letter == "y":
+                ids, z = typical(ids, z, s.typical_p)
+            elif letter == "k":
                 ids, z = top_k(ids, z, s.top_k)
             elif letter == "p":
                 ids, z = top_p(ids, z, s.top_p)

@@ -82,7 +82,7 @@ def plain_decode(model: ToyModel, prompt: list[int], n: int, sampler, n_ctx: int
     tokens = list(prompt)
     out: list[int] = []
     while len(out) < n and len(tokens) < n_ctx:
-        token = sampler.sample(model.logits(tokens))
+        token = sampler.sample(model.logits(tokens), tokens)
         if token == EOG:
             break
         tokens.append(token)

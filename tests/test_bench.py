@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from speculative.bench import load_prompts, make_configs, parse_sweeps
+from speculative.bench import expects_identity, load_prompts, make_configs, parse_sweeps
 from speculative.errors import UsageError
 from speculative.loop import DRAFT_MAX_AUTO, SpecSettings
+from speculative.sampling import SamplerSettings
 from tests.conftest import SMOL, speculate
 
 
@@ -75,3 +76,10 @@ def test_a_small_real_bench(model_path, batch_invariant, tmp_path):
     assert "speedup per configuration" in proc.stdout.decode()
     again = speculate("bench", str(prompts), "-m", smol, "-o", str(out))
     assert again.returncode == 2 and "never overwrites" in again.stderr
+
+
+def test_only_runs_that_must_reproduce_the_baseline_are_compared():
+    greedy, sampled = SamplerSettings(temp=0.0), SamplerSettings(temp=0.7)
+    assert expects_identity(SpecSettings(), greedy)
+    assert expects_identity(SpecSettings(accept="match"), sampled)
+    assert not expects_identity(SpecSettings(accept="rejection"), sampled)

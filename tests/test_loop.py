@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -72,6 +74,22 @@ def test_sampled_output_follows_target_stream(model):
     for seed in range(5):
         events, _, _ = run(model, draft, sampling=sampling, seed=seed, draft_max=4, n=50, accept="match")
         assert tokens_of(events) == plain_decode(model, PROMPT, 50, Sampler(sampling, seed))
+
+
+@pytest.mark.parametrize("accept", ["match", "rejection"])
+def test_penalties_are_recomputed_for_every_position_of_a_verified_batch(model, accept):
+    """With penalties, row i of a batch is sampled after tokens + d1..di; greedy output
+    still equals target-only output, sampled output still the seeded target-only stream
+    under sample-and-match."""
+    greedy = SamplerSettings(temp=0.0, repeat_penalty=1.8, frequency_penalty=0.3, repeat_last_n=16)
+    draft = model.perturbed(0.2, seed=4)
+    events, _, _ = run(model, draft, sampling=greedy, draft_max=5, n=60, accept=accept)
+    assert tokens_of(events) == plain_decode(model, PROMPT, 60, Sampler(greedy, 1))
+    assert sum(s.n_accepted for s in steps_of(events)) > 0
+    sampled = replace(greedy, temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    if accept == "match":
+        events, _, _ = run(model, draft, sampling=sampled, seed=3, draft_max=4, n=50, accept=accept)
+        assert tokens_of(events) == plain_decode(model, PROMPT, 50, Sampler(sampled, 3))
 
 
 def target_only_marginals(model, sampling, n_tokens: int) -> list[np.ndarray]:

@@ -9,7 +9,7 @@ from cli.prompt import process_escapes
 from speculative.chat import conversation, render
 from speculative.errors import ModelError, UsageError
 from speculative.registry import Registry, looks_like_path
-from speculative.sampling import Sampler, SamplerSettings, min_p, top_k, top_p
+from speculative.sampling import Sampler, SamplerSettings, min_p, penalize, top_k, top_p, typical
 from speculative.text import TextStream
 from speculative.verify import sample_and_match
 
@@ -91,6 +91,30 @@ def test_temperature_position_in_the_sequence_matters():
     late = Sampler(SamplerSettings(temp=4.0, top_k=0, top_p=1.0, min_p=0.2, sequence="mt"), 0)
     assert len(early.candidates(logits.copy())[0]) == 3
     assert len(late.candidates(logits.copy())[0]) == 2
+
+
+def test_penalties_follow_llama_cpp():
+    s = SamplerSettings(repeat_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.1, repeat_last_n=3)
+    ids, z = penalize(np.arange(4), np.array([2.0, -2.0, 1.0, 0.0], dtype=np.float32), [2, 0, 1, 1], s)
+    # only the last 3 tokens count: token 2 is out of the window
+    assert np.allclose(z, [2 / 2 - 0.5 - 0.1, -2 * 2 - 2 * 0.5 - 0.1, 1.0, 0.0])
+    assert s.penalties and not SamplerSettings().penalties
+
+
+def test_penalties_apply_when_greedy_too():
+    s = SamplerSettings(temp=0.0, repeat_penalty=3.0)
+    assert Sampler(s, 0).sample(np.array([3.0, 2.0], dtype=np.float32), [0]) == 1  # 3/3 < 2
+
+
+def test_typical_keeps_the_tokens_nearest_the_entropy():
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    p = np.exp(logits)
+    entropy = -(p * logits).sum()
+    nearest = np.argsort(np.abs(-logits - entropy), kind="stable")
+    ids, _ = typical(np.arange(4), logits, 0.5)
+    cum = np.cumsum(p[nearest])
+    assert list(ids) == list(nearest[: int(np.argmax(cum > 0.5)) + 1])
+    assert len(typical(np.arange(4), logits, 1.0)[0]) == 4
 
 
 def test_seeded_sampler_repeats():

@@ -53,7 +53,8 @@ class ModelDrafter(Drafter):
             if self.p_min > 0.0 and top_probability(row, token) < self.p_min:
                 break
             if self.sampler is not None:
-                q.append(self.sampler.distribution(row))
+                history = [*context, *drafted] if self.sampler.settings.penalties else ()
+                q.append(self.sampler.distribution(row, history))
                 token = draw(q[-1], self.sampler.rng)
             drafted.append(token)
             if len(drafted) >= k or self.model.is_eog(token):

@@ -1,0 +1,69 @@
+"""Speculative sampling end to end on a real model: the output follows the target.
+
+SmolLM2 135M drafts for itself at another temperature (so q != p and drafts are
+really rejected and resampled). The first generated token of 1,000 seeded runs,
+which goes through the draft's sampling, acceptance and resampling from the
+residual, is compared with its exact target-only probabilities, computed from the
+target's own logits. Each token's frequency (tokens under 2% together) must lie
+within 3.9 standard errors of its probability: a false-alarm rate of at most 1e-4
+per token, 6e-4 for the few checked, and a detection threshold of about 0.05 for a
+shifted probability of 0.2-0.3. About 70 s on 2 CPU cores. Later tokens, bonus
+tokens included, are checked against exact marginals with a fake model in
+tests/test_loop.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from speculative.drafters import ModelDrafter
+from speculative.llamacpp import LlamaModel
+from speculative.loop import SpecSettings, Step, Token, generate
+from speculative.sampling import Sampler, SamplerSettings
+from tests.conftest import SMOL
+
+pytestmark = pytest.mark.real
+
+RUNS = 1000
+Z = 3.9
+TARGET = SamplerSettings(temp=1.0, top_k=5, top_p=1.0, min_p=0.0)
+DRAFT = SamplerSettings(temp=1.6, top_k=8, top_p=1.0, min_p=0.0)
+
+
+def exact_first_token(model: LlamaModel, prompt: list[int]) -> dict[int, float]:
+    """Target-only probabilities of the first generated token."""
+    model.trim(0)
+    (row,) = model.decode(prompt, 0, "last")
+    ids, probs = Sampler(TARGET, 0).distribution(row.copy())
+    model.trim(0)
+    return dict(zip(ids.tolist(), probs.tolist()))
+
+
+def test_first_tokens_follow_target_only_probabilities(model_path):
+    path = model_path(SMOL)
+    with LlamaModel(path, name="target", n_ctx=64) as target, LlamaModel(path, name="draft", n_ctx=64) as draft:
+        prompt = target.tokenize("My favourite animal is", add_special=True)
+        expected = exact_first_token(target, prompt)
+        counts = dict.fromkeys(expected, 0)
+        kept = drafted = 0
+        spec = SpecSettings(types=("draft",), draft_max=1, n_predict=2, ignore_eos=True)
+        for seed in range(RUNS):
+            target.trim(0)
+            draft.trim(0)
+            drafter = ModelDrafter(draft, sampler=Sampler(DRAFT, seed + 10**6))
+            for event in generate(target, prompt, Sampler(TARGET, seed), spec, drafter):
+                if isinstance(event, Step):  # the first step drafts one token
+                    kept, drafted = kept + event.n_accepted, drafted + event.n_drafted
+                elif isinstance(event, Token):  # the first token is all this test needs
+                    assert event.id in counts, f"{event.id} is outside the target's support"
+                    counts[event.id] += 1
+                    break
+    assert 0 < kept < drafted  # drafts were really rejected, and really kept
+    # tokens likely enough for the normal approximation, and the rest as one
+    cells = [([t], p) for t, p in expected.items() if p >= 0.02]
+    rest = [t for t, p in expected.items() if p < 0.02]
+    cells.append((rest, sum(expected[t] for t in rest)))
+    for tokens, p in cells:
+        freq = sum(counts[t] for t in tokens) / RUNS
+        assert abs(freq - p) <= Z * np.sqrt(p * (1 - p) / RUNS) + 1e-12, f"{tokens}: {freq:.4f} vs {p:.4f}"
