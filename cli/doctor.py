@@ -7,13 +7,13 @@ from typing import Optional
 
 import llama_cpp
 import typer
-from rich.console import Console
 
 from speculative.doctor import batch_invariance
 from speculative.engine import Engine
 from speculative.llamacpp import system_info
 
 from . import options
+from .render import PipeConsole, quiet_pipe
 
 
 def doctor_command(
@@ -38,24 +38,31 @@ def doctor_command(
             "batch_variant_kernels": m.kernels, "checks": [c.to_dict() for c in checks],
             "batch_invariant": all(c.max_abs_diff == 0.0 for c in checks),
         }
+    with quiet_pipe():
+        _print(report, json_output)
+
+
+def _print(report: dict, json_output: bool) -> None:
     if json_output:
         print(json.dumps(report))
         return
-    out = Console(highlight=False, soft_wrap=True)
+    out = PipeConsole(highlight=False, soft_wrap=True)
     out.print(f"llama-cpp-python {report['llama_cpp_python']}, GPU offload "
               f"{'supported' if report['gpu_offload'] else 'not built in'}")
     out.print(f"llama.cpp: {report['system_info'].strip()}")
-    out.print(f"model: {target.name}, {m.n_threads} threads, -ngl {m.n_gpu_layers}, -fa {m.flash_attn}")
+    out.print(f"model: {report['model']}, {report['threads']} threads, -ngl {report['n_gpu_layers']}, "
+              f"-fa {report['flash_attn']}")
     out.print("kernels of this build and settings that may change with batch size: "
-              f"{', '.join(m.kernels) or 'none'} (measured below)")
-    for cached in sorted({c.cached for c in checks}):
-        row = [c for c in checks if c.cached == cached]
-        differ = [c for c in row if c.max_abs_diff != 0.0]
+              f"{', '.join(report['batch_variant_kernels']) or 'none'} (measured below)")
+    checks = report["checks"]
+    for cached in sorted({c["cached"] for c in checks}):
+        row = [c for c in checks if c["cached"] == cached]
+        differ = [c for c in row if c["max_abs_diff"] != 0.0]
         detail = ("bit-identical in every batch" if not differ else
-                  f"differs in batches {', '.join(str(c.batch) for c in differ)} "
-                  f"(max |logit difference| {max(c.max_abs_diff for c in differ):.3g})")
+                  f"differs in batches {', '.join(str(c['batch']) for c in differ)} "
+                  f"(max |logit difference| {max(c['max_abs_diff'] for c in differ):.3g})")
         out.print(f"a position after {cached} cached tokens, alone vs first of a batch of "
-                  f"{row[0].batch}-{row[-1].batch}: {detail}")
+                  f"{row[0]['batch']}-{row[-1]['batch']}: {detail}")
     if report["batch_invariant"]:
         out.print("verdict: batch-invariant. Greedy speculative output is token-identical to "
                   "target-only output.")

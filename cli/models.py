@@ -17,6 +17,8 @@ from speculative.errors import ModelError
 from speculative.pull import pull
 from speculative.registry import ModelEntry, Registry, resolve
 
+from .render import PipeConsole, quiet_pipe
+
 app = typer.Typer(help="List, pull and locate registry models (models.toml).", no_args_is_help=True)
 stderr = Console(stderr=True)
 
@@ -70,18 +72,23 @@ def list_models(json_output: bool = typer.Option(False, "--json", help="One JSON
         rows.append({"name": entry.name, "aliases": list(entry.aliases), "description": entry.description,
                      "size": entry.size, "pulled": registry.is_pulled(entry),
                      "path": str(registry.path(entry)), "default": ", ".join(role)})
+    with quiet_pipe():
+        _print_models(rows, json_output, registry.cache_dir)
+
+
+def _print_models(rows: list[dict], json_output: bool, cache_dir: Path) -> None:
     if json_output:
         for row in rows:
             print(json.dumps(row))
         return
-    table = Table(title=f"models (cache: {registry.cache_dir})", title_justify="left")
+    table = Table(title=f"models (cache: {cache_dir})", title_justify="left")
     for col in ("name", "size", "pulled", "default", "path"):
         table.add_column(col, justify="right" if col == "size" else "left", overflow="fold")
     for row in rows:
         table.add_row(row["name"] + (f" ({', '.join(row['aliases'])})" if row["aliases"] else ""),
                       f"{row['size'] / 1e6:,.0f} MB", "yes" if row["pulled"] else "no",
                       row["default"], row["path"])
-    Console().print(table)
+    PipeConsole().print(table)
 
 
 @app.command("pull")
@@ -95,7 +102,8 @@ def pull_model(name: str = typer.Argument(..., help="Registry name or alias."),
         stderr.print(f"{entry.name} is already pulled", highlight=False)
     else:  # a forced pull replaces the old file only once the new one is verified
         pull_with_progress(entry, dest, force=force)
-    print(dest)
+    with quiet_pipe():
+        print(dest)
 
 
 @app.command("path")
@@ -103,9 +111,11 @@ def model_path(name: Optional[str] = typer.Argument(None, help="Registry name or
     """Print where a pulled model lives (exit 3 if it is not pulled)."""
     registry = Registry.load()
     if name is None:
-        print(registry.cache_dir)
-        return
-    entry = registry.get(name)
-    if not registry.is_pulled(entry):
-        raise ModelError(f"{entry.name} is not pulled yet; run `speculate models pull {entry.name}`")
-    print(registry.path(entry))
+        path = registry.cache_dir
+    else:
+        entry = registry.get(name)
+        if not registry.is_pulled(entry):
+            raise ModelError(f"{entry.name} is not pulled yet; run `speculate models pull {entry.name}`")
+        path = registry.path(entry)
+    with quiet_pipe():
+        print(path)

@@ -3,9 +3,12 @@ or one JSON object on stdout with --json."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+
+from rich.console import Console
 
 from speculative.engine import Engine, ModelSpec
 from speculative.loop import SpecSettings, Token
@@ -34,10 +37,32 @@ class _Stdout:
             sys.stdout.buffer.flush()
         except BrokenPipeError:
             self.closed = True
-            # Python would complain about the broken pipe again at exit; point stdout at devnull.
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            os.close(devnull)
+            stdout_gone()
+
+
+def stdout_gone() -> None:
+    """The reader of stdout went away (`| head`): not an error. Python would complain
+    about the broken pipe again at exit, so stdout now points at devnull."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+class PipeConsole(Console):
+    """A rich Console for stdout whose reader may go away (rich would exit 1)."""
+
+    def on_broken_pipe(self) -> None:
+        stdout_gone()
+
+
+@contextlib.contextmanager
+def quiet_pipe():
+    """Output of a command whose reader may go away: it then just ends, exit 0."""
+    try:
+        yield
+        sys.stdout.flush()
+    except BrokenPipeError:
+        stdout_gone()
 
 
 def run_and_render(target: ModelSpec, draft: ModelSpec | None, text: str, sampling: SamplerSettings,

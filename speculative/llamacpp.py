@@ -266,7 +266,7 @@ class LlamaModel:
                 ll.llama_set_abort_callback(self._ctx, _abort if self._abortable else _no_abort, None)
             t0 = time.perf_counter()
             ret = ll.llama_decode(self._ctx, self._batch)
-            if ret == 2:  # aborted by interrupt.poll
+            if ret == 2 or interrupt.poll():  # aborted, or the signal came at the last node
                 interrupt.stop()
             ll.llama_synchronize(self._ctx)  # GPU backends return early; count the real work
             self.busy_seconds += time.perf_counter() - t0

@@ -100,3 +100,13 @@ def test_a_reader_that_goes_away_ends_output_quietly(model_path, reader, json_ou
     assert proc.returncode == 0, err
     if not json_output:
         assert "finish    = output closed" in err
+
+
+@pytest.mark.parametrize("args", [("models", "list"), ("models", "list", "--json"), ("models", "path")])
+def test_commands_whose_reader_is_gone_exit_0_quietly(args):
+    """The reader closes the pipe before the command has printed anything."""
+    proc = subprocess.Popen([SPECULATE, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0, err
+    assert err == ""
