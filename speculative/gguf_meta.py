@@ -71,7 +71,6 @@ _SCALARS = {
 }
 MAX_KEY_LENGTH = 1 << 16
 _U64 = struct.Struct("<Q")
-MAX_KV_COUNT = 1 << 20
 MAX_STRING_LENGTH = MAX_ARRAY_LENGTH = 1 << 30  # gguf.cpp's GGUF_MAX_STRING_LENGTH / _ARRAY_ELEMENTS
 
 
@@ -187,25 +186,31 @@ def read_metadata(path: Path, keys: Iterable[str]) -> dict[str, Any]:
     texts are compared byte for byte); other arrays as lists of numbers.
     """
     wanted = set(keys)
+    return _mapped(Path(path), "invalid GGUF metadata", lambda cur: _read(cur, wanted))
+
+
+def _mapped(path: Path, kind: str, walk):
+    """`walk(cursor)` over a memory map of the GGUF file at `path`; a path that is not
+    a readable, non-empty regular file is a one-line ModelError (a FIFO is never opened)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ModelError(f"{path}: cannot read: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ModelError(f"{path}: is a directory, not a GGUF file")
+    if not stat.S_ISREG(st.st_mode):
+        raise ModelError(f"{path}: not a regular file")
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return _read(_Cursor(buf, Path(path)), wanted)
+            return walk(_Cursor(buf, path, kind))
     except ValueError:  # mmap of an empty file
-        raise ModelError(f"{path}: invalid GGUF metadata: the file is empty") from None
+        raise ModelError(f"{path}: {kind}: the file is empty") from None
     except OSError as e:
         raise ModelError(f"{path}: cannot read: {e.strerror or e}") from None
 
 
 def _read(cur: _Cursor, wanted: set[str]) -> dict[str, Any]:
-    if bytes(cur.buf[cur.take(4, "magic") : 4]) != b"GGUF":
-        raise cur.fail("bad magic (not a GGUF file)")
-    version = cur.scalar("<I", "version")
-    if version not in (2, 3):
-        raise cur.fail(f"unsupported GGUF version {version}")
-    cur.scalar("<Q", "tensor count")
-    n_kv = cur.scalar("<Q", "key/value count")
-    if n_kv > MAX_KV_COUNT:
-        raise cur.fail(f"key/value count {n_kv} is larger than {MAX_KV_COUNT}")
+    _, n_kv = _header(cur)
     found: dict[str, Any] = {}
     for _ in range(n_kv):
         key = cur.string("key", limit=MAX_KEY_LENGTH).decode("utf-8", errors="replace")
@@ -267,27 +272,24 @@ def preflight(path: Path) -> None:
 
 
 def _preflight_file(path: Path) -> int:
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        raise ModelError(f"{path}: cannot read: {e.strerror or e}") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise ModelError(f"{path}: is a directory, not a GGUF file")
-    if not stat.S_ISREG(st.st_mode):
-        raise ModelError(f"{path}: not a regular file")
-    if st.st_size == 0:
-        raise ModelError(f"{path}: invalid GGUF: the file is empty")
-    try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return _check(_Cursor(buf, path, "invalid GGUF"))
-    except ValueError:  # the file was emptied after the stat
-        raise ModelError(f"{path}: invalid GGUF: the file is empty") from None
-    except OSError as e:
-        raise ModelError(f"{path}: cannot read: {e.strerror or e}") from None
+    return _mapped(path, "invalid GGUF", _check)
 
 
 def _check(cur: _Cursor) -> int:
     """Walk and validate the header; return the split count (0 when not split)."""
+    n_tensors, n_kv = _header(cur)
+    alignment, where = _check_kvs(cur, n_kv)
+    _check_tensors(cur, n_tensors, alignment)
+    if "tokenizer.ggml.tokens" in where:
+        _check_tokens(cur, where["tokenizer.ggml.tokens"])
+    _check_hparams(cur, where)
+    split_count = _small_value(cur, where.get("split.count"))
+    return split_count if type(split_count) is int else 0
+
+
+def _header(cur: _Cursor) -> tuple[int, int]:
+    """Magic, version and counts (bounded, and plausible for the file's size):
+    (tensor count, key/value count)."""
     buf, size = cur.buf, len(cur.buf)
     magic = bytes(buf[cur.take(4, "header: magic") : 4])
     if magic != b"GGUF":
@@ -308,13 +310,7 @@ def _check(cur: _Cursor) -> int:
     if need > size - cur.pos:
         raise cur.fail(f"header: {n_kv} key/value pairs and {n_tensors} tensor infos need at least "
                        f"{need} bytes, but only {size - cur.pos} follow", 8)
-    alignment, where = _check_kvs(cur, n_kv)
-    _check_tensors(cur, n_tensors, alignment)
-    if "tokenizer.ggml.tokens" in where:
-        _check_tokens(cur, where["tokenizer.ggml.tokens"])
-    _check_hparams(cur, where)
-    split_count = _small_value(cur, where.get("split.count"))
-    return split_count if type(split_count) is int else 0
+    return n_tensors, n_kv
 
 
 def _check_kvs(cur: _Cursor, n_kv: int) -> tuple[int, dict[str, int]]:
