@@ -187,7 +187,6 @@ TOKENS = ["<unk>", "<s>", "</s>", "<0x0A>", "\u2581hi", "\u2581", "h", "i"]
 def write_tiny_llama(path: Path, n_embd: int = 64, n_layer: int = 2, n_head: int = 4,
                      n_head_kv: int = 2, n_ff: int = 128, chat_template: str | None = None) -> Path:
     """A llama-architecture model llama.cpp loads and runs: 8 SPM tokens, F32 weights."""
-    T_ = gguf.TokenType
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_context_length(64)
     w.add_embedding_length(n_embd)
@@ -197,13 +196,7 @@ def write_tiny_llama(path: Path, n_embd: int = 64, n_layer: int = 2, n_head: int
     w.add_head_count_kv(n_head_kv)
     w.add_rope_dimension_count(n_embd // n_head)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(TOKENS)
-    w.add_token_scores([0.0] * len(TOKENS))
-    w.add_token_types([T_.UNKNOWN, T_.CONTROL, T_.CONTROL, T_.BYTE] + [T_.NORMAL] * 4)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
+    add_tiny_tokenizer(w)
     if chat_template is not None:
         w.add_chat_template(chat_template)
     rng = np.random.default_rng(0)
@@ -225,6 +218,22 @@ def write_tiny_llama(path: Path, n_embd: int = 64, n_layer: int = 2, n_head: int
         tensor(b + "ffn_gate.weight", n_ff, n_embd)
         tensor(b + "ffn_down.weight", n_embd, n_ff)
         tensor(b + "ffn_up.weight", n_ff, n_embd)
+    return write_out(w, path)
+
+
+def add_tiny_tokenizer(w: gguf.GGUFWriter) -> None:
+    """An 8-token SPM vocabulary (<unk> <s> </s>, a byte token, 'hi' pieces)."""
+    T_ = gguf.TokenType
+    w.add_tokenizer_model("llama")
+    w.add_token_list(TOKENS)
+    w.add_token_scores([0.0] * len(TOKENS))
+    w.add_token_types([T_.UNKNOWN, T_.CONTROL, T_.CONTROL, T_.BYTE] + [T_.NORMAL] * 4)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+
+
+def write_out(w: gguf.GGUFWriter, path: Path) -> Path:
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -15,6 +15,7 @@ import gguf
 from speculative.gguf_meta import read_metadata
 
 from tests.conftest import speculate
+from tests.gguf_builder import TOKENS, add_tiny_tokenizer, write_out
 
 pytestmark = pytest.mark.real
 
@@ -23,9 +24,6 @@ def write_tiny_mamba(path: Path) -> Path:
     """The smallest Mamba that llama.cpp loads: 1 layer, n_embd 16, 8 SPM tokens."""
     n_embd, n_layer = 16, 1
     d_inner, d_conv, d_state, dt_rank = 2 * n_embd, 4, 4, 1  # llama.cpp: d_inner == 2*n_embd
-    tokens = ["<unk>", "<s>", "</s>", "<0x0A>", "\u2581hi", "\u2581", "h", "i"]
-    T = gguf.TokenType
-    types = [T.UNKNOWN, T.CONTROL, T.CONTROL, T.BYTE] + [T.NORMAL] * 4
 
     w = gguf.GGUFWriter(str(path), "mamba")
     w.add_context_length(64)
@@ -36,18 +34,12 @@ def write_tiny_mamba(path: Path) -> Path:
     w.add_ssm_state_size(d_state)
     w.add_ssm_time_step_rank(dt_rank)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores([0.0] * len(tokens))
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
+    add_tiny_tokenizer(w)
 
     def tensor(name: str, *shape: int) -> None:  # numpy shape = ggml's ne reversed
         w.add_tensor(name, np.zeros(shape, dtype=np.float32))
 
-    tensor("token_embd.weight", len(tokens), n_embd)  # output.weight falls back to this
+    tensor("token_embd.weight", len(TOKENS), n_embd)  # output.weight falls back to this
     tensor("output_norm.weight", n_embd)
     for i in range(n_layer):
         b = f"blk.{i}."
@@ -61,11 +53,7 @@ def write_tiny_mamba(path: Path) -> Path:
         tensor(b + "ssm_a", d_inner, d_state)
         tensor(b + "ssm_d", d_inner)
         tensor(b + "ssm_out.weight", n_embd, d_inner)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return write_out(w, path)
 
 
 @pytest.fixture
