@@ -91,6 +91,10 @@ class SamplerSettings:
 Dist = tuple[np.ndarray, np.ndarray]  # token ids and their probabilities (summing to 1)
 
 
+def one_hot(token: int) -> Dist:
+    return np.array([token]), np.ones(1)
+
+
 def draw(dist: Dist, rng: np.random.Generator) -> int:
     """One token from a distribution, with one uniform number from `rng`."""
     ids, probs = dist
@@ -187,9 +191,9 @@ class Sampler:
             logits[self.banned] = -np.inf
         if self.settings.greedy:
             if self.settings.penalties:
-                ids, z = penalize(np.arange(len(logits)), logits, history, self.settings)
-                return np.array([int(ids[np.argmax(z)])]), np.ones(1)
-            return np.array([int(np.argmax(logits))]), np.ones(1)
+                _, z = penalize(np.arange(len(logits)), logits, history, self.settings)
+                return one_hot(int(np.argmax(z)))
+            return one_hot(int(np.argmax(logits)))
         ids, z = self.candidates(logits, history)
         return ids, softmax(z)
 

@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .sampling import Dist, draw
+from .sampling import Dist, draw, one_hot
 
 
 def sample_and_match(drafted: Sequence[int], target_pick: Callable[[int], int]) -> tuple[int, int]:
@@ -73,10 +73,6 @@ def residual(p: Dist, q: Dist) -> Dist:
         return p
     keep = r > 0.0
     return p_ids[keep], r[keep] / total
-
-
-def one_hot(token: int) -> Dist:
-    return np.array([token]), np.ones(1)
 
 
 def rejection_sample(drafted: Sequence[int], q: Sequence[Dist] | None,
