@@ -16,7 +16,7 @@ import typer
 from speculative import interrupt
 from speculative.chat import check_jinja2_version
 from speculative.errors import SpeculateError
-from speculative.sampling import DEFAULT_SEQUENCE, SamplerSettings
+from speculative.sampling import SamplerSettings
 
 from . import models as models_cli
 from . import options
@@ -56,7 +56,7 @@ app.command("bench", help="Measure speedup over target-only decoding on a prompt
 app.command("doctor", help="Show the llama.cpp build and measure whether greedy speculation is exact on it.")(
     doctor_command)
 
-P, S, O = "Prompt", "Sampling", "Output"
+P, O = "Prompt", "Output"
 
 
 @app.callback()
@@ -85,31 +85,19 @@ def run(
         help="Wrap the prompt in the model's own chat template (one user turn), rendered in a sandbox."),
     system_prompt: Optional[str] = typer.Option(
         None, "-sys", "--system-prompt", rich_help_panel=P, help="System message for --chat."),
-    n_predict: int = typer.Option(
-        -1, "-n", "--n-predict", "--predict", rich_help_panel=S,
-        help="Most tokens to generate (-1: until end of generation or a full context)."),
-    temp: float = typer.Option(
-        0.8, "--temp", "--temperature", rich_help_panel=S, help="Temperature; 0 is greedy."),
-    top_k: int = typer.Option(40, "--top-k", rich_help_panel=S, help="Top-k sampling (0: off)."),
-    top_p: float = typer.Option(0.95, "--top-p", rich_help_panel=S, help="Top-p sampling (1.0: off)."),
-    min_p: float = typer.Option(0.05, "--min-p", rich_help_panel=S, help="Min-p sampling (0.0: off)."),
-    typical_p: float = typer.Option(1.0, "--typical", rich_help_panel=S,
-                                    help="Locally typical sampling, p (1.0: off)."),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", rich_help_panel=S,
-                                         help="Penalise repeated tokens (1.0: off)."),
-    repeat_last_n: int = typer.Option(64, "--repeat-last-n", rich_help_panel=S,
-                                      help="Last N tokens the penalties look at (0: off, -1: all)."),
-    presence_penalty: float = typer.Option(0.0, "--presence-penalty", rich_help_panel=S,
-                                           help="Lower a seen token's logit by this (0.0: off)."),
-    frequency_penalty: float = typer.Option(0.0, "--frequency-penalty", rich_help_panel=S,
-                                            help="Lower a token's logit by this per time seen (0.0: off)."),
-    seed: int = typer.Option(-1, "-s", "--seed", rich_help_panel=S, help="Random seed (-1: random, reported)."),
-    sampling_seq: str = typer.Option(
-        DEFAULT_SEQUENCE, "--sampling-seq", "--sampler-seq", rich_help_panel=S,
-        help="Sampler order, llama.cpp letters: e penalties, k top-k, y typical, p top-p, m min-p, "
-             "t temperature (d s x accepted, inactive)."),
-    ignore_eos: bool = typer.Option(
-        False, "--ignore-eos", rich_help_panel=S, help="Never stop at end-of-generation tokens."),
+    n_predict: int = options.N_PREDICT,
+    temp: float = options.TEMP,
+    top_k: int = options.TOP_K,
+    top_p: float = options.TOP_P,
+    min_p: float = options.MIN_P,
+    typical_p: float = options.TYPICAL,
+    repeat_penalty: float = options.REPEAT_PENALTY,
+    repeat_last_n: int = options.REPEAT_LAST_N,
+    presence_penalty: float = options.PRESENCE_PENALTY,
+    frequency_penalty: float = options.FREQUENCY_PENALTY,
+    seed: int = options.SEED,
+    sampling_seq: str = options.SAMPLING_SEQ,
+    ignore_eos: bool = options.IGNORE_EOS,
     spec_type: Optional[str] = options.SPEC_TYPE,
     draft_max: Optional[int] = options.DRAFT_MAX,
     draft_min: int = options.DRAFT_MIN,

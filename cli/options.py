@@ -1,5 +1,5 @@
-"""Options shared by `speculate`, `speculate serve` and `speculate bench`: the models, how they
-run, and how speculation drafts."""
+"""Options shared by `speculate`, `speculate serve`, `speculate batch` and `speculate bench`: the
+models, how they run, how speculation drafts, and how tokens are sampled."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from speculative.llamacpp import FLASH_ATTN_MODES
 from speculative.loop import (DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, NGRAM_N_AUTO, NGRAM_N_FIXED, NgramSettings,
                               SpecSettings)
 from speculative.registry import Registry
+from speculative.sampling import DEFAULT_SEQUENCE
 
 from .models import resolve_models
 
-M, D = "Models", "Speculation"
+M, D, S = "Models", "Speculation", "Sampling"
 
 MODEL = typer.Option(
     None, "-m", "--model", rich_help_panel=M, metavar="PATH|NAME",
@@ -89,6 +90,29 @@ MAP_M = typer.Option(None, "--spec-ngram-map-k-size-m", rich_help_panel=D,
                      help="ngram-map-k only: as --spec-ngram-size-m.")
 MAP_HITS = typer.Option(None, "--spec-ngram-map-k-min-hits", rich_help_panel=D,
                         help="ngram-map-k only: as --spec-ngram-min-hits.")
+
+N_PREDICT = typer.Option(
+    -1, "-n", "--n-predict", "--predict", rich_help_panel=S,
+    help="Most tokens to generate (-1: until end of generation or a full context).")
+TEMP = typer.Option(0.8, "--temp", "--temperature", rich_help_panel=S, help="Temperature; 0 is greedy.")
+TOP_K = typer.Option(40, "--top-k", rich_help_panel=S, help="Top-k sampling (0: off).")
+TOP_P = typer.Option(0.95, "--top-p", rich_help_panel=S, help="Top-p sampling (1.0: off).")
+MIN_P = typer.Option(0.05, "--min-p", rich_help_panel=S, help="Min-p sampling (0.0: off).")
+TYPICAL = typer.Option(1.0, "--typical", rich_help_panel=S, help="Locally typical sampling, p (1.0: off).")
+REPEAT_PENALTY = typer.Option(1.0, "--repeat-penalty", rich_help_panel=S,
+                              help="Penalise repeated tokens (1.0: off).")
+REPEAT_LAST_N = typer.Option(64, "--repeat-last-n", rich_help_panel=S,
+                             help="Last N tokens the penalties look at (0: off, -1: all).")
+PRESENCE_PENALTY = typer.Option(0.0, "--presence-penalty", rich_help_panel=S,
+                                help="Lower a seen token's logit by this (0.0: off).")
+FREQUENCY_PENALTY = typer.Option(0.0, "--frequency-penalty", rich_help_panel=S,
+                                 help="Lower a token's logit by this per time seen (0.0: off).")
+SEED = typer.Option(-1, "-s", "--seed", rich_help_panel=S, help="Random seed (-1: random, reported).")
+SAMPLING_SEQ = typer.Option(
+    DEFAULT_SEQUENCE, "--sampling-seq", "--sampler-seq", rich_help_panel=S,
+    help="Sampler order, llama.cpp letters: e penalties, k top-k, y typical, p top-p, m min-p, "
+         "t temperature (d s x accepted, inactive).")
+IGNORE_EOS = typer.Option(False, "--ignore-eos", rich_help_panel=S, help="Never stop at end-of-generation tokens.")
 
 Ngram = tuple[Optional[int], Optional[int], Optional[int]]  # n, m, min-hits as given (None: not given)
 
