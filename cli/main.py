@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
 
 from speculative import interrupt
 from speculative.chat import check_jinja2_version
-from speculative.errors import SpeculateError
+from speculative.errors import SpeculateError, UsageError
+from speculative.prompt_cache import check_writable
 from speculative.sampling import SamplerSettings
 
 from . import models as models_cli
@@ -85,6 +87,13 @@ def run(
         help="Wrap the prompt in the model's own chat template (one user turn), rendered in a sandbox."),
     system_prompt: Optional[str] = typer.Option(
         None, "-sys", "--system-prompt", rich_help_panel=P, help="System message for --chat."),
+    prompt_cache: Optional[Path] = typer.Option(
+        None, "--prompt-cache", rich_help_panel=P, metavar="FILE",
+        help="Restore the models' caches for the longest prefix this prompt shares with the prompt saved "
+             "in FILE, and save this prompt's caches there after processing it. A file from other models "
+             "or settings is ignored with a notice; a file that is not a prompt cache is never overwritten."),
+    prompt_cache_ro: bool = typer.Option(
+        False, "--prompt-cache-ro", rich_help_panel=P, help="Use --prompt-cache FILE, but never write it."),
     n_predict: int = options.N_PREDICT,
     temp: float = options.TEMP,
     top_k: int = options.TOP_K,
@@ -133,6 +142,10 @@ def run(
         ignore_eos=ignore_eos)
     use_draft = options.uses_draft_model(spec, options.draft_available(model, model_draft))
     text = read_prompt(prompt, file, escape)
+    if prompt_cache_ro and prompt_cache is None:
+        raise UsageError("--prompt-cache-ro needs --prompt-cache FILE")
+    if prompt_cache is not None and not prompt_cache_ro:
+        check_writable(prompt_cache)  # refused now, not after loading the models
     if system_prompt is not None and escape:
         system_prompt = process_escapes(system_prompt)
 
@@ -143,6 +156,7 @@ def run(
     code = run_and_render(
         target, draft, text, sampling, spec, use_chat=use_chat, system=system_prompt,
         color=color and not os.environ.get("NO_COLOR"), json_output=json_output,
+        prompt_cache=prompt_cache, prompt_cache_ro=prompt_cache_ro,
     )
     raise typer.Exit(code)
 

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import sys
+from pathlib import Path
 
 from rich.console import Console
 
@@ -67,9 +68,10 @@ def quiet_pipe():
 
 def run_and_render(target: ModelSpec, draft: ModelSpec | None, text: str, sampling: SamplerSettings,
                    spec: SpecSettings, *, use_chat: bool, system: str | None, color: bool,
-                   json_output: bool) -> int:
+                   json_output: bool, prompt_cache: Path | None = None, prompt_cache_ro: bool = False) -> int:
     seed = sampling.resolved_seed()
-    with Engine(target, draft, notify=lambda message: print(message, file=sys.stderr)) as engine:
+    with Engine(target, draft, notify=lambda message: print(message, file=sys.stderr),
+                prompt_cache_file=prompt_cache, prompt_cache_ro=prompt_cache_ro) as engine:
         prompt = engine.prompt_tokens(text, use_chat, system)
         out = _Stdout(color)
         stream = TextStream(engine.target.token_bytes)
@@ -121,7 +123,7 @@ def print_stats(stats: Stats, spec: SpecSettings, seed: int, target: ModelSpec, 
     lines = [
         "",
         f"encoded {stats.n_prompt:4d} tokens in {stats.t_encode:8.3f} seconds, speed: {stats.encode_tps:8.3f} t/s"
-        + (f" ({stats.n_cached} kept in the cache)" if stats.n_cached else ""),
+        + cached_note(stats),
         f"decoded {stats.n_predict:4d} tokens in {stats.t_decode:8.3f} seconds, speed: {stats.decode_tps:8.3f} t/s",
         "",
         f"n_draft   = {spec.draft_max if spec.drafters or spec.auto else 0}",
@@ -161,6 +163,13 @@ def print_stats(stats: Stats, spec: SpecSettings, seed: int, target: ModelSpec, 
     print("\n".join(lines), file=sys.stderr)
 
 
+def cached_note(stats: Stats) -> str:
+    """How much of the prompt was not processed, and where it came from."""
+    if stats.n_restored:
+        return f" ({stats.n_restored} from the prompt cache, restored in {stats.t_restore:.3f} s)"
+    return f" ({stats.n_cached} kept in the cache)" if stats.n_cached else ""
+
+
 def _model_info(spec: ModelSpec, model) -> dict:
     return {"name": spec.name, "path": str(spec.path), "n_ctx": model.n_ctx,
             "n_gpu_layers": spec.n_gpu_layers, "n_threads": model.n_threads}
@@ -174,6 +183,8 @@ def _settings(sampling: SamplerSettings, spec: SpecSettings, seed: int, use_chat
             "sampling_seq": sampling.sequence, "seed": seed, "n_predict": spec.n_predict,
             "draft_max": spec.draft_max, "draft_min": spec.draft_min, "draft_p_min": spec.draft_p_min,
             "ignore_eos": spec.ignore_eos, "chat": use_chat,
+            "prompt_cache": str(engine.prompt_cache_file) if engine.prompt_cache_file else None,
+            "prompt_cache_ro": engine.prompt_cache_ro,
             "spec_type": ",".join(spec.types), "spec_accept": spec.accept, "n_batch": engine.target.n_batch,
             **{name: {"n": ngram.size(spec.auto), "m": ngram.m, "min_hits": ngram.min_hits}
                for name, ngram in (("ngram_simple", spec.ngram_simple), ("ngram_map_k", spec.ngram_map_k))}}

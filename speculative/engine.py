@@ -5,7 +5,9 @@ the pair's vocabularies before loading any weights, loads both models, turns a
 prompt into tokens (optionally through the model's chat template), and runs the
 loop. Between runs the caches keep what they hold: a prompt that starts like the
 previous conversation (the same system prompt, document, or chat so far) only
-processes what is new.
+processes what is new. With a prompt cache file (--prompt-cache), the first run
+starts from the caches a previous process saved there, and every run saves its
+prompt's caches for the next process.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from . import calibrate, chat
+from . import calibrate, chat, prompt_cache
 from .auto import Auto
 from .drafters import Chain, Drafter, ModelDrafter, NgramMapK, NgramSimple
 from .errors import ModelError, UsageError
@@ -45,7 +47,8 @@ class ModelSpec:
 
 class Engine:
     def __init__(self, target: ModelSpec, draft: ModelSpec | None = None,
-                 notify: Callable[[str], None] | None = None):
+                 notify: Callable[[str], None] | None = None, prompt_cache_file: Path | None = None,
+                 prompt_cache_ro: bool = False):
         if draft is not None and draft.path.resolve() != target.path.resolve():
             check_compatible(read_vocab(target.path), read_vocab(draft.path))
         t0 = time.perf_counter()
@@ -65,6 +68,10 @@ class Engine:
         # list is the draft model drafter's own, kept across runs and updated in place.
         self._target_held: list[int] = []
         self._draft_held: list[int] = []
+        self.prompt_cache_file = prompt_cache_file
+        self.prompt_cache_ro = prompt_cache_ro
+        self._restore_pending = prompt_cache_file is not None  # the first run restores it
+        self._file_holds: dict[str, tuple[int, ...]] = {}  # role -> tokens the cache file holds
 
     def prompt_tokens(self, text: str, use_chat: bool = False, system: str | None = None) -> list[int]:
         if use_chat:
@@ -105,8 +112,10 @@ class Engine:
             draft_sampler = Sampler(sampling, (seed + DRAFT_SEED_OFFSET) % 2**32,
                                     self.draft.eog_tokens() if spec.ignore_eos else None)
         self.drafter = self.make_drafter(spec, draft_sampler)  # may calibrate, which uses the caches
+        restored = self._restore_pending
+        t_restore = self._restore_prompt_cache() if restored else 0.0
         n_cached = self._keep_prefix(prompt)
-        stats = self.stats = Stats(t_load=self.t_load)
+        stats = self.stats = Stats(t_load=self.t_load, t_restore=t_restore)
         started = None  # (wall clock, time inside llama.cpp) when the prompt was in
         tokens = list(prompt)
         try:
@@ -114,6 +123,9 @@ class Engine:
                                   n_cached):
                 stats.add(event)
                 if isinstance(event, Prefilled):
+                    if restored:  # the caches held nothing else before
+                        stats.n_restored = event.n_cached
+                    stats.t_save = self._save_prompt_cache(prompt)
                     started = (time.perf_counter(), self.busy_seconds())
                 elif isinstance(event, Token):
                     tokens.append(event.id)
@@ -183,10 +195,69 @@ class Engine:
     def _forget(self, model: LlamaModel) -> None:
         """The model's cache is about to hold something else: keep nothing from it."""
         model.trim(0)
+        self._set_held(model, [])
+
+    def _set_held(self, model: LlamaModel, tokens: list[int]) -> None:
         if model is self.target:
-            self._target_held = []
+            self._target_held = list(tokens)
         if model is self.draft:
-            self._draft_held.clear()  # in place: a draft model drafter holds this list
+            self._draft_held[:] = tokens  # in place: a draft model drafter holds this list
+
+    def _roles(self) -> dict[str, LlamaModel]:
+        return {"target": self.target, **({"draft": self.draft} if self.draft is not None else {})}
+
+    def _restore_prompt_cache(self) -> float:
+        """Load every part of the prompt cache file that these models can use; the seconds
+        it took. What cannot be used is left out with a notice, never an error."""
+        self._restore_pending = False
+        t0 = time.perf_counter()
+        roles = self._roles()
+        try:
+            parts, notices = prompt_cache.read(self.prompt_cache_file,
+                                               {role: m.cache_identity() for role, m in roles.items()})
+        except FileNotFoundError:
+            if self.prompt_cache_ro:
+                self._notice("does not exist; nothing restored")
+            return 0.0
+        except (prompt_cache.Unusable, OSError) as e:
+            self._notice(f"ignored: {getattr(e, 'strerror', None) or e}")
+            return 0.0
+        for notice in notices:
+            self._notice(notice)
+        for part in parts:
+            model = roles[part.role]
+            if model.load_state(part.state, len(part.tokens)):
+                self._set_held(model, list(part.tokens))
+                self._file_holds[part.role] = part.tokens
+            else:
+                self._notice(f"llama.cpp could not load the {part.role} part (-c smaller than "
+                             f"its {len(part.tokens)} tokens?); ignored")
+        return time.perf_counter() - t0
+
+    def _save_prompt_cache(self, prompt: list[int]) -> float:
+        """Write the caches for the prompt just processed (the target holds all of it but its
+        last token) to the prompt cache file, unless it holds them already; the seconds it took."""
+        if self.prompt_cache_file is None or self.prompt_cache_ro:
+            return 0.0
+        t0 = time.perf_counter()
+        holds = {"target": tuple(prompt[:-1]), "draft": tuple(self._draft_held)}
+        holds = {role: holds[role] for role in self._roles() if holds[role]}
+        if holds == self._file_holds:
+            return 0.0
+        roles = self._roles()
+        try:
+            prompt_cache.write(self.prompt_cache_file, [
+                prompt_cache.Part(role, roles[role].cache_identity(), tokens, roles[role].save_state())
+                for role, tokens in holds.items()])
+        except (OSError, UsageError) as e:
+            self._notice(f"not written: {getattr(e, 'strerror', None) or e}")
+            return 0.0
+        self._file_holds = holds
+        return time.perf_counter() - t0
+
+    def _notice(self, message: str) -> None:
+        if self.notify:
+            self.notify(f"prompt cache {self.prompt_cache_file}: {message}")
 
     def busy_seconds(self) -> float:
         """Seconds both models have spent inside llama.cpp so far."""

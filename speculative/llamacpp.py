@@ -2,7 +2,8 @@
 
 Built on the low-level C API, not on `llama_cpp.Llama`: one llama_batch reused
 for every call, logits read as zero-copy numpy views of llama.cpp's own buffer,
-and rollback with llama_memory_seq_rm. Only one sequence (id 0) is used.
+and rollback with llama_memory_seq_rm. Only one sequence (id 0) is used; its cache
+can be saved and restored (llama_state_seq_*) for the prompt cache.
 """
 
 from __future__ import annotations
@@ -152,6 +153,7 @@ class LlamaModel:
         self.n_threads = threads
         self.n_gpu_layers = n_gpu_layers
         self.flash_attn = flash_attn
+        self._flash_attn_type = cparams.flash_attn_type
         # Flash attention on the CPU splits a lone query's cache over the threads (from 512
         # cells) and tiles many queries: the same position then scores differently alone
         # and inside a batch.
@@ -201,6 +203,15 @@ class LlamaModel:
                 "mtime_ns": stat.st_mtime_ns, "threads": self.n_threads, "n_gpu_layers": self.n_gpu_layers,
                 "n_batch": self.n_batch, "build": system_info(), "kernels": self.kernels,
                 "llama_cpp_python": ll.__version__}
+
+    def cache_identity(self) -> dict:
+        """Everything that decides what the KV cache holds for given tokens (for the prompt
+        cache): the model file, where layers run, flash attention, the build and its kernels.
+        The batch size is left out: only batch-variant kernels (listed) make it matter."""
+        stat = self.path.stat()
+        return {"file": str(self.path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+                "n_gpu_layers": self.n_gpu_layers, "flash_attn": self._flash_attn_type, "build": system_info(),
+                "kernels": self.kernels, "llama_cpp_python": ll.__version__}
 
     @property
     def add_bos(self) -> bool:
@@ -284,6 +295,28 @@ class LlamaModel:
     def trim(self, n_keep: int) -> None:
         if not ll.llama_memory_seq_rm(self._mem, _SEQ, n_keep, -1):
             raise GenerationError(f"{self.name}: the KV cache refused to roll back to position {n_keep}")
+
+    def save_state(self) -> bytes:
+        """Sequence 0's cache (its cells and their keys and values) as llama.cpp serialises it."""
+        size = ll.llama_state_seq_get_size(self._ctx, _SEQ)
+        buf = (ctypes.c_uint8 * size)()
+        n = ll.llama_state_seq_get_data(self._ctx, buf, size, _SEQ)
+        if n == 0:
+            raise GenerationError(f"{self.name}: llama.cpp could not copy the KV cache")
+        return ctypes.string_at(buf, n)
+
+    def load_state(self, data: bytes, n_tokens: int) -> bool:
+        """Replace sequence 0's cache with `data` from save_state, which must hold exactly
+        positions 0..n_tokens-1; on any failure the cache is left empty and False returned."""
+        self.trim(0)
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        loaded = ll.llama_state_seq_set_data(self._ctx, buf, len(data), _SEQ) == len(data)
+        if loaded and n_tokens and (ll.llama_memory_seq_pos_min(self._mem, _SEQ) != 0
+                                    or ll.llama_memory_seq_pos_max(self._mem, _SEQ) != n_tokens - 1):
+            loaded = False
+        if not loaded or not n_tokens:
+            self.trim(0)
+        return loaded
 
     # -- lifetime --------------------------------------------------------
 

@@ -163,8 +163,8 @@ def generate(
     target.decode(tokens[n_cached:-1], n_cached, "none")
     if drafter is not None:
         drafter.prefill(tokens)
-    t_start = time.perf_counter()
-    yield Prefilled(len(prompt), t_start - t0, n_cached)
+    yield Prefilled(len(prompt), time.perf_counter() - t0, n_cached)
+    t_start = time.perf_counter()  # what the consumer does on Prefilled (save a cache) is not generation
 
     n_generated = 0
     step = 0

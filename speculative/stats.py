@@ -12,6 +12,7 @@ from .loop import Done, Event, Prefilled, Step, Token
 class Stats:
     n_prompt: int = 0
     n_cached: int = 0           # of n_prompt, tokens kept in the cache from the previous run
+    n_restored: int = 0         # of n_cached, tokens restored from the prompt cache file
     n_predict: int = 0          # tokens generated (end-of-generation token excluded)
     n_drafted: int = 0          # tokens proposed by drafters and verified
     n_accept: int = 0           # drafted tokens the target accepted
@@ -24,6 +25,8 @@ class Stats:
     plans: Counter = field(default_factory=Counter)  # (drafter or "none", k) -> steps
     t_load: float = 0.0
     t_encode: float = 0.0
+    t_restore: float = 0.0      # reading and loading the prompt cache file (before t_encode)
+    t_save: float = 0.0         # writing it (after t_encode, before t_decode)
     t_decode: float = 0.0
     t_draft: float = 0.0
     t_verify: float = 0.0
@@ -105,6 +108,7 @@ class Stats:
             "finish_reason": self.finish_reason,
             "n_prompt": self.n_prompt,
             "n_cached": self.n_cached,
+            "n_restored": self.n_restored,
             "n_predict": self.n_predict,
             "n_drafted": self.n_drafted,
             "n_accept": self.n_accept,
@@ -118,6 +122,8 @@ class Stats:
             "plans": [{"drafter": d, "k": k, "steps": n} for (d, k), n in sorted(self.plans.items())],
             "t_load_s": self.t_load,
             "t_encode_s": self.t_encode,
+            "t_restore_s": self.t_restore,
+            "t_save_s": self.t_save,
             "t_decode_s": self.t_decode,
             "t_draft_s": self.t_draft,
             "t_verify_s": self.t_verify,
