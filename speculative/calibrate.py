@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -21,6 +19,7 @@ from typing import Callable
 import numpy as np
 
 from .backend import Backend
+from .files import write_atomic
 from .registry import home
 
 FILLER_TOKENS = 32   # the batches are scored after a short context, like a real step
@@ -90,9 +89,6 @@ def _load(path: Path) -> dict:
 def _store(path: Path, cache: dict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".calibration.", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(cache, f, indent=1)
-        os.replace(tmp, path)
+        write_atomic(path, [json.dumps(cache, indent=1).encode()])
     except OSError:
         pass  # a read-only home only costs a new calibration next time

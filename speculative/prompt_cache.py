@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import UsageError
+from .files import write_atomic
 
 MAGIC = b"speculate prompt cache\n"
 VERSION = 1
@@ -123,16 +122,4 @@ def write(path: Path, parts: list[Part]) -> None:
     header = json.dumps({"parts": [
         {"role": p.role, "identity": p.identity, "tokens": list(p.tokens), "bytes": len(p.state),
          "sha256": hashlib.sha256(p.state).hexdigest()} for p in parts]}).encode()
-    directory = path.resolve().parent
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + _FIXED.pack(VERSION, len(header)) + header)
-            for p in parts:
-                f.write(p.state)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_atomic(path, [MAGIC + _FIXED.pack(VERSION, len(header)) + header, *(p.state for p in parts)])
