@@ -94,18 +94,28 @@ def load_prompts(path: Path) -> list[BenchPrompt]:
             item = json.loads(line)
         except json.JSONDecodeError as e:
             raise UsageError(f"{path}:{number}: not JSON ({e.msg})") from None
-        ok_prompt = isinstance(item, dict) and isinstance(item.get("prompt"), str)
-        ok_messages = isinstance(item, dict) and isinstance(item.get("messages"), list) and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in item["messages"])
-        if not (ok_prompt or ok_messages):
-            raise UsageError(f"{path}:{number}: needs a string `prompt` or a list of chat `messages`")
+        try:
+            prompt, messages = prompt_or_messages(item)
+        except ValueError as e:
+            raise UsageError(f"{path}:{number}: {e}") from None
         prompts.append(BenchPrompt(str(item.get("id", f"line-{number}")), str(item.get("category", "all")),
-                                   item.get("prompt") if ok_prompt else None,
-                                   None if ok_prompt else item["messages"]))
+                                   prompt, messages))
     if not prompts:
         raise UsageError(f"{path}: no prompts")
     return prompts
+
+
+def prompt_or_messages(item) -> tuple[str | None, list | None]:
+    """A JSONL line's input: its string `prompt`, or else its chat `messages` (role and
+    content strings); ValueError when it has neither."""
+    if isinstance(item, dict) and isinstance(item.get("prompt"), str):
+        return item["prompt"], None
+    messages = item.get("messages") if isinstance(item, dict) else None
+    if isinstance(messages, list) and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages):
+        return None, messages
+    raise ValueError("needs a string `prompt` or a list of chat `messages`")
 
 
 def parse_sweeps(sweeps: Iterable[str]) -> dict[str, list]:
