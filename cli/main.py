@@ -22,6 +22,7 @@ from speculative.sampling import SamplerSettings
 
 from . import models as models_cli
 from . import options
+from .batch import batch_command
 from .bench import bench_command
 from .doctor import doctor_command
 from .prompt import process_escapes, read_prompt
@@ -55,6 +56,8 @@ app = typer.Typer(
 app.add_typer(models_cli.app, name="models")
 app.command("bench", help="Measure speedup over target-only decoding on a prompt file, on this machine.")(
     bench_command)
+app.command("batch", help="Run a JSONL file of requests with the models loaded once; resumable, one result "
+                         "line per request.")(batch_command)
 app.command("doctor", help="Show the llama.cpp build and measure whether greedy speculation is exact on it.")(
     doctor_command)
 

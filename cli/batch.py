@@ -1,0 +1,173 @@
+"""`speculate batch`: a JSONL file of requests, a JSONL file of results, resumable."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from speculative import batch
+from speculative.engine import Engine
+from speculative.errors import UsageError
+from speculative.files import write_atomic
+from speculative.sampling import SamplerSettings
+
+from . import options
+from .render import EXIT_INTERRUPTED
+
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)  # log lines stay whole in files
+PLAIN_EVERY = 10.0  # seconds between progress lines when stderr is not a terminal
+
+
+def batch_command(
+    requests: Path = typer.Argument(
+        ..., metavar="REQUESTS.jsonl",
+        help="One request per line: an `id` (string or integer) and a `prompt` or chat `messages`; optional "
+             "n_predict, temperature, top_p, seed, stop (a string or a list) override the flags."),
+    output: Path = typer.Option(
+        ..., "-o", "--output", metavar="RESULTS.jsonl",
+        help="Results, one line per request, appended as each finishes. Requests it already has a line for "
+             "are skipped, so rerunning the same command resumes an interrupted batch."),
+    summary_file: Optional[Path] = typer.Option(
+        None, "--summary", metavar="FILE", help="Also write the final summary to FILE as JSON."),
+    model: Optional[str] = options.MODEL,
+    model_draft: Optional[str] = options.MODEL_DRAFT,
+    ctx_size: int = options.CTX_SIZE,
+    ctx_size_draft: Optional[int] = options.CTX_SIZE_DRAFT,
+    n_gpu_layers: int = options.N_GPU_LAYERS,
+    n_gpu_layers_draft: Optional[int] = options.N_GPU_LAYERS_DRAFT,
+    threads: Optional[int] = options.THREADS,
+    threads_draft: Optional[int] = options.THREADS_DRAFT,
+    batch_size: int = options.BATCH_SIZE,
+    flash_attn: str = options.FLASH_ATTN,
+    n_predict: int = options.N_PREDICT,
+    temp: float = options.TEMP,
+    top_k: int = options.TOP_K,
+    top_p: float = options.TOP_P,
+    min_p: float = options.MIN_P,
+    typical_p: float = options.TYPICAL,
+    repeat_penalty: float = options.REPEAT_PENALTY,
+    repeat_last_n: int = options.REPEAT_LAST_N,
+    presence_penalty: float = options.PRESENCE_PENALTY,
+    frequency_penalty: float = options.FREQUENCY_PENALTY,
+    seed: int = options.SEED,
+    sampling_seq: str = options.SAMPLING_SEQ,
+    ignore_eos: bool = options.IGNORE_EOS,
+    spec_type: Optional[str] = options.SPEC_TYPE,
+    draft_max: Optional[int] = options.DRAFT_MAX,
+    draft_min: int = options.DRAFT_MIN,
+    draft_p_min: float = options.DRAFT_P_MIN,
+    spec_accept: str = options.SPEC_ACCEPT,
+    ngram_n: Optional[int] = options.NGRAM_N,
+    ngram_m: Optional[int] = options.NGRAM_M,
+    ngram_min_hits: Optional[int] = options.NGRAM_MIN_HITS,
+    simple_n: Optional[int] = options.SIMPLE_N,
+    simple_m: Optional[int] = options.SIMPLE_M,
+    simple_hits: Optional[int] = options.SIMPLE_HITS,
+    map_n: Optional[int] = options.MAP_N,
+    map_m: Optional[int] = options.MAP_M,
+    map_hits: Optional[int] = options.MAP_HITS,
+) -> None:
+    """Run every request in a JSONL file with the models loaded once; exit 0 when every
+    request has a result, 1 when some failed."""
+    sampling = SamplerSettings(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
+                               repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                               presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                               sequence=sampling_seq, seed=seed)
+    sampling.validate()
+    spec = options.spec_settings(
+        spec_type, draft_max, draft_min, draft_p_min, spec_accept, ngram=(ngram_n, ngram_m, ngram_min_hits),
+        simple=(simple_n, simple_m, simple_hits), map_k=(map_n, map_m, map_hits), n_predict=n_predict,
+        ignore_eos=ignore_eos)
+    if output.exists() and requests.exists() and output.samefile(requests):
+        raise UsageError("-o/--output must not be the requests file")
+    items = batch.read_requests(requests, sampling, spec)
+    results = batch.Results(output, notify=stderr.print)
+    try:
+        todo = batch.pending(items, results)
+        engine = None
+        if any(isinstance(item, batch.Request) for item in todo):  # else no model is needed
+            use_draft = options.uses_draft_model(spec, options.draft_available(model, model_draft))
+            target, draft = options.model_specs(
+                model, model_draft, use_draft, ctx_size=ctx_size, ctx_size_draft=ctx_size_draft,
+                n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, threads=threads,
+                threads_draft=threads_draft, batch_size=batch_size, flash_attn=flash_attn)
+            engine = Engine(target, draft, notify=stderr.print)
+        stderr.print(f"batch: {len(items)} requests in {requests}, {len(items) - len(todo)} already in {output}, "
+                     f"{len(todo)} to run", markup=False)
+        try:
+            with _progress(len(todo)) as show:
+                summary = batch.run_batch(engine, items, results, show)
+        finally:
+            if engine is not None:
+                engine.close()
+    finally:
+        results.close()
+    _report(summary, output, summary_file)
+    raise typer.Exit(EXIT_INTERRUPTED if summary.interrupted else 0 if summary.all_succeeded else 1)
+
+
+class _progress:
+    """Progress on stderr: a live bar on a terminal, else a plain line every PLAIN_EVERY seconds."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.live = stderr.is_terminal
+        self._last = 0.0
+        self._bar = Progress(
+            TextColumn("batch"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[failed]} failed"),
+            TextColumn("{task.fields[tps]:.1f} tokens/s"), TextColumn("ETA"), TimeRemainingColumn(),
+            console=stderr, transient=False) if self.live else None
+
+    def __enter__(self):
+        if self._bar is not None:
+            self._bar.start()
+            self._task = self._bar.add_task("batch", total=self.total, failed=0, tps=0.0)
+        return self
+
+    def __call__(self, s: batch.Summary) -> None:
+        done = s.succeeded + s.failed
+        tps = s.to_dict()["tokens_per_second"]
+        if self._bar is not None:
+            self._bar.update(self._task, completed=done, failed=s.failed, tps=tps)
+        elif time.monotonic() - self._last >= PLAIN_EVERY or done == self.total:
+            self._last = time.monotonic()
+            eta = s.seconds / done * (self.total - done)
+            stderr.print(f"batch: {done}/{self.total} done, {s.failed} failed, {tps:.1f} tokens/s, "
+                         f"ETA {_duration(eta)}")
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def _report(summary: batch.Summary, output: Path, summary_file: Optional[Path]) -> None:
+    s = summary.to_dict()
+    earlier = (f" (and {s['earlier_succeeded']} succeeded, {s['earlier_failed']} failed in earlier runs)"
+               if s["earlier_succeeded"] or s["earlier_failed"] else "")
+    lines = [
+        f"batch: {s['requests']} requests: {s['succeeded']} succeeded, {s['failed']} failed{earlier}"
+        + (f"; interrupted, {s['remaining']} left: rerun the same command to resume" if s["interrupted"] else ""),
+        f"prompt    = {s['n_prompt']} tokens, {s['n_cached']} kept in the cache from the request before "
+        f"({100 * s['cached_share']:.0f}%), processed in {s['t_encode_s']:.3f} s",
+        f"generated = {s['n_predict']} tokens in {s['seconds']:.1f} s: {s['tokens_per_second']:.2f} tokens/s "
+        f"overall, {s['decode_tps']:.2f} while decoding",
+        f"accept    = {100 * s['accept_rate']:.1f}% ({s['n_accept']} of {s['n_drafted']} drafted tokens)",
+        f"results   = {output}" + (f", summary {summary_file}" if summary_file else ""),
+    ]
+    stderr.print("\n".join(lines), markup=False)
+    if summary_file is not None:
+        try:
+            write_atomic(summary_file, [(json.dumps(s, indent=1) + "\n").encode()])
+        except OSError as e:
+            raise UsageError(f"cannot write --summary {summary_file}: {e.strerror or e}") from None

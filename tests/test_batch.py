@@ -1,0 +1,184 @@
+"""speculate batch: reading requests, the results file, and a real batch killed and resumed."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+
+from speculative import batch
+from speculative.batch import Rejected, Request, Results
+from speculative.errors import UsageError
+from speculative.loop import SpecSettings
+from speculative.sampling import SamplerSettings
+from speculative.text import StopFilter
+from tests.conftest import SMOL, SPECULATE, speculate
+
+SAMPLING = SamplerSettings(temp=0.0, seed=5)
+SPEC = SpecSettings(types=("none",), n_predict=7)
+
+
+def read(tmp_path, *lines: bytes | str) -> list:
+    path = tmp_path / "requests.jsonl"
+    path.write_bytes(b"".join((line.encode() if isinstance(line, str) else line) + b"\n" for line in lines))
+    return batch.read_requests(path, SAMPLING, SPEC)
+
+
+def test_requests_take_the_flags_as_defaults_and_override_them(tmp_path):
+    messages = [{"role": "user", "content": "hi"}]
+    a, b = read(tmp_path, '{"id": "a", "prompt": "x"}', "   ",
+                json.dumps({"id": 7, "messages": messages, "n_predict": 3, "temperature": 0.5, "top_p": 0.9,
+                            "seed": 11, "stop": "\n"}))
+    assert a == Request("a", 1, "x", None, SAMPLING, SPEC)
+    assert (b.id, b.line, b.messages, b.stop) == (7, 3, messages, ("\n",))
+    assert (b.sampling.temp, b.sampling.top_p, b.sampling.seed, b.spec.n_predict) == (0.5, 0.9, 11, 3)
+    assert b.sampling.top_k == SAMPLING.top_k and b.spec.types == SPEC.types
+
+
+def test_lines_that_are_not_requests_say_why_with_their_line_number(tmp_path):
+    items = read(tmp_path, '{"id": "a", "prompt": "x"}', "{oops", b'{"id": "b", "prompt": "\xff"}',
+                 '{"id": "a", "prompt": "again"}', '{"id": "c", "prompt": "\\ud800"}', '["a list"]',
+                 '{"prompt": "no id"}', '{"id": true, "prompt": "x"}', '{"id": "d"}',
+                 '{"id": "e", "prompt": "x", "temperature": -1}', '{"id": "f", "prompt": "x", "stop": [""]}',
+                 '{"id": "g", "prompt": "x", "temp": 0}', '{"id": 1, "prompt": "x"}', '{"id": "1", "prompt": "x"}')
+    assert isinstance(items[0], Request) and isinstance(items[-1], Request) and isinstance(items[-2], Request)
+    errors = {item.line: (item.id, item.error) for item in items[1:-2]}
+    assert errors == {
+        2: (None, "not JSON (Expecting property name enclosed in double quotes at column 2)"),
+        3: (None, "not valid UTF-8 (byte 23)"),
+        4: (None, 'duplicate id "a" (first on line 1)'),
+        5: (None, "not valid UTF-8 (a lone surrogate escape)"),
+        6: (None, "not a JSON object"),
+        7: (None, "needs an `id`: a non-empty string or an integer"),
+        8: (None, "needs an `id`: a non-empty string or an integer"),
+        9: ("d", "needs a string `prompt` or a list of chat `messages`"),
+        10: ("e", "`temperature` must be a number >= 0, got -1"),
+        11: ("f", '`stop` must be a non-empty string or a list of them, got [""]'),
+        12: ("g", "unknown field 'temp' (known: id, prompt, messages, n_predict, temperature, top_p, seed, stop)"),
+    }
+
+
+def test_an_over_long_line_is_refused_unread(tmp_path, monkeypatch):
+    monkeypatch.setattr(batch, "MAX_LINE_BYTES", 64)
+    items = read(tmp_path, json.dumps({"id": "long", "prompt": "x" * 200}), '{"id": "next", "prompt": "y"}')
+    assert items[0] == Rejected(1, None, "line longer than 64 bytes")
+    assert items[1].id == "next" and items[1].line == 2
+
+
+def test_results_resume_after_a_half_written_line_and_refuse_other_files(tmp_path):
+    path = tmp_path / "results.jsonl"
+    done = {"id": "a", "line": 1, "text": "t", "finish_reason": "stop", "stats": {}}
+    failed = {"id": None, "line": 2, "finish_reason": "error", "error": "not JSON"}
+    path.write_text(json.dumps(done) + "\n" + json.dumps(failed) + "\n" + '{"id": "b", "line": 3, "te')
+    notices = []
+    results = Results(path, notices.append)
+    assert notices == [f"{path}: dropped a half-written last line (26 bytes)"]
+    assert results.recorded(Request("a", 1, "p", None, SAMPLING, SPEC)) is True
+    assert results.recorded(Rejected(2, None, "x")) is False
+    assert results.recorded(Request("b", 3, "p", None, SAMPLING, SPEC)) is None
+    with pytest.raises(UsageError, match="in use by another speculate batch"):
+        Results(path)
+    results.append({"id": "b", "line": 3, "finish_reason": "error", "error": "e"})
+    results.close()
+    lines = path.read_text().splitlines()
+    assert [json.loads(line)["line"] for line in lines] == [1, 2, 3]
+
+    other = tmp_path / "notes.txt"
+    other.write_text("my notes\n")
+    with pytest.raises(UsageError, match="not a speculate batch result"):
+        Results(other)
+    assert other.read_text() == "my notes\n"
+
+
+def test_stop_strings_are_cut_even_across_pieces():
+    stops = StopFilter(["</s>", "\n\n"])
+    assert [stops.push(p) for p in ("Hello <", "/", "b> x", "\n", "\nafter")] == ["Hello ", "", "</b> x", "", ""]
+    assert stops.stopped and stops.flush() == ""
+    unstopped = StopFilter(["STOP"])
+    assert unstopped.push("a ST") + unstopped.flush() == "a ST" and not unstopped.stopped
+
+
+def test_success_needs_every_request_recorded_without_error():
+    summary = batch.Summary(requests=3, earlier_succeeded=1)
+    summary.add({"stats": {"n_prompt": 5, "n_cached": 2, "n_predict": 4, "n_drafted": 2, "n_accept": 1,
+                           "t_encode_s": 0.1, "t_decode_s": 0.5}})
+    assert not summary.all_succeeded and summary.remaining == 1
+    summary.add({"error": "x"})
+    assert not summary.all_succeeded and summary.remaining == 0
+    s = summary.to_dict()
+    assert (s["accept_rate"], s["cached_share"], s["decode_tps"]) == (0.5, 0.4, 8.0)
+
+
+# -- real models ---------------------------------------------------------------
+
+SYSTEM = "You are a concise assistant. Answer in one short sentence."
+QUESTIONS = ["What is the capital of France?", "Why is the sky blue?", "What is 2 + 2?", "Name a prime number.",
+             "What colour is grass?", "Who wrote Hamlet?", "What is water made of?", "How many legs has a cat?",
+             "What is the largest planet?", "What do bees make?", "Name a metal.", "What is ice?",
+             "Where is Tokyo?", "What is a noun?", "Name an ocean."]
+
+
+def requests_file(tmp_path):
+    """20 requests (15 chats sharing a system prompt, 5 prompts), a malformed line and a duplicate id."""
+    lines = [json.dumps({"id": f"q{i}", "messages": [{"role": "system", "content": SYSTEM},
+                                                      {"role": "user", "content": q}]})
+             for i, q in enumerate(QUESTIONS, 1)]
+    lines += [json.dumps({"id": f"p{i}", "prompt": f"Item {i} of a list of fruits:", "n_predict": 6 + i})
+              for i in range(1, 5)]
+    lines.append(json.dumps({"id": "s", "prompt": "Count: one, two,", "temperature": 0.8, "seed": 3,
+                             "stop": ["five"]}))
+    lines.insert(5, '{"id": "broken", "prompt": ')
+    lines.insert(9, json.dumps({"id": "q3", "prompt": "a second q3"}))
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path, {f"q{i}" for i in range(1, 16)} | {f"p{i}" for i in range(1, 5)} | {"s"}
+
+
+def records(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.real
+def test_a_batch_killed_and_resumed_equals_an_uninterrupted_one(model_path, tmp_path, batch_invariant):
+    requests, ids = requests_file(tmp_path)
+    flags = ("-m", str(model_path(SMOL)), "--spec-type", "ngram-simple", "--temp", "0", "-n", "12")
+    full = tmp_path / "full.jsonl"
+    proc = speculate("batch", str(requests), "-o", str(full), "--summary", str(tmp_path / "s.json"), *flags)
+    assert proc.returncode == 1, proc.stderr  # two lines are not requests
+    expected = {r["id"]: r for r in records(full) if r["id"] is not None}
+    assert set(expected) == ids and all("error" not in r for r in expected.values())
+    errors = [r for r in records(full) if r["id"] is None]
+    assert [(r["line"], r["error"].split(" (")[0]) for r in errors] == [(6, "not JSON"), (10, 'duplicate id "q3"')]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert (summary["succeeded"], summary["failed"], summary["all_succeeded"]) == (20, 2, False)
+    # Each chat after the first keeps the shared system prompt from the request before.
+    assert all(expected[f"q{i}"]["stats"]["n_cached"] > 0 for i in range(2, 16))
+    assert summary["n_cached"] == sum(r["stats"]["n_cached"] for r in expected.values()) > 0
+    assert expected["s"]["finish_reason"] == "stop" and "five" not in expected["s"]["text"]
+    assert "kept in the cache from the request before" in proc.stderr
+
+    out = tmp_path / "resumed.jsonl"
+    killed = subprocess.Popen([SPECULATE, "batch", str(requests), "-o", str(out), *flags],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while killed.poll() is None and (not out.exists() or out.read_text().count("\n") < 4):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert 4 <= out.read_text().count("\n") < 22
+    with open(out, "ab") as f:  # as if killed in the middle of writing the next line
+        f.write(b'{"id": "q9", "line": 1')
+
+    rerun = speculate("batch", str(requests), "-o", str(out), *flags)
+    assert rerun.returncode == 1 and "dropped a half-written last line" in rerun.stderr
+    got = records(out)
+    assert sorted(r["id"] for r in got if r["id"] is not None) == sorted(ids)  # exactly one each
+    assert sorted(r["line"] for r in got if r["id"] is None) == [6, 10]
+    assert {r["id"]: r["text"].encode() for r in got if r["id"]} == {i: r["text"].encode() for i, r in expected.items()}
+
+    again = speculate("batch", str(requests), "-o", str(out), *flags)  # nothing left: no model is loaded
+    assert again.returncode == 1 and "0 to run" in again.stderr and records(out) == got
