@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""What --prompt-cache saves: two questions about one source file, in separate processes.
+
+    scripts/bench_prompt_cache.py [SOURCE_FILE] [-- extra speculate flags]
+
+Four `speculate --json` runs, one after the other in this session:
+  1. question A without a cache: the baseline prompt-processing time;
+  2. question A with --prompt-cache (a new file): processes the whole prompt, saves it;
+  3. question B with the same --prompt-cache: restores the file, keeps the shared file
+     and processes only the question;
+  4. question B without a cache: the text run 3 must reproduce, token for token.
+It prints each run's prompt-processing time (restoring the cache counted in) and the
+ratios, and exits 1 if run 3's text differs from run 4's. Defaults: the Qwen target
+alone (`-m qwen2.5-coder-1.5b-instruct --spec-type none`), greedy, 64 tokens, and
+GGML_CPU_TILED_MM=0 so that the CPU build is batch-invariant (README, "Exactness").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_SOURCE = ROOT / "speculative" / "stats.py"
+QUESTIONS = ("Explain what the Stats class counts, in three sentences.",
+             "Which property would you use to compare speculation against plain decoding, and why?")
+FLAGS = ("-m", "qwen2.5-coder-1.5b-instruct", "--spec-type", "none", "--temp", "0", "-n", "64", "--chat")
+
+
+def run(prompt: str, extra: list[str], *cache: str) -> dict:
+    speculate = shutil.which("speculate") or str(Path(sys.executable).with_name("speculate"))
+    proc = subprocess.run([speculate, *FLAGS, *extra, "-p", "-", "--json", *cache], input=prompt.encode(),
+                          capture_output=True, env={"GGML_CPU_TILED_MM": "0", **os.environ})
+    if proc.returncode != 0:
+        sys.exit(f"speculate failed: {proc.stderr.decode(errors='replace').strip()}")
+    return json.loads(proc.stdout)
+
+
+def prompt_seconds(result: dict) -> float:
+    return result["t_encode_s"] + result["t_restore_s"]
+
+
+def main(argv: list[str]) -> int:
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = argv[:argv.index("--")] if "--" in argv else argv
+    source = Path(args[0]) if args else DEFAULT_SOURCE
+    code = source.read_text()
+    a, b = (f"{code}\n\n{question}" for question in QUESTIONS)
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = ("--prompt-cache", str(Path(tmp) / "prompt.cache"))
+        runs = {"1. A, no cache": run(a, extra), "2. A, saves the cache": run(a, extra, *cache),
+                "3. B, restores the cache": run(b, extra, *cache), "4. B, no cache": run(b, extra)}
+        size = (Path(tmp) / "prompt.cache").stat().st_size
+    print(f"shared context: {source} ({runs['1. A, no cache']['n_prompt']} prompt tokens with question A); "
+          f"cache file {size / 2**20:.1f} MiB")
+    for label, r in runs.items():
+        print(f"{label:26s} {r['n_prompt']:5d} prompt tokens, {r['n_restored']:5d} restored: "
+              f"prompt processing {prompt_seconds(r):7.3f} s (restore {r['t_restore_s']:.3f} s, "
+              f"save {r['t_save_s']:.3f} s)")
+    base, _, warm, plain = (prompt_seconds(r) for r in runs.values())
+    print(f"B with the cache vs B without: {plain / warm:.1f}x less prompt-processing time; "
+          f"vs A without: {base / warm:.1f}x")
+    same = runs["3. B, restores the cache"]["tokens"] == runs["4. B, no cache"]["tokens"]
+    print("generated text with the cache: " + ("identical to the run without it" if same else "DIFFERENT"))
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
