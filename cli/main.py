@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from typing import Optional
 
 import typer
@@ -132,6 +133,13 @@ def run(
              "tokens are kept with probability min(1, p/q); accepts more) or match (the target samples, "
              "a drafted token is kept when it is the one drawn). Both follow the target's distribution "
              "exactly; with --temp 0 both are greedy."),
+    parallel: int = typer.Option(
+        1, "-np", "--parallel", rich_help_panel=D, metavar="N",
+        help="Draft trees: the draft model's most branches per step, all verified in one target batch "
+             "(1: a chain; needs --spec-type draft)."),
+    draft_p_split: float = typer.Option(
+        0.1, "--draft-p-split", "--spec-draft-p-split", rich_help_panel=D, metavar="P",
+        help="Draft trees: a candidate the draft gives more than P starts a new branch (with -np > 1)."),
     ngram_n: Optional[int] = typer.Option(
         None, "--spec-ngram-size-n", rich_help_panel=D,
         help=f"N-gram drafters: length of the n-gram looked up [default: {NGRAM_N_FIXED}; "
@@ -177,8 +185,8 @@ def run(
     spec = SpecSettings(
         types=types, draft_min=draft_min, draft_p_min=draft_p_min, n_predict=n_predict,
         draft_max=draft_max if draft_max is not None else DRAFT_MAX_AUTO if "auto" in types else DRAFT_MAX_FIXED,
-        ignore_eos=ignore_eos, accept=spec_accept, ngram_simple=ngram(simple_n, simple_m, simple_hits),
-        ngram_map_k=ngram(map_n, map_m, map_hits))
+        ignore_eos=ignore_eos, accept=spec_accept, branches=parallel, p_split=draft_p_split,
+        ngram_simple=ngram(simple_n, simple_m, simple_hits), ngram_map_k=ngram(map_n, map_m, map_hits))
     sampling.validate()
     spec.validate()
     use_draft = options.uses_draft_model(spec, options.draft_available(model, model_draft))
@@ -190,6 +198,8 @@ def run(
         model, model_draft, use_draft, ctx_size=ctx_size, ctx_size_draft=ctx_size_draft,
         n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, threads=threads,
         threads_draft=threads_draft, batch_size=batch_size, flash_attn=flash_attn)
+    if spec.branches > 1:  # each branch is a KV-cache sequence of both models
+        target, draft = replace(target, n_seq=spec.branches), replace(draft, n_seq=spec.branches)
     code = run_and_render(
         target, draft, text, sampling, spec, use_chat=use_chat, system=system_prompt,
         color=color and not os.environ.get("NO_COLOR"), json_output=json_output,
