@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import replace
 from typing import Optional
 
 import typer
@@ -198,8 +197,7 @@ def run(
         model, model_draft, use_draft, ctx_size=ctx_size, ctx_size_draft=ctx_size_draft,
         n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, threads=threads,
         threads_draft=threads_draft, batch_size=batch_size, flash_attn=flash_attn)
-    if spec.branches > 1:  # each branch is a KV-cache sequence of both models
-        target, draft = replace(target, n_seq=spec.branches), replace(draft, n_seq=spec.branches)
+    target, draft = options.with_branches(target, draft, spec.branches)
     code = run_and_render(
         target, draft, text, sampling, spec, use_chat=use_chat, system=system_prompt,
         color=color and not os.environ.get("NO_COLOR"), json_output=json_output,

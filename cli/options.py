@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 import typer
@@ -64,6 +65,13 @@ def model_specs(model: Optional[str], model_draft: Optional[str], use_draft: boo
     return resolve_models(Registry.load(), model, model_draft, use_draft,
                           ctx=(ctx_size, ctx_size_draft), ngl=(n_gpu_layers, n_gpu_layers_draft),
                           threads=(threads, threads_draft), n_batch=batch_size, flash_attn=flash_attn)
+
+
+def with_branches(target: ModelSpec, draft: ModelSpec | None, branches: int) -> tuple[ModelSpec, ModelSpec | None]:
+    """Both models get a KV-cache sequence per draft-tree branch (-np)."""
+    if branches <= 1:
+        return target, draft
+    return replace(target, n_seq=branches), None if draft is None else replace(draft, n_seq=branches)
 
 
 def draft_available(model: Optional[str], model_draft: Optional[str]) -> bool:
