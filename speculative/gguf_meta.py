@@ -54,7 +54,7 @@ import struct
 from array import array
 from bisect import bisect_right
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
@@ -70,6 +70,7 @@ _SCALARS = {
     GGUFValueType.BOOL: "<?",
 }
 MAX_KEY_LENGTH = 1 << 16
+OnTensor = Callable[[str, tuple, int], None]  # a tensor info's name, dimensions and offset
 _U64 = struct.Struct("<Q")
 MAX_STRING_LENGTH = MAX_ARRAY_LENGTH = 1 << 30  # gguf.cpp's GGUF_MAX_STRING_LENGTH / _ARRAY_ELEMENTS
 
@@ -261,28 +262,46 @@ def preflight(path: Path) -> None:
     docstring for the checks); raise ModelError with a one-line message on the first
     problem. Also checks the other files of a split model."""
     path = Path(path)
-    split_count = _preflight_file(path)
+    for part in _other_splits(path, _preflight_file(path)):
+        _preflight_file(part)
+
+
+def _other_splits(path: Path, split_count: int) -> list[Path]:
+    """The existing other files of a split model whose first file is `path` (a missing
+    one is llama.cpp's clean error)."""
     postfix = f"-00001-of-{split_count:05d}.gguf"
-    if split_count > 1 and str(path).endswith(postfix):
-        prefix = str(path)[: -len(postfix)]
-        for i in range(2, split_count + 1):
-            part = Path(f"{prefix}-{i:05d}-of-{split_count:05d}.gguf")
-            if part.exists():  # a missing split is llama.cpp's clean error
-                _preflight_file(part)
+    if split_count <= 1 or not str(path).endswith(postfix):
+        return []
+    prefix = str(path)[: -len(postfix)]
+    parts = (Path(f"{prefix}-{i:05d}-of-{split_count:05d}.gguf") for i in range(2, split_count + 1))
+    return [part for part in parts if part.exists()]
 
 
 def _preflight_file(path: Path) -> int:
-    return _mapped(path, "invalid GGUF", _check)
+    """Validate one file; return its split count."""
+    return _mapped(path, "invalid GGUF", lambda cur: _split_count(cur, _check(cur)))
 
 
-def _check(cur: _Cursor) -> int:
-    """Walk and validate the header; return the split count (0 when not split)."""
-    n_tensors, n_kv = _header(cur)
-    alignment, where = _check_kvs(cur, n_kv)
-    _check_tensors(cur, n_tensors, alignment)
+def _check(cur: _Cursor, on_tensor: OnTensor | None = None) -> dict[str, int]:
+    """Walk and validate the header (tensor infos also through `on_tensor`); return where
+    the watched values are."""
+    where = _walk(cur, on_tensor)
     if "tokenizer.ggml.tokens" in where:
         _check_tokens(cur, where["tokenizer.ggml.tokens"])
     _check_hparams(cur, where)
+    return where
+
+
+def _walk(cur: _Cursor, on_tensor: OnTensor | None = None) -> dict[str, int]:
+    """Header, key/value pairs and tensor infos, each checked as it is read."""
+    n_tensors, n_kv = _header(cur)
+    alignment, where = _check_kvs(cur, n_kv)
+    _check_tensors(cur, n_tensors, alignment, on_tensor)
+    return where
+
+
+def _split_count(cur: _Cursor, where: dict[str, int]) -> int:
+    """split.count (0 when not split)."""
     split_count = _small_value(cur, where.get("split.count"))
     return split_count if type(split_count) is int else 0
 
@@ -341,7 +360,7 @@ def _check_kvs(cur: _Cursor, n_kv: int) -> tuple[int, dict[str, int]]:
     return alignment, where
 
 
-def _check_tensors(cur: _Cursor, n_tensors: int, alignment: int) -> None:
+def _check_tensors(cur: _Cursor, n_tensors: int, alignment: int, on_tensor: OnTensor | None = None) -> None:
     buf, size = cur.buf, len(cur.buf)
     names: set[bytes] = set()
     # per tensor: where its info starts, where its offset field is, its offset and byte size
@@ -385,6 +404,8 @@ def _check_tensors(cur: _Cursor, n_tensors: int, alignment: int) -> None:
             raise cur.fail(f"{label}: offset {offset} is not a multiple of the alignment {alignment}", cur.pos - 8)
         for arr, v in ((info_at, at), (offset_at, cur.pos - 8), (offsets, offset), (sizes, nbytes)):
             arr.append(v)
+        if on_tensor is not None:
+            on_tensor(name, dims, at)
 
     if not n_tensors:
         return
@@ -519,3 +540,4 @@ def _check_hparams(cur: _Cursor, where: dict[str, int]) -> None:
     ):
         if not ok:
             raise bad(name, why)
+
