@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -74,6 +74,9 @@ def run(
     threads_draft: Optional[int] = options.THREADS_DRAFT,
     batch_size: int = options.BATCH_SIZE,
     flash_attn: str = options.FLASH_ATTN,
+    lora: Optional[List[str]] = options.LORA,
+    lora_scaled: Optional[List[str]] = options.LORA_SCALED,
+    lora_draft: Optional[List[str]] = options.LORA_DRAFT,
     prompt: Optional[str] = typer.Option(
         None, "-p", "--prompt", rich_help_panel=P, help="The prompt; '-' reads it from standard input."),
     file: Optional[str] = typer.Option(
@@ -196,7 +199,8 @@ def run(
     target, draft = options.model_specs(
         model, model_draft, use_draft, ctx_size=ctx_size, ctx_size_draft=ctx_size_draft,
         n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, threads=threads,
-        threads_draft=threads_draft, batch_size=batch_size, flash_attn=flash_attn)
+        threads_draft=threads_draft, batch_size=batch_size, flash_attn=flash_attn,
+        lora=lora, lora_scaled=lora_scaled, lora_draft=lora_draft)
     target, draft = options.with_branches(target, draft, spec.branches)
     code = run_and_render(
         target, draft, text, sampling, spec, use_chat=use_chat, system=system_prompt,

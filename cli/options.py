@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
-from typing import Optional
+from pathlib import Path
+from typing import List, Optional
 
 import typer
 
@@ -11,7 +13,7 @@ from speculative.engine import ModelSpec
 from speculative.errors import UsageError
 from speculative.llamacpp import FLASH_ATTN_MODES
 from speculative.loop import SpecSettings
-from speculative.registry import Registry
+from speculative.registry import Registry, check_gguf_file
 
 from .models import resolve_models
 
@@ -45,12 +47,22 @@ FLASH_ATTN = typer.Option(
          "then drift from target-only output on near-ties).")
 BATCH_SIZE = typer.Option(
     2048, "-b", "--batch-size", rich_help_panel=M, help="Most tokens in one forward pass.")
+LORA = typer.Option(
+    None, "--lora", rich_help_panel=M, metavar="FNAME",
+    help="LoRA adapter (GGUF) for the target, at scale 1; repeat or comma-separate for several.")
+LORA_SCALED = typer.Option(
+    None, "--lora-scaled", rich_help_panel=M, metavar="FNAME:SCALE",
+    help="LoRA adapter for the target at scale SCALE; repeat or comma-separate for several.")
+LORA_DRAFT = typer.Option(
+    None, "--lora-draft", rich_help_panel=M, metavar="FNAME",
+    help="LoRA adapter for the draft model, at scale 1; repeat or comma-separate for several.")
 
 
 def model_specs(model: Optional[str], model_draft: Optional[str], use_draft: bool, *, ctx_size: int,
                 ctx_size_draft: Optional[int], n_gpu_layers: int, n_gpu_layers_draft: Optional[int],
-                threads: Optional[int], threads_draft: Optional[int],
-                batch_size: int, flash_attn: str) -> tuple[ModelSpec, ModelSpec | None]:
+                threads: Optional[int], threads_draft: Optional[int], batch_size: int, flash_attn: str,
+                lora: Optional[List[str]] = None, lora_scaled: Optional[List[str]] = None,
+                lora_draft: Optional[List[str]] = None) -> tuple[ModelSpec, ModelSpec | None]:
     """Validate the model options, resolve -m/-md (pulling registry models as needed)."""
     for flag, value, least in (("-c/--ctx-size", ctx_size, 0), ("-b/--batch-size", batch_size, 1),
                                ("-cd/--ctx-size-draft", ctx_size_draft, 0),
@@ -62,9 +74,45 @@ def model_specs(model: Optional[str], model_draft: Optional[str], use_draft: boo
             raise UsageError(f"{flag} must be -1 (all) or >= 0, got {value}")
     if flash_attn not in FLASH_ATTN_MODES:
         raise UsageError(f"-fa/--flash-attn: expected one of {', '.join(FLASH_ATTN_MODES)}, got {flash_attn!r}")
+    if lora_draft and not use_draft:
+        raise UsageError("--lora-draft is for the draft model, which this run does not load")
+    loras = ([(name, 1.0) for name in _names(lora, "--lora")] + _scaled(lora_scaled),
+             [(name, 1.0) for name in _names(lora_draft, "--lora-draft")])
     return resolve_models(Registry.load(), model, model_draft, use_draft,
                           ctx=(ctx_size, ctx_size_draft), ngl=(n_gpu_layers, n_gpu_layers_draft),
-                          threads=(threads, threads_draft), n_batch=batch_size, flash_attn=flash_attn)
+                          threads=(threads, threads_draft), n_batch=batch_size, flash_attn=flash_attn,
+                          loras=tuple(_adapters(names) for names in loras))
+
+
+def _names(values: Optional[List[str]], flag: str) -> list[str]:
+    """The items of a repeatable, comma-separated flag (llama.cpp's --lora a.gguf,b.gguf)."""
+    items = [item for value in values or () for item in value.split(",")]
+    if "" in items:
+        raise UsageError(f"{flag}: empty file name in {','.join(items)!r}")
+    return items
+
+
+def _scaled(values: Optional[List[str]]) -> list[tuple[str, float]]:
+    """--lora-scaled FNAME:SCALE items (llama.cpp's form; a path may contain ':')."""
+    out = []
+    for item in _names(values, "--lora-scaled"):
+        name, _, scale = item.rpartition(":")
+        try:
+            value = float(scale)
+        except ValueError:
+            value = math.nan
+        if not name or not math.isfinite(value):
+            raise UsageError(f"--lora-scaled: expected FNAME:SCALE with a finite SCALE, got {item!r}")
+        out.append((name, value))
+    return out
+
+
+def _adapters(loras: list[tuple[str, float]]) -> tuple[tuple[Path, float], ...]:
+    """Adapter files, checked before any model is pulled or loaded."""
+    adapters = tuple((Path(name).expanduser(), scale) for name, scale in loras)
+    for path, _ in adapters:
+        check_gguf_file(path, "LoRA adapter")
+    return adapters
 
 
 def with_branches(target: ModelSpec, draft: ModelSpec | None, branches: int) -> tuple[ModelSpec, ModelSpec | None]:

@@ -168,7 +168,7 @@ def print_stats(stats: Stats, spec: SpecSettings, seed: int, target: ModelSpec, 
 
 def _model_info(spec: ModelSpec, model) -> dict:
     return {"name": spec.name, "path": str(spec.path), "n_ctx": model.n_ctx,
-            "n_gpu_layers": spec.n_gpu_layers, "n_threads": model.n_threads}
+            "n_gpu_layers": spec.n_gpu_layers, "n_threads": model.n_threads, "loras": spec.lora_info()}
 
 
 def _settings(sampling: SamplerSettings, spec: SpecSettings, seed: int, use_chat: bool, engine: Engine) -> dict:

@@ -42,6 +42,11 @@ class ModelSpec:
     n_threads: int | None = None
     flash_attn: str = "auto"
     n_seq: int = 1  # KV-cache sequences: -np, the most draft-tree branches
+    loras: tuple[tuple[Path, float], ...] = ()  # LoRA adapters and their scales
+
+    def lora_info(self) -> list[dict]:
+        """The adapters, for JSON output."""
+        return [{"path": str(path), "scale": scale} for path, scale in self.loras]
 
 
 class Engine:
@@ -216,4 +221,4 @@ def _largest_batch(model: LlamaModel) -> int:
 def _load(spec: ModelSpec) -> LlamaModel:
     return LlamaModel(spec.path, name=spec.name, n_ctx=spec.n_ctx, n_batch=spec.n_batch,
                       n_gpu_layers=spec.n_gpu_layers, n_threads=spec.n_threads,
-                      flash_attn=spec.flash_attn, n_seq=spec.n_seq)
+                      flash_attn=spec.flash_attn, n_seq=spec.n_seq, loras=spec.loras)

@@ -20,7 +20,7 @@ import numpy as np
 from . import interrupt
 from .backend import Outputs
 from .errors import GenerationError, ModelError
-from .gguf_meta import preflight
+from .gguf_meta import preflight, preflight_adapter
 
 _initialised = False
 _abort = ll.ggml_abort_callback(interrupt.poll)  # Ctrl-C and SIGTERM stop a decode within a graph node
@@ -89,6 +89,11 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def _file_identity(path: Path) -> dict:
+    stat = path.stat()
+    return {"file": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
 class LlamaModel:
     """A GGUF model with one context and one KV-cache sequence (see backend.Backend)."""
 
@@ -103,11 +108,15 @@ class LlamaModel:
         n_threads: int | None = None,
         flash_attn: str = "auto",
         n_seq: int = 1,
+        loras: Sequence[tuple[Path, float]] = (),
     ):
         preflight(path)  # hostile or corrupt GGUF headers never reach llama.cpp's parser
+        for lora, _ in loras:  # nor adapters, which are refused before the model loads
+            preflight_adapter(lora, path)
         _init_once()
         self.name = name
         self.path = Path(path)
+        self.loras = tuple((Path(lora), float(scale)) for lora, scale in loras)
         self._model = self._ctx = None
         self._batch = None
 
@@ -143,6 +152,7 @@ class LlamaModel:
             self.close()
             raise ModelError(f"{self.path}: llama.cpp could not create a context (n_ctx={n_ctx})")
         self._ctx = ctx
+        self._apply_loras()
         self._abortable = False
         self._mem = ll.llama_get_memory(ctx)
         # llama.cpp pads the context (to 256); the limit is still what was asked for.
@@ -175,6 +185,21 @@ class LlamaModel:
         self._out = np.ctypeslib.as_array(self._batch.logits, shape=(self.n_batch,))
         self._warm_up()
 
+    def _apply_loras(self) -> None:
+        """Load the adapters and set them, with their scales, on the context before the
+        warm-up decode sizes the compute buffers. llama.cpp frees them with the model."""
+        if not self.loras:
+            return
+        adapters = (ll.llama_adapter_lora_p_ctypes * len(self.loras))()
+        for i, (lora, _) in enumerate(self.loras):
+            adapter = ll.llama_adapter_lora_init(self._model, str(lora).encode())
+            if not adapter:
+                self.close()
+                raise ModelError(f"{lora}: llama.cpp could not load this LoRA adapter for {self.path.name}")
+            adapters[i] = adapter
+        scales = (ctypes.c_float * len(self.loras))(*(scale for _, scale in self.loras))
+        ll.llama_set_adapters_lora(self._ctx, adapters, len(self.loras), scales)
+
     def _warm_up(self) -> None:
         """One throw-away decode, as llama.cpp's tools do: the first decode allocates
         compute buffers and would otherwise be charged to prompt processing."""
@@ -200,11 +225,12 @@ class LlamaModel:
 
     def identity(self) -> dict:
         """Everything that changes how fast this model runs here (for calibration)."""
-        stat = self.path.stat()
-        return {"name": self.name, "file": str(self.path.resolve()), "size": stat.st_size,
-                "mtime_ns": stat.st_mtime_ns, "threads": self.n_threads, "n_gpu_layers": self.n_gpu_layers,
-                "n_batch": self.n_batch, "build": system_info(), "kernels": self.kernels,
-                "llama_cpp_python": ll.__version__}
+        # llama.cpp drops an adapter of scale 0; another scale costs the same as 1.
+        loras = [_file_identity(lora) for lora, scale in self.loras if scale != 0]
+        return {"name": self.name, **_file_identity(self.path), "threads": self.n_threads,
+                "n_gpu_layers": self.n_gpu_layers, "n_batch": self.n_batch, "build": system_info(),
+                "kernels": self.kernels, "llama_cpp_python": ll.__version__,
+                **({"loras": loras} if loras else {})}  # no key without: older calibrations stay valid
 
     @property
     def add_bos(self) -> bool:
