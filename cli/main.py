@@ -218,7 +218,7 @@ def main() -> None:
     interrupt.install()  # SIGTERM too ends as Ctrl-C does: partial output, statistics, 130
     try:
         check_jinja2_version()  # refused at start-up, not at the first chat template
-        code = app(standalone_mode=False, prog_name="speculate")
+        code = app(args=join_lora_scaled(sys.argv[1:]), standalone_mode=False, prog_name="speculate")
     except SpeculateError as e:
         _fail(str(e), e.exit_code)
     except ClickException as e:
@@ -236,6 +236,29 @@ def main() -> None:
             raise
         _fail(f"unexpected {type(e).__name__}: {e} (set SPECULATE_DEBUG=1 for the traceback)", 1)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def join_lora_scaled(args: list[str]) -> list[str]:
+    """llama.cpp's two forms of --lora-scaled, FNAME SCALE (older) and FNAME:SCALE (newer):
+    a flag option cannot take two values and repeat, so the first becomes the second."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        out.append(args[i])
+        if args[i] == "--lora-scaled" and i + 2 < len(args) and _is_number(args[i + 2]):
+            out.append(f"{args[i + 1]}:{args[i + 2]}")
+            i += 3
+            continue
+        i += 1
+    return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _fail(message: str, code: int) -> None:

@@ -179,6 +179,8 @@ def test_an_adapter_changes_the_output_and_at_scale_0_it_is_the_base(model_path,
     smol = str(model_path(SMOL))
     base = speculate_json("-m", smol, *GREEDY, "--spec-type", "none")
     zero = speculate_json("-m", smol, *GREEDY, "--spec-type", "none", "--lora-scaled", f"{smol_lora}:0")
+    zero_old_form = speculate_json("-m", smol, *GREEDY, "--spec-type", "none", "--lora-scaled", smol_lora, "0")
+    assert zero_old_form["tokens"] == zero["tokens"]
     assert adapted["tokens"] != base["tokens"] and adapted["text"].strip()
     assert zero["tokens"] == base["tokens"]
     assert adapted["target"]["loras"] == [{"path": smol_lora, "scale": 1.0}]
