@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -45,6 +45,9 @@ def batch_command(
     threads_draft: Optional[int] = options.THREADS_DRAFT,
     batch_size: int = options.BATCH_SIZE,
     flash_attn: str = options.FLASH_ATTN,
+    lora: Optional[List[str]] = options.LORA,
+    lora_scaled: Optional[List[str]] = options.LORA_SCALED,
+    lora_draft: Optional[List[str]] = options.LORA_DRAFT,
     n_predict: int = options.N_PREDICT,
     temp: float = options.TEMP,
     top_k: int = options.TOP_K,
@@ -63,6 +66,8 @@ def batch_command(
     draft_min: int = options.DRAFT_MIN,
     draft_p_min: float = options.DRAFT_P_MIN,
     spec_accept: str = options.SPEC_ACCEPT,
+    parallel: int = options.PARALLEL,
+    draft_p_split: float = options.DRAFT_P_SPLIT,
     ngram_n: Optional[int] = options.NGRAM_N,
     ngram_m: Optional[int] = options.NGRAM_M,
     ngram_min_hits: Optional[int] = options.NGRAM_MIN_HITS,
@@ -83,7 +88,7 @@ def batch_command(
     spec = options.spec_settings(
         spec_type, draft_max, draft_min, draft_p_min, spec_accept, ngram=(ngram_n, ngram_m, ngram_min_hits),
         simple=(simple_n, simple_m, simple_hits), map_k=(map_n, map_m, map_hits), n_predict=n_predict,
-        ignore_eos=ignore_eos)
+        ignore_eos=ignore_eos, branches=parallel, p_split=draft_p_split)
     if output.exists() and requests.exists() and output.samefile(requests):
         raise UsageError("-o/--output must not be the requests file")
     items = batch.read_requests(requests, sampling, spec)
@@ -96,8 +101,9 @@ def batch_command(
             target, draft = options.model_specs(
                 model, model_draft, use_draft, ctx_size=ctx_size, ctx_size_draft=ctx_size_draft,
                 n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, threads=threads,
-                threads_draft=threads_draft, batch_size=batch_size, flash_attn=flash_attn)
-            engine = Engine(target, draft, notify=stderr.print)
+                threads_draft=threads_draft, batch_size=batch_size, flash_attn=flash_attn,
+                lora=lora, lora_scaled=lora_scaled, lora_draft=lora_draft)
+            engine = Engine(*options.with_branches(target, draft, spec.branches), notify=stderr.print)
         stderr.print(f"batch: {len(items)} requests in {requests}, {len(items) - len(todo)} already in {output}, "
                      f"{len(todo)} to run", markup=False)
         try:

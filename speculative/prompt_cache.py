@@ -2,8 +2,8 @@
 
 After the prompt is processed, each model's cache (llama.cpp's sequence state) is
 written with the tokens it holds and the identity of what produced it: the model
-file (path, size, mtime), where its layers ran, flash attention, the llama.cpp build
-and its kernels. A later run restores every part whose identity still matches, and
+file (path, size, mtime), its LoRA adapters, where its layers ran, flash attention,
+the llama.cpp build and its kernels (LlamaModel.cache_identity). A later run restores every part whose identity still matches, and
 the engine then keeps the prefix its prompt shares with the restored tokens, as it
 does between two runs in one process. A part that does not match, a damaged file or
 one of another format is ignored with a notice: it only costs the time it would
