@@ -14,6 +14,7 @@ from speculative.loop import SpecSettings
 from speculative.prompt_cache import Part, Unusable
 from speculative.sampling import SamplerSettings
 from tests.conftest import SMOL, speculate, speculate_json
+from tests.gguf_builder import write_lora, write_tiny_llama
 
 IDENTITY = {"file": "/m.gguf", "size": 10, "mtime_ns": 1}
 PARTS = [Part("target", IDENTITY, (1, 2, 3), b"target-state" * 100),
@@ -172,3 +173,25 @@ def test_cli_prompt_cache_flags(model_path, tmp_path):
     assert first["n_restored"] == 0 and first["settings"]["prompt_cache"] == str(path) and path.exists()
     assert second.stdout.decode().strip() == first["text"].strip()
     assert f"({first['n_prompt'] - 1} from the prompt cache, restored in" in second.stderr
+
+
+@pytest.mark.real
+def test_a_cache_saved_without_an_adapter_is_not_used_with_one(tmp_path):
+    tiny = write_tiny_llama(tmp_path / "tiny.gguf")
+    lora = write_lora(tmp_path / "lora.gguf", {"blk.0.attn_q.weight": (64, 64)}, rank=4, std=1.0)
+    path, prompt = tmp_path / "p.cache", [1, 4, 5, 6, 4, 5]
+    none = SpecSettings(types=("none",), n_predict=3)
+
+    def run(loras, notices: list | None = None):
+        spec = ModelSpec(tiny, "tiny", n_ctx=64, loras=loras)
+        notify = notices.append if notices is not None else None
+        with Engine(spec, notify=notify, prompt_cache_file=path) as engine:
+            return engine.run_all(prompt, GREEDY, none, seed=1)[1]
+
+    assert run(()).n_restored == 0 and run(()).n_restored == len(prompt) - 1
+    assert run(((lora, 0.0),)).n_restored == len(prompt) - 1  # scale 0: llama.cpp drops the adapter
+    notices = []
+    assert run(((lora, 0.5),), notices).n_restored == 0
+    assert notices == [f"prompt cache {path}: the target part was saved for another model or settings "
+                       "(differs in loras); ignored"]
+    assert run(((lora, 0.5),)).n_restored == len(prompt) - 1  # that run saved its own
