@@ -182,3 +182,31 @@ def test_a_batch_killed_and_resumed_equals_an_uninterrupted_one(model_path, tmp_
 
     again = speculate("batch", str(requests), "-o", str(out), *flags)  # nothing left: no model is loaded
     assert again.returncode == 1 and "0 to run" in again.stderr and records(out) == got
+
+
+@pytest.mark.real
+def test_a_failing_request_is_recorded_and_sigterm_stops_the_batch_resumably(model_path, tmp_path):
+    path = tmp_path / "requests.jsonl"
+    lines = [{"id": "long", "prompt": "word " * 400}, {"id": 1, "prompt": "Once upon a time", "n_predict": 4},
+             *({"id": i, "prompt": f"Story {i}: once upon a time"} for i in range(2, 6))]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "results.jsonl"
+    args = [SPECULATE, "batch", str(path), "-o", str(out), "-m", str(model_path(SMOL)), "-c", "256",
+            "--spec-type", "none", "--temp", "0", "--ignore-eos", "-n", "200"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not out.exists() or out.read_text().count("\n") < 2:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # request 2 is generating 200 tokens
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted, 4 left: rerun the same command to resume" in err
+    long, first = records(out)
+    assert long["line"] == 1 and "the prompt has" in long["error"] and "context holds 256" in long["error"]
+    assert first["id"] == 1 and first["finish_reason"] == "length" and first["stats"]["n_predict"] == 4
+
+    rerun = speculate(*args[1:-2], "-n", "4")  # the defaults may change between runs: -n for a quick test
+    assert rerun.returncode == 1  # the long prompt failed, in the run before
+    assert "4 succeeded, 0 failed (and 1 succeeded, 1 failed in earlier runs)" in rerun.stderr
+    assert [r["id"] for r in records(out)] == ["long", 1, 2, 3, 4, 5]
