@@ -249,11 +249,11 @@ class Engine:
         if self.prompt_cache_file is None or self.prompt_cache_ro:
             return 0.0
         t0 = time.perf_counter()
+        roles = self._roles()
         holds = {"target": tuple(prompt[:-1]), "draft": tuple(self._draft_held)}
-        holds = {role: holds[role] for role in self._roles() if holds[role]}
+        holds = {role: holds[role] for role in roles if holds[role]}
         if holds == self._file_holds:
             return 0.0
-        roles = self._roles()
         try:
             prompt_cache.write(self.prompt_cache_file, [
                 prompt_cache.Part(role, roles[role].cache_identity(), tokens, roles[role].save_state())
