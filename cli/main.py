@@ -16,8 +16,6 @@ import typer
 from speculative import interrupt
 from speculative.chat import check_jinja2_version
 from speculative.errors import SpeculateError
-from speculative.loop import (DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, NGRAM_N_AUTO, NGRAM_N_FIXED, NgramSettings,
-                              SpecSettings)
 from speculative.sampling import DEFAULT_SEQUENCE, SamplerSettings
 
 from . import models as models_cli
@@ -58,7 +56,7 @@ app.command("bench", help="Measure speedup over target-only decoding on a prompt
 app.command("doctor", help="Show the llama.cpp build and measure whether greedy speculation is exact on it.")(
     doctor_command)
 
-P, S, D, O = "Prompt", "Sampling", "Speculation", "Output"
+P, S, O = "Prompt", "Sampling", "Output"
 
 
 @app.callback()
@@ -112,48 +110,20 @@ def run(
              "t temperature (d s x accepted, inactive)."),
     ignore_eos: bool = typer.Option(
         False, "--ignore-eos", rich_help_panel=S, help="Never stop at end-of-generation tokens."),
-    spec_type: Optional[str] = typer.Option(
-        None, "--spec-type", rich_help_panel=D, metavar="TYPES",
-        help="Comma-separated, tried in order: draft (the -md model), ngram-simple, ngram-map-k; "
-             "auto (the default): choose drafter and k each step by measured cost, k = 0 included; "
-             "none: target only, same code path."),
-    draft_max: Optional[int] = typer.Option(
-        None, "--draft-max", "--draft", "--spec-draft-n-max", rich_help_panel=D,
-        help=f"Most tokens drafted per step [default: {DRAFT_MAX_FIXED}; auto: up to {DRAFT_MAX_AUTO}]."),
-    draft_min: int = typer.Option(
-        0, "--draft-min", "--spec-draft-n-min", rich_help_panel=D,
-        help="Drafts shorter than this are not verified."),
-    draft_p_min: float = typer.Option(
-        0.0, "--draft-p-min", "--spec-draft-p-min", rich_help_panel=D,
-        help="Stop drafting when the draft's top candidate is less likely than P."),
-    spec_accept: str = typer.Option(
-        "rejection", "--spec-accept", rich_help_panel=D, metavar="rejection|match",
-        help="How sampled drafts are verified: rejection (speculative sampling: the draft model samples, "
-             "tokens are kept with probability min(1, p/q); accepts more) or match (the target samples, "
-             "a drafted token is kept when it is the one drawn). Both follow the target's distribution "
-             "exactly; with --temp 0 both are greedy."),
-    ngram_n: Optional[int] = typer.Option(
-        None, "--spec-ngram-size-n", rich_help_panel=D,
-        help=f"N-gram drafters: length of the n-gram looked up [default: {NGRAM_N_FIXED}; "
-             f"auto: {NGRAM_N_AUTO}]."),
-    ngram_m: Optional[int] = typer.Option(
-        None, "--spec-ngram-size-m", rich_help_panel=D,
-        help=f"N-gram drafters: most tokens proposed after a match [default: {NgramSettings.m}]."),
-    ngram_min_hits: Optional[int] = typer.Option(
-        None, "--spec-ngram-min-hits", rich_help_panel=D,
-        help=f"N-gram drafters: earlier occurrences needed [default: {NgramSettings.min_hits}]."),
-    simple_n: Optional[int] = typer.Option(None, "--spec-ngram-simple-size-n", rich_help_panel=D,
-                                           help="ngram-simple only: as --spec-ngram-size-n."),
-    simple_m: Optional[int] = typer.Option(None, "--spec-ngram-simple-size-m", rich_help_panel=D,
-                                           help="ngram-simple only: as --spec-ngram-size-m."),
-    simple_hits: Optional[int] = typer.Option(None, "--spec-ngram-simple-min-hits", rich_help_panel=D,
-                                              help="ngram-simple only: as --spec-ngram-min-hits."),
-    map_n: Optional[int] = typer.Option(None, "--spec-ngram-map-k-size-n", rich_help_panel=D,
-                                        help="ngram-map-k only: as --spec-ngram-size-n."),
-    map_m: Optional[int] = typer.Option(None, "--spec-ngram-map-k-size-m", rich_help_panel=D,
-                                        help="ngram-map-k only: as --spec-ngram-size-m."),
-    map_hits: Optional[int] = typer.Option(None, "--spec-ngram-map-k-min-hits", rich_help_panel=D,
-                                           help="ngram-map-k only: as --spec-ngram-min-hits."),
+    spec_type: Optional[str] = options.SPEC_TYPE,
+    draft_max: Optional[int] = options.DRAFT_MAX,
+    draft_min: int = options.DRAFT_MIN,
+    draft_p_min: float = options.DRAFT_P_MIN,
+    spec_accept: str = options.SPEC_ACCEPT,
+    ngram_n: Optional[int] = options.NGRAM_N,
+    ngram_m: Optional[int] = options.NGRAM_M,
+    ngram_min_hits: Optional[int] = options.NGRAM_MIN_HITS,
+    simple_n: Optional[int] = options.SIMPLE_N,
+    simple_m: Optional[int] = options.SIMPLE_M,
+    simple_hits: Optional[int] = options.SIMPLE_HITS,
+    map_n: Optional[int] = options.MAP_N,
+    map_m: Optional[int] = options.MAP_M,
+    map_hits: Optional[int] = options.MAP_HITS,
     color: bool = typer.Option(
         False, "--color", rich_help_panel=O,
         help="Colour accepted draft tokens (green) apart from the target's own (NO_COLOR disables)."),
@@ -168,19 +138,11 @@ def run(
                                repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                                sequence=sampling_seq, seed=seed)
-    types = tuple(t.strip() for t in (spec_type if spec_type is not None else "auto").split(","))
-
-    def ngram(n, m, hits) -> NgramSettings:  # a type's own flag, else the common one, else the default
-        return NgramSettings(_first(n, ngram_n, NgramSettings.n), _first(m, ngram_m, NgramSettings.m),
-                             _first(hits, ngram_min_hits, NgramSettings.min_hits))
-
-    spec = SpecSettings(
-        types=types, draft_min=draft_min, draft_p_min=draft_p_min, n_predict=n_predict,
-        draft_max=draft_max if draft_max is not None else DRAFT_MAX_AUTO if "auto" in types else DRAFT_MAX_FIXED,
-        ignore_eos=ignore_eos, accept=spec_accept, ngram_simple=ngram(simple_n, simple_m, simple_hits),
-        ngram_map_k=ngram(map_n, map_m, map_hits))
     sampling.validate()
-    spec.validate()
+    spec = options.spec_settings(
+        spec_type, draft_max, draft_min, draft_p_min, spec_accept, ngram=(ngram_n, ngram_m, ngram_min_hits),
+        simple=(simple_n, simple_m, simple_hits), map_k=(map_n, map_m, map_hits), n_predict=n_predict,
+        ignore_eos=ignore_eos)
     use_draft = options.uses_draft_model(spec, options.draft_available(model, model_draft))
     text = read_prompt(prompt, file, escape)
     if system_prompt is not None and escape:
@@ -195,10 +157,6 @@ def run(
         color=color and not os.environ.get("NO_COLOR"), json_output=json_output,
     )
     raise typer.Exit(code)
-
-
-def _first(*values):
-    return next((v for v in values if v is not None), None)
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""Options shared by `speculate` and `speculate bench`: the models and how they run."""
+"""Options shared by `speculate`, `speculate serve` and `speculate bench`: the models, how they
+run, and how speculation drafts."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import typer
 from speculative.engine import ModelSpec
 from speculative.errors import UsageError
 from speculative.llamacpp import FLASH_ATTN_MODES
-from speculative.loop import SpecSettings
+from speculative.loop import (DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, NGRAM_N_AUTO, NGRAM_N_FIXED, NgramSettings,
+                              SpecSettings)
 from speculative.registry import Registry
 
 from .models import resolve_models
 
-M = "Models"
+M, D = "Models", "Speculation"
 
 MODEL = typer.Option(
     None, "-m", "--model", rich_help_panel=M, metavar="PATH|NAME",
@@ -44,6 +46,75 @@ FLASH_ATTN = typer.Option(
          "then drift from target-only output on near-ties).")
 BATCH_SIZE = typer.Option(
     2048, "-b", "--batch-size", rich_help_panel=M, help="Most tokens in one forward pass.")
+
+
+SPEC_TYPE = typer.Option(
+    None, "--spec-type", rich_help_panel=D, metavar="TYPES",
+    help="Comma-separated, tried in order: draft (the -md model), ngram-simple, ngram-map-k; "
+         "auto (the default): choose drafter and k each step by measured cost, k = 0 included; "
+         "none: target only, same code path.")
+DRAFT_MAX = typer.Option(
+    None, "--draft-max", "--draft", "--spec-draft-n-max", rich_help_panel=D,
+    help=f"Most tokens drafted per step [default: {DRAFT_MAX_FIXED}; auto: up to {DRAFT_MAX_AUTO}].")
+DRAFT_MIN = typer.Option(
+    0, "--draft-min", "--spec-draft-n-min", rich_help_panel=D,
+    help="Drafts shorter than this are not verified.")
+DRAFT_P_MIN = typer.Option(
+    0.0, "--draft-p-min", "--spec-draft-p-min", rich_help_panel=D,
+    help="Stop drafting when the draft's top candidate is less likely than P.")
+SPEC_ACCEPT = typer.Option(
+    "rejection", "--spec-accept", rich_help_panel=D, metavar="rejection|match",
+    help="How sampled drafts are verified: rejection (speculative sampling: the draft model samples, "
+         "tokens are kept with probability min(1, p/q); accepts more) or match (the target samples, "
+         "a drafted token is kept when it is the one drawn). Both follow the target's distribution "
+         "exactly; with --temp 0 both are greedy.")
+NGRAM_N = typer.Option(
+    None, "--spec-ngram-size-n", rich_help_panel=D,
+    help=f"N-gram drafters: length of the n-gram looked up [default: {NGRAM_N_FIXED}; auto: {NGRAM_N_AUTO}].")
+NGRAM_M = typer.Option(
+    None, "--spec-ngram-size-m", rich_help_panel=D,
+    help=f"N-gram drafters: most tokens proposed after a match [default: {NgramSettings.m}].")
+NGRAM_MIN_HITS = typer.Option(
+    None, "--spec-ngram-min-hits", rich_help_panel=D,
+    help=f"N-gram drafters: earlier occurrences needed [default: {NgramSettings.min_hits}].")
+SIMPLE_N = typer.Option(None, "--spec-ngram-simple-size-n", rich_help_panel=D,
+                        help="ngram-simple only: as --spec-ngram-size-n.")
+SIMPLE_M = typer.Option(None, "--spec-ngram-simple-size-m", rich_help_panel=D,
+                        help="ngram-simple only: as --spec-ngram-size-m.")
+SIMPLE_HITS = typer.Option(None, "--spec-ngram-simple-min-hits", rich_help_panel=D,
+                           help="ngram-simple only: as --spec-ngram-min-hits.")
+MAP_N = typer.Option(None, "--spec-ngram-map-k-size-n", rich_help_panel=D,
+                     help="ngram-map-k only: as --spec-ngram-size-n.")
+MAP_M = typer.Option(None, "--spec-ngram-map-k-size-m", rich_help_panel=D,
+                     help="ngram-map-k only: as --spec-ngram-size-m.")
+MAP_HITS = typer.Option(None, "--spec-ngram-map-k-min-hits", rich_help_panel=D,
+                        help="ngram-map-k only: as --spec-ngram-min-hits.")
+
+Ngram = tuple[Optional[int], Optional[int], Optional[int]]  # n, m, min-hits as given (None: not given)
+
+
+def spec_settings(spec_type: Optional[str], draft_max: Optional[int], draft_min: int, draft_p_min: float,
+                  spec_accept: str, *, ngram: Ngram, simple: Ngram, map_k: Ngram, n_predict: int = -1,
+                  ignore_eos: bool = False) -> SpecSettings:
+    """The speculation flags as validated settings. An n-gram type's own flag wins over the
+    common --spec-ngram-* one, which wins over the default."""
+    types = tuple(t.strip() for t in (spec_type if spec_type is not None else "auto").split(","))
+
+    def one(own: Ngram) -> NgramSettings:
+        n, m, hits = (_first(mine, common, default) for mine, common, default in
+                      zip(own, ngram, (NgramSettings.n, NgramSettings.m, NgramSettings.min_hits)))
+        return NgramSettings(n, m, hits)
+
+    spec = SpecSettings(
+        types=types, draft_min=draft_min, draft_p_min=draft_p_min, n_predict=n_predict,
+        draft_max=draft_max if draft_max is not None else DRAFT_MAX_AUTO if "auto" in types else DRAFT_MAX_FIXED,
+        ignore_eos=ignore_eos, accept=spec_accept, ngram_simple=one(simple), ngram_map_k=one(map_k))
+    spec.validate()
+    return spec
+
+
+def _first(*values):
+    return next((v for v in values if v is not None), None)
 
 
 def model_specs(model: Optional[str], model_draft: Optional[str], use_draft: bool, *, ctx_size: int,
