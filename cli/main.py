@@ -24,6 +24,7 @@ from .bench import bench_command
 from .doctor import doctor_command
 from .prompt import process_escapes, read_prompt
 from .render import run_and_render
+from .serve import serve_command
 
 try:  # typer >= 0.22 vendors click
     from typer._click.exceptions import ClickException
@@ -53,6 +54,8 @@ app = typer.Typer(
 app.add_typer(models_cli.app, name="models")
 app.command("bench", help="Measure speedup over target-only decoding on a prompt file, on this machine.")(
     bench_command)
+app.command("serve", help="Serve the models over an OpenAI-compatible HTTP API, as llama-server does.")(
+    serve_command)
 app.command("doctor", help="Show the llama.cpp build and measure whether greedy speculation is exact on it.")(
     doctor_command)
 
