@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import socket
 import sys
+import time
 from typing import Optional
 
 import typer
@@ -94,9 +95,9 @@ def serve_command(
     sock = _bind(host, port)  # before loading: a taken port fails at once, not after the models load
     with sock, Engine(target, draft, notify=lambda message: print(message, file=sys.stderr)) as engine:
         engine.make_drafter(spec)  # auto measures its costs now rather than in the first request
-        model_info = {"id": target.name, "meta": {"n_ctx": engine.target.n_ctx,
-                                                  "draft": draft.name if draft else None,
-                                                  "spec_type": ",".join(spec.types)}}
+        model_info = {"id": target.name, "created": int(time.time()),
+                      "meta": {"n_ctx": engine.target.n_ctx, "draft": draft.name if draft else None,
+                               "spec_type": ",".join(spec.types)}}
         with Worker(engine, spec, waiting=parallel, timeout=timeout) as worker:
             app = create_app(worker, model_info, api_key, loopback_only=is_loopback(host))
             server = _Uvicorn(uvicorn.Config(app, log_config=_log_config(), server_header=False,

@@ -122,7 +122,7 @@ class ChatRequest(_Request):
 
 # Fields that exist in OpenAI's API but are not served: refused unless set to what they
 # would be when omitted.
-_NEUTRAL = {"n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",), "logprobs": (False, 0),
+_NEUTRAL = {"n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",), "logprobs": (False,),
             "top_logprobs": (0,), "logit_bias": ({},), "tools": ([],), "functions": ([],),
             "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
             "response_format": ({"type": "text"},)}
@@ -153,21 +153,18 @@ def parse(data: object, chat: bool) -> Generation:
         where = ".".join(str(part) for part in first["loc"])
         raise ApiError(400, f"{where}: {first['msg']}" if where else first["msg"],
                        param=str(first["loc"][0]) if first["loc"] else None) from None
-    defaults = SamplerSettings()
-    sampling = SamplerSettings(
-        temp=_given(request.temperature, defaults.temp), top_k=_given(request.top_k, defaults.top_k),
-        top_p=_given(request.top_p, defaults.top_p), min_p=_given(request.min_p, defaults.min_p),
-        repeat_penalty=_given(request.repeat_penalty, defaults.repeat_penalty),
-        presence_penalty=_given(request.presence_penalty, defaults.presence_penalty),
-        frequency_penalty=_given(request.frequency_penalty, defaults.frequency_penalty),
-        seed=_given(request.seed, -1))
+    chosen = {"temp": request.temperature, "top_k": request.top_k, "top_p": request.top_p, "min_p": request.min_p,
+              "repeat_penalty": request.repeat_penalty, "presence_penalty": request.presence_penalty,
+              "frequency_penalty": request.frequency_penalty, "seed": request.seed}
+    sampling = SamplerSettings(**{name: value for name, value in chosen.items() if value is not None})
     stops = tuple(request.stop or ())
     if chat:
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content}
                     for m in request.messages]
-        max_tokens = _given(request.max_completion_tokens, request.max_tokens)
+        max_tokens = request.max_tokens if request.max_completion_tokens is None else request.max_completion_tokens
         return Generation(True, None, messages, sampling, max_tokens, stops, request.ignore_eos, request.stream)
-    return Generation(False, request.prompt, None, sampling, request.max_tokens, stops, request.ignore_eos, request.stream)
+    return Generation(False, request.prompt, None, sampling, request.max_tokens, stops, request.ignore_eos,
+                      request.stream)
 
 
 def _refuse_unsupported(data: dict) -> None:
@@ -175,10 +172,6 @@ def _refuse_unsupported(data: dict) -> None:
         value = data.get(name)
         if value is not None and not any(value == v and type(value) is type(v) for v in neutral):
             raise ApiError(400, f"{name}: not supported by this server (only {neutral[0]!r})", param=name)
-
-
-def _given(value, default):
-    return default if value is None else value
 
 
 # -- responses ----------------------------------------------------------------

@@ -83,34 +83,48 @@ async def _generate(request: Request, worker: Worker, model: str, chat: bool):
     generation = openai_api.parse(await read_json(request), chat)
     job = worker.submit(generation)
     watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
-    streaming = False
+    stream = None  # once it exists, it owns the job
     try:
         try:  # waiting for the models, then the prompt's checks
             first = await asyncio.wait_for(job.next(), timeout=max(job.deadline - time.monotonic(), 0))
         except asyncio.TimeoutError:
             raise Busy(f"the models were not free within --timeout ({worker.timeout:g} s)") from None
-        _raise_failure(first)
+        if isinstance(first, Failed):
+            raise _error(first)
         reply = Reply(model, chat)
         if generation.stream:
-            streaming = True
-            watcher.cancel()  # the streaming response watches for the client itself
-            return StreamingResponse(_events(job, reply), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            stream = EventStream(job, reply)
+            return stream
         pieces = []
         while not isinstance(output := await job.next(), Finished):
-            _raise_failure(output)
+            if isinstance(output, Failed):
+                raise _error(output)
             pieces.append(output.text)
         return JSONResponse(reply.full("".join(pieces), output.reason, output.stats, output.n_cached))
     finally:
-        if not streaming:
-            watcher.cancel()
+        watcher.cancel()  # a streaming response watches for the client itself
+        if stream is None:
             job.cancel()  # finished already, or its request failed or was abandoned
 
 
-async def _events(job: Job, reply: Reply):
+class EventStream(StreamingResponse):
     """Server-sent events: a chunk per piece, the last with usage and timings, then [DONE].
-    Leaving early (the client went away) stops the generation."""
-    try:
+    However the response ends (the client may have gone before the first byte), the
+    generation stops with it."""
+
+    def __init__(self, job: Job, reply: Reply):
+        super().__init__(self._events(job, reply), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.job = job
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel()
+
+    @staticmethod
+    async def _events(job: Job, reply: Reply):
         if (first := reply.first_chunk()) is not None:
             yield _event(first)
         while True:
@@ -122,22 +136,17 @@ async def _events(job: Job, reply: Reply):
                 yield "data: [DONE]\n\n"
                 return
             elif isinstance(output, Failed):  # the status line has gone: the error is an event
-                error = output.error if isinstance(output.error, ApiError) else ApiError(500, "generation failed")
-                yield _event(error.body())
+                yield _event(_error(output).body())
                 return
-    finally:
-        job.cancel()
 
 
 def _event(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-def _raise_failure(output) -> None:
-    if isinstance(output, Failed):
-        if isinstance(output.error, ApiError):
-            raise output.error
-        raise ApiError(500, "generation failed")
+def _error(failed: Failed) -> ApiError:
+    """What the client is told: an ApiError as it is, anything else as a bare 500 (the log has the rest)."""
+    return failed.error if isinstance(failed.error, ApiError) else ApiError(500, "generation failed")
 
 
 async def _cancel_on_disconnect(request: Request, job: Job) -> None:

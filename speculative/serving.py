@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Union
 
 from .engine import Engine
+from .errors import ModelError
 from .loop import Done, SpecSettings, Step, Token
 from .openai_api import ApiError, Busy, Generation
 from .stats import Stats
@@ -63,7 +64,10 @@ def prompt_tokens(engine: Engine, generation: Generation) -> list[int]:
     if generation.chat:
         if not engine.target.chat_template():
             raise ApiError(400, f"{engine.target.name} has no chat template: use /v1/completions")
-        tokens = engine.chat_tokens(generation.messages)
+        try:
+            tokens = engine.chat_tokens(generation.messages)
+        except ModelError as e:  # the template refused this conversation ("roles must alternate", ...)
+            raise ApiError(400, str(e), param="messages") from None
     else:
         tokens = engine.prompt_tokens(generation.prompt)
     n_ctx = engine.target.n_ctx
@@ -107,6 +111,7 @@ def generate(engine: Engine, generation: Generation, spec: SpecSettings,
                         break
             elif isinstance(event, Done):
                 reason = event.reason
+                break
             stop = should_stop()
             if stop:
                 reason = stop

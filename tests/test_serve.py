@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SMOL, SPECULATE, speculate, speculate_json
+from tests.gguf_builder import write_tiny_llama
 
 openai = pytest.importorskip("openai")
 
@@ -66,13 +67,13 @@ class Server:
         return self.log.read_text(errors="replace")
 
 
-def start_server(model_path, tmp_path: Path, *args: str, key: str | None = KEY) -> Server:
-    smol = str(model_path(SMOL))
+def start_server(model_path, tmp_path: Path, *args: str, key: str | None = KEY, model: str | None = None) -> Server:
+    model = model or str(model_path(SMOL))
     port = _free_port()
     log = tmp_path / f"serve-{port}.log"
     env = {**os.environ, "SPECULATE_API_KEY": key or ""}
     with open(log, "wb") as out:
-        proc = subprocess.Popen([SPECULATE, "serve", "-m", smol, "--port", str(port), *args],
+        proc = subprocess.Popen([SPECULATE, "serve", "-m", model, "--port", str(port), *args],
                                 stdout=out, stderr=subprocess.STDOUT, env=env)
     server = Server(proc, port, log)
     deadline = time.monotonic() + 180
@@ -292,6 +293,20 @@ def test_bodies_must_be_small_json(server):
                                     headers={"Content-Type": "text/plain"})
     assert got == 415, answer
     assert server.request("GET", "/health", key=None)[0] == 200
+
+
+def test_a_hostile_chat_template_is_a_400_and_the_server_stays_up(model_path, tmp_path):
+    evil = write_tiny_llama(tmp_path / "evil.gguf", chat_template="{{ cycler.__init__.__globals__ }}")
+    server = start_server(model_path, tmp_path, "--spec-type", "none", model=str(evil))
+    try:
+        status, _, answer = server.request("POST", "/v1/chat/completions",
+                                           {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        assert status == 400 and "refused by the sandbox" in answer["error"]["message"], answer
+        assert answer["error"]["param"] == "messages"
+        assert completion(server, prompt="hi", max_tokens=2)["usage"]["completion_tokens"] == 2
+    finally:
+        stop_server(server)
+    assert "Traceback" not in server.log_text()
 
 
 # -- load, disconnects, time -----------------------------------------------------------
