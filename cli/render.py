@@ -120,7 +120,8 @@ def print_stats(stats: Stats, spec: SpecSettings, seed: int, target: ModelSpec, 
     """llama.cpp's block first (as llama-speculative prints it), then what it does not show."""
     lines = [
         "",
-        f"encoded {stats.n_prompt:4d} tokens in {stats.t_encode:8.3f} seconds, speed: {stats.encode_tps:8.3f} t/s",
+        f"encoded {stats.n_prompt:4d} tokens in {stats.t_encode:8.3f} seconds, speed: {stats.encode_tps:8.3f} t/s"
+        + (f" ({stats.n_cached} kept in the cache)" if stats.n_cached else ""),
         f"decoded {stats.n_predict:4d} tokens in {stats.t_decode:8.3f} seconds, speed: {stats.decode_tps:8.3f} t/s",
         "",
         f"n_draft   = {spec.draft_max if spec.drafters or spec.auto else 0}",

@@ -3,7 +3,9 @@
 This is what the command line and `speculate bench` build on: it checks
 the pair's vocabularies before loading any weights, loads both models, turns a
 prompt into tokens (optionally through the model's chat template), and runs the
-loop with fresh caches each time.
+loop. Between runs the caches keep what they hold: a prompt that starts like the
+previous conversation (the same system prompt, document, or chat so far) only
+processes what is new.
 """
 
 from __future__ import annotations
@@ -59,6 +61,10 @@ class Engine:
         self.drafter: Drafter | None = None  # the drafter of the latest run
         self.stats = Stats(t_load=self.t_load)  # the statistics of the latest run
         self._costs: dict[int, list[float]] = {}  # id(model) -> v(1..)
+        # What each cache holds, from position 0: the prefix a next run may keep. The draft's
+        # list is the draft model drafter's own, kept across runs and updated in place.
+        self._target_held: list[int] = []
+        self._draft_held: list[int] = []
 
     def prompt_tokens(self, text: str, use_chat: bool = False, system: str | None = None) -> list[int]:
         if use_chat:
@@ -79,7 +85,9 @@ class Engine:
     def top2(self, context: list[int]) -> tuple[tuple[int, float], tuple[int, float]]:
         """The target's two best next tokens after `context`, with their logits."""
         self.target.trim(0)
+        self._target_held = []
         (row,) = self.target.decode(context, 0, "last")
+        self._target_held = list(context)
         second, first = np.argpartition(row, -2)[-2:]
         if row[second] > row[first]:
             first, second = second, first
@@ -87,28 +95,34 @@ class Engine:
 
     def run(self, prompt: list[int], sampling: SamplerSettings, spec: SpecSettings,
             seed: int) -> Iterator[Event]:
-        """Generate from `prompt` with empty caches, yielding the loop's events while
-        `self.stats` counts them (also when the consumer stops early)."""
+        """Generate from `prompt`, yielding the loop's events while `self.stats` counts
+        them (also when the consumer stops early). The longest prefix of the prompt that
+        the caches still hold from the previous run is not processed again."""
         check_prompt(prompt, self.target.n_ctx, spec.n_predict)  # before any calibration
-        self.target.trim(0)
-        if self.draft is not None:
-            self.draft.trim(0)
         banned = self.target.eog_tokens() if spec.ignore_eos else None
         draft_sampler = None  # a draft model samples its drafts for speculative sampling
         if self.draft is not None and spec.accept == "rejection":
             draft_sampler = Sampler(sampling, (seed + DRAFT_SEED_OFFSET) % 2**32,
                                     self.draft.eog_tokens() if spec.ignore_eos else None)
-        self.drafter = self.make_drafter(spec, draft_sampler)
+        self.drafter = self.make_drafter(spec, draft_sampler)  # may calibrate, which uses the caches
+        n_cached = self._keep_prefix(prompt)
         stats = self.stats = Stats(t_load=self.t_load)
         started = None  # (wall clock, time inside llama.cpp) when the prompt was in
+        tokens = list(prompt)
         try:
-            for event in generate(self.target, prompt, Sampler(sampling, seed, banned), spec, self.drafter):
+            for event in generate(self.target, prompt, Sampler(sampling, seed, banned), spec, self.drafter,
+                                  n_cached):
                 stats.add(event)
                 if isinstance(event, Prefilled):
                     started = (time.perf_counter(), self.busy_seconds())
+                elif isinstance(event, Token):
+                    tokens.append(event.id)
                 yield event
         finally:
             if started is not None:
+                # The loop's cache holds every token but the last (and maybe rejected drafts
+                # after them, which the next run's trim drops).
+                self._target_held = tokens[:-1]
                 stats.t_llama = self.busy_seconds() - started[1]
                 if stats.finish_reason is None:  # interrupted, or the consumer stopped
                     stats.t_decode = time.perf_counter() - started[0]
@@ -139,7 +153,8 @@ class Engine:
         if name == "draft":
             if self.draft is None:
                 raise UsageError("--spec-type draft needs a draft model: give -md PATH|NAME")
-            return ModelDrafter(self.draft, p_min=spec.draft_p_min, sampler=draft_sampler)
+            return ModelDrafter(self.draft, p_min=spec.draft_p_min, sampler=draft_sampler,
+                                cached=self._draft_held)
         ngram = spec.ngram_simple if name == "ngram-simple" else spec.ngram_map_k
         kind = NgramSimple if name == "ngram-simple" else NgramMapK
         return kind(ngram.size(spec.auto), ngram.m, ngram.min_hits)
@@ -149,9 +164,29 @@ class Engine:
         max_batch = min(max_batch, _largest_batch(model))
         known = self._costs.get(id(model), [])
         if len(known) < max_batch:
+            self._forget(model)  # measuring decodes filler into the cache
             known = self._costs[id(model)] = calibrate.batch_costs(
                 model, max_batch, model.identity(), self.notify)
         return known[:max_batch]
+
+    def _keep_prefix(self, prompt: list[int]) -> int:
+        """Roll the target cache back to the longest prefix it shares with the prompt (all
+        but the prompt's last token, which the first step decodes); return its length."""
+        held, limit = self._target_held, len(prompt) - 1
+        n = 0
+        while n < min(len(held), limit) and held[n] == prompt[n]:
+            n += 1
+        self.target.trim(n)
+        self._target_held = list(prompt[:n])  # until the run ends, only this is certain
+        return n
+
+    def _forget(self, model: LlamaModel) -> None:
+        """The model's cache is about to hold something else: keep nothing from it."""
+        model.trim(0)
+        if model is self.target:
+            self._target_held = []
+        if model is self.draft:
+            self._draft_held.clear()  # in place: a draft model drafter holds this list
 
     def busy_seconds(self) -> float:
         """Seconds both models have spent inside llama.cpp so far."""

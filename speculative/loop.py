@@ -103,6 +103,7 @@ class Prefilled:
     """The prompt is in both caches."""
     n_prompt: int
     seconds: float
+    n_cached: int = 0     # of n_prompt, tokens the target cache already held (not processed again)
 
 
 @dataclass(frozen=True)
@@ -149,16 +150,21 @@ def generate(
     sampler: Sampler,
     settings: SpecSettings,
     drafter: Drafter | None = None,
+    n_cached: int = 0,
 ) -> Iterator[Event]:
+    """`n_cached`: the target cache already holds prompt[:n_cached] (a prefix kept from an
+    earlier run), and nothing after it; it is less than len(prompt)."""
     check_prompt(prompt, target.n_ctx, settings.n_predict)
+    if not 0 <= n_cached < len(prompt):
+        raise ValueError(f"n_cached={n_cached} for a prompt of {len(prompt)} tokens")
 
     t0 = time.perf_counter()
     tokens = list(prompt)
-    target.decode(tokens[:-1], 0, "none")
+    target.decode(tokens[n_cached:-1], n_cached, "none")
     if drafter is not None:
         drafter.prefill(tokens)
     t_start = time.perf_counter()
-    yield Prefilled(len(prompt), t_start - t0)
+    yield Prefilled(len(prompt), t_start - t0, n_cached)
 
     n_generated = 0
     step = 0

@@ -11,6 +11,7 @@ from .loop import Done, Event, Prefilled, Step, Token
 @dataclass
 class Stats:
     n_prompt: int = 0
+    n_cached: int = 0           # of n_prompt, tokens kept in the cache from the previous run
     n_predict: int = 0          # tokens generated (end-of-generation token excluded)
     n_drafted: int = 0          # tokens proposed by drafters and verified
     n_accept: int = 0           # drafted tokens the target accepted
@@ -42,6 +43,7 @@ class Stats:
                 self._add_draft(event.n_drafted, event.n_accepted)
         elif isinstance(event, Prefilled):
             self.n_prompt = event.n_prompt
+            self.n_cached = event.n_cached
             self.t_encode = event.seconds
         elif isinstance(event, Done):
             self.finish_reason = event.reason
@@ -91,7 +93,8 @@ class Stats:
 
     @property
     def encode_tps(self) -> float:
-        return self.n_prompt / self.t_encode if self.t_encode > 0 else 0.0
+        """Prompt tokens processed per second (those kept from the cache are not counted)."""
+        return (self.n_prompt - self.n_cached) / self.t_encode if self.t_encode > 0 else 0.0
 
     @property
     def decode_tps(self) -> float:
@@ -101,6 +104,7 @@ class Stats:
         return {
             "finish_reason": self.finish_reason,
             "n_prompt": self.n_prompt,
+            "n_cached": self.n_cached,
             "n_predict": self.n_predict,
             "n_drafted": self.n_drafted,
             "n_accept": self.n_accept,

@@ -248,3 +248,28 @@ def test_prefilled_event_comes_first(model):
     events, _, _ = run(model, model, n=5)
     assert isinstance(events[0], Prefilled) and events[0].n_prompt == len(PROMPT)
     assert isinstance(events[-1], Done)
+
+
+def test_a_prefix_kept_in_the_caches_is_not_processed_again(model):
+    """What an earlier run left: the target holds the prompt's first tokens, the draft an
+    older conversation that diverges after them. Output is unchanged; the fake backends
+    fail on any decode that is not contiguous with what they hold."""
+    target = FakeBackend(model)
+    target.decode(PROMPT[:3], 0, "none")
+    draft = FakeBackend(model.perturbed(0.4, seed=7), name="draft")
+    stale = [*PROMPT[:2], 9, 9, 9]
+    draft.decode(stale, 0, "none")
+    drafter = ModelDrafter(draft, cached=list(stale))
+    events = list(generate(target, PROMPT, Sampler(GREEDY, 1), SpecSettings(n_predict=30, draft_max=4),
+                           drafter, n_cached=3))
+    assert events[0] == Prefilled(len(PROMPT), events[0].seconds, n_cached=3)
+    out = tokens_of(events)
+    assert out == plain_decode(model, PROMPT, 30, Sampler(GREEDY, 1))
+    assert draft.cache == drafter.cached == (PROMPT + out)[: len(draft.cache)]
+
+
+@pytest.mark.parametrize("n_cached", [-1, len(PROMPT)])
+def test_n_cached_must_leave_the_last_prompt_token_to_decode(model, n_cached):
+    with pytest.raises(ValueError):
+        list(generate(FakeBackend(model), PROMPT, Sampler(GREEDY, 1), SpecSettings(n_predict=3),
+                      n_cached=n_cached))

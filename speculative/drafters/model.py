@@ -23,16 +23,19 @@ class ModelDrafter(Drafter):
 
     Its KV cache holds `self.cached`; before drafting it is brought in line with
     the context by trimming to the common prefix and decoding the rest, which is
-    an exact rollback whatever the target accepted.
+    an exact rollback whatever the target accepted (or an earlier run left).
     """
 
     name = "draft"
 
-    def __init__(self, model: Backend, p_min: float = 0.0, sampler: Sampler | None = None):
+    def __init__(self, model: Backend, p_min: float = 0.0, sampler: Sampler | None = None,
+                 cached: list[int] | None = None):
         self.model = model
         self.p_min = p_min
         self.sampler = sampler if sampler is not None and not sampler.settings.greedy else None
-        self.cached: list[int] = []
+        # What the model's cache holds; given, it is what an earlier drafter left there, and
+        # it is updated in place (only after each decode succeeds, so it never claims more).
+        self.cached: list[int] = [] if cached is None else cached
         self._n_checked = 0  # cached[:_n_checked] is known to equal the context
 
     def prefill(self, prompt: Sequence[int]) -> None:
@@ -75,9 +78,10 @@ class ModelDrafter(Drafter):
             n += 1
         if outputs == "last":
             n = min(n, len(context) - 1)  # the last token must be decoded for its logits
-        if n < len(self.cached):
-            self.model.trim(n)
-            del self.cached[n:]
+        # Trimmed even when nothing is stale: a decode interrupted before `cached` was
+        # updated may have left cells that `cached` does not list.
+        self.model.trim(n)
+        del self.cached[n:]
         rows = self.model.decode(context[n:], n, outputs) if len(context) > n else []
         self.cached.extend(context[n:])
         self._n_checked = len(context)
