@@ -177,18 +177,18 @@ def _refuse_unsupported(data: dict) -> None:
 # -- responses ----------------------------------------------------------------
 
 
-def usage(stats: Stats, n_cached: int) -> dict:
+def usage(stats: Stats) -> dict:
     return {"prompt_tokens": stats.n_prompt, "completion_tokens": stats.n_predict,
             "total_tokens": stats.n_prompt + stats.n_predict,
-            "prompt_tokens_details": {"cached_tokens": n_cached}}
+            "prompt_tokens_details": {"cached_tokens": stats.n_cached}}
 
 
-def timings(stats: Stats, n_cached: int) -> dict:
+def timings(stats: Stats) -> dict:
     """llama-server's `timings` (its names), and the acceptance rate and tokens per target pass."""
-    prompt_n = stats.n_prompt - n_cached  # tokens processed; the rest came from the cache
+    prompt_n = stats.n_prompt - stats.n_cached  # tokens processed; the rest the cache held from the last run
     prompt_ms, predicted_ms = 1000 * stats.t_encode, 1000 * stats.t_decode
     return {
-        "cache_n": n_cached,
+        "cache_n": stats.n_cached,
         "prompt_n": prompt_n,
         "prompt_ms": prompt_ms,
         "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
@@ -213,11 +213,10 @@ class Reply:
         self.model = model
         self.chat = chat
 
-    def full(self, text: str, finish: str, stats: Stats, n_cached: int) -> dict:
+    def full(self, text: str, finish: str, stats: Stats) -> dict:
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if self.chat else
                   {"index": 0, "text": text, "logprobs": None})
-        return self._object(False, {**choice, "finish_reason": finish}, usage=usage(stats, n_cached),
-                            timings=timings(stats, n_cached))
+        return self._object(False, {**choice, "finish_reason": finish}, usage=usage(stats), timings=timings(stats))
 
     def first_chunk(self) -> dict | None:
         """Chat streams open with the assistant's role, as OpenAI's do."""
@@ -229,9 +228,9 @@ class Reply:
     def chunk(self, text: str) -> dict:
         return self._object(True, {"index": 0, **self._delta(text), "finish_reason": None})
 
-    def last_chunk(self, finish: str, stats: Stats, n_cached: int) -> dict:
+    def last_chunk(self, finish: str, stats: Stats) -> dict:
         return self._object(True, {"index": 0, **self._delta(None), "finish_reason": finish},
-                            usage=usage(stats, n_cached), timings=timings(stats, n_cached))
+                            usage=usage(stats), timings=timings(stats))
 
     def _delta(self, text: str | None) -> dict:
         if self.chat:

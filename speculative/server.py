@@ -100,7 +100,7 @@ async def _generate(request: Request, worker: Worker, model: str, chat: bool):
             if isinstance(output, Failed):
                 raise _error(output)
             pieces.append(output.text)
-        return JSONResponse(reply.full("".join(pieces), output.reason, output.stats, output.n_cached))
+        return JSONResponse(reply.full("".join(pieces), output.reason, output.stats))
     finally:
         watcher.cancel()  # a streaming response watches for the client itself
         if stream is None:
@@ -132,7 +132,7 @@ class EventStream(StreamingResponse):
             if isinstance(output, Piece):
                 yield _event(reply.chunk(output.text))
             elif isinstance(output, Finished):
-                yield _event(reply.last_chunk(output.reason, output.stats, output.n_cached))
+                yield _event(reply.last_chunk(output.reason, output.stats))
                 yield "data: [DONE]\n\n"
                 return
             elif isinstance(output, Failed):  # the status line has gone: the error is an event

@@ -48,7 +48,6 @@ class Piece:
 class Finished:
     reason: str     # "stop" (end of generation or a stop string), "length", or "cancelled"
     stats: Stats
-    n_cached: int   # prompt tokens the caches already held
 
 
 @dataclass(frozen=True)
@@ -122,7 +121,7 @@ def generate(engine: Engine, generation: Generation, spec: SpecSettings,
     text = stops.push("".join(step) + stream.flush()) + stops.flush()
     if text:
         yield Piece(text)
-    yield Finished("stop" if stops.stopped else reason, engine.stats, 0)
+    yield Finished("stop" if stops.stopped else reason, engine.stats)
 
 
 class Job:
@@ -229,5 +228,5 @@ def _log(generation: Generation, finished: Finished) -> None:
     s = finished.stats
     log.info("%s: %d prompt tokens (%d cached), %d generated in %.2f s (%.1f t/s), "
              "%d of %d drafted tokens accepted, finish: %s",
-             "chat" if generation.chat else "completion", s.n_prompt, finished.n_cached, s.n_predict,
+             "chat" if generation.chat else "completion", s.n_prompt, s.n_cached, s.n_predict,
              s.t_decode, s.decode_tps, s.n_accept, s.n_drafted, finished.reason)

@@ -209,6 +209,25 @@ def test_streamed_chat_is_the_one_shot_chat_one_chunk_per_step(server, model_pat
     assert len(pieces) >= steps - 1  # only a step that ends the answer may have no text of its own
 
 
+def test_a_second_chat_turn_reuses_the_cached_conversation(server):
+    """The caches keep the conversation so far: the next turn processes only what is new."""
+    client = server.client()
+    system = ("You are a patient assistant for a small bakery. You answer questions about bread, cakes, "
+              "opening hours and prices, briefly and politely, in plain English.")
+    turn = [{"role": "system", "content": system}, {"role": "user", "content": "What is sourdough?"}]
+    first = client.chat.completions.create(model="any", messages=turn, max_tokens=12, temperature=0)
+    turn += [{"role": "assistant", "content": first.choices[0].message.content},
+             {"role": "user", "content": "And rye bread?"}]
+    second = client.chat.completions.create(model="any", messages=turn, max_tokens=12, temperature=0)
+    timings = second.model_extra["timings"]
+    assert timings["cache_n"] >= first.usage.prompt_tokens - 1, timings  # the whole first turn, at least
+    assert second.usage.prompt_tokens_details.cached_tokens == timings["cache_n"]
+    assert timings["prompt_n"] == second.usage.prompt_tokens - timings["cache_n"] > 0
+    other = client.chat.completions.create(model="any", max_tokens=4, temperature=0, messages=[
+        {"role": "system", "content": system}, {"role": "user", "content": "Are you open on Sunday?"}])
+    assert 30 <= other.model_extra["timings"]["cache_n"] < other.usage.prompt_tokens  # the system prompt
+
+
 def test_streamed_and_whole_completions_agree(server):
     whole = completion(server, prompt="def add(a, b):", max_tokens=20)
     events = sse(server, "/v1/completions", {"prompt": "def add(a, b):", "max_tokens": 20, "temperature": 0})
