@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import signal
 import socket
 import sys
 import time
@@ -20,19 +22,34 @@ from . import options
 
 N = "Server"
 GRACE_SECONDS = 10  # on Ctrl-C or SIGTERM, how long the running generation may go on
+LAST_STEP_SECONDS = 5  # then the time its last step and response may take before uvicorn cancels it
 
 
 class _Uvicorn(uvicorn.Server):
-    """uvicorn, which owns SIGINT and SIGTERM while it runs; on either, queued requests are
-    refused at once and only the running generation gets the grace period."""
+    """uvicorn, which owns SIGINT and SIGTERM while it runs; on the first, waiting requests
+    are refused at once and the running generation ends within the grace period."""
 
     def __init__(self, config: uvicorn.Config, worker: Worker):
         super().__init__(config)
         self.worker = worker
 
     def handle_exit(self, sig, frame) -> None:
-        self.worker.drain()
+        if not self.should_exit:  # a signal handler may interrupt the loop holding the worker's lock
+            asyncio.get_running_loop().call_soon_threadsafe(self.worker.drain, GRACE_SECONDS)
         super().handle_exit(sig, frame)
+
+    def run_quietly(self, sock: socket.socket) -> None:
+        """Run until a signal stops it. uvicorn raises that signal again once it has shut
+        down, for the handler it found: in speculate's, it would become a KeyboardInterrupt
+        inside the closing event loop. So the signals are ignored until uvicorn takes them,
+        and speculate's handlers come back afterwards."""
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in handled}
+        try:
+            self.run(sockets=[sock])
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
 
 def serve_command(
@@ -100,16 +117,13 @@ def serve_command(
                                "spec_type": ",".join(spec.types)}}
         with Worker(engine, spec, waiting=parallel, timeout=timeout) as worker:
             app = create_app(worker, model_info, api_key, loopback_only=is_loopback(host))
-            server = _Uvicorn(uvicorn.Config(app, log_config=_log_config(), server_header=False,
-                                             timeout_graceful_shutdown=GRACE_SECONDS), worker)
+            server = _Uvicorn(uvicorn.Config(app, log_config=_log_config(), server_header=False, lifespan="off",
+                                             timeout_graceful_shutdown=GRACE_SECONDS + LAST_STEP_SECONDS), worker)
             where = sock.getsockname()
             print(f"speculate serve: {target.name}" + (f" with draft {draft.name}" if draft else "")
                   + f", --spec-type {','.join(spec.types)}, on http://{_url_host(host)}:{where[1]}/v1 "
                   + ("(API key required)" if api_key else "(no API key)"), file=sys.stderr, flush=True)
-            try:
-                server.run(sockets=[sock])
-            except KeyboardInterrupt:
-                pass  # uvicorn hands back the signal that stopped it, after a clean shutdown
+            server.run_quietly(sock)
 
 
 def _bind(host: str, port: int) -> socket.socket:

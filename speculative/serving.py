@@ -83,7 +83,8 @@ def prompt_tokens(engine: Engine, generation: Generation) -> list[int]:
 def generate(engine: Engine, generation: Generation, spec: SpecSettings,
              should_stop: Callable[[], str | None]) -> Iterator[Output]:
     """Run one request: Started, one Piece per step that completes text, then Finished.
-    `should_stop` is asked after every event: a finish reason ends the run there."""
+    `should_stop` is asked after the prompt and after every step: a finish reason ends
+    the run there."""
     tokens = prompt_tokens(engine, generation)
     spec = dataclasses.replace(spec, n_predict=generation.max_tokens or -1, ignore_eos=generation.ignore_eos)
     yield Started(len(tokens))
@@ -97,21 +98,23 @@ def generate(engine: Engine, generation: Generation, spec: SpecSettings,
         for event in events:
             if isinstance(event, Step):
                 left = event.n_accepted + 1
-            elif isinstance(event, Token):
+                continue
+            if isinstance(event, Token):
                 step.append(stream.push(event.id))
                 left -= 1
-                if left == 0:  # the step is complete: one piece
-                    text = stops.push("".join(step))
-                    step.clear()
-                    if text:
-                        yield Piece(text)
-                    if stops.stopped:
-                        reason = "stop"
-                        break
+                if left:
+                    continue
+                text = stops.push("".join(step))  # the step is complete: one piece
+                step.clear()
+                if text:
+                    yield Piece(text)
+                if stops.stopped:
+                    reason = "stop"
+                    break
             elif isinstance(event, Done):
                 reason = event.reason
                 break
-            stop = should_stop()
+            stop = should_stop()  # the prompt is in, or a step is complete
             if stop:
                 reason = stop
                 break
@@ -131,6 +134,7 @@ class Job:
     def __init__(self, generation: Generation, deadline: float):
         self.generation = generation
         self.deadline = deadline  # time.monotonic() by which it must be done
+        self.started = False      # the worker has taken it
         self._cancelled = threading.Event()
         self._loop = asyncio.get_running_loop()
         self._outputs: asyncio.Queue[Output] = asyncio.Queue()
@@ -187,6 +191,7 @@ class Worker:
         return job
 
     def _run(self, job: Job) -> None:
+        job.started = True
         try:
             if job.cancelled or self._draining.is_set():  # its client gave up while it waited, or we stop
                 job.post(Failed(Busy("the server is shutting down" if self._draining.is_set() else "cancelled")))
@@ -205,13 +210,21 @@ class Worker:
                 self._jobs.discard(job)
             self._slots.release()
 
-    def drain(self) -> None:
-        """Start no more generations (the server is stopping); the running one goes on."""
+    def drain(self, grace: float) -> None:
+        """The server is stopping: waiting requests are refused now, and the running
+        generation ends within `grace` seconds with what it has."""
         self._draining.set()
+        with self._lock:
+            for job in self._jobs:
+                if job.started:
+                    job.deadline = min(job.deadline, time.monotonic() + grace)
+                else:
+                    job.post(Failed(Busy("the server is shutting down")))
+                    job.cancel()
 
     def close(self) -> None:
         """Stop every generation at its next step and wait for the thread to finish."""
-        self.drain()
+        self._draining.set()
         with self._lock:
             for job in self._jobs:
                 job.cancel()
