@@ -33,8 +33,7 @@ log = logging.getLogger("speculate.serve")
 
 @dataclass(frozen=True)
 class Started:
-    """The prompt is accepted and generation begins."""
-    n_prompt: int
+    """The prompt passed its checks and generation begins: the response can start."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,7 @@ def generate(engine: Engine, generation: Generation, spec: SpecSettings,
     the run there."""
     tokens = prompt_tokens(engine, generation)
     spec = dataclasses.replace(spec, n_predict=generation.max_tokens or -1, ignore_eos=generation.ignore_eos)
-    yield Started(len(tokens))
+    yield Started()
     stream = TextStream(engine.target.token_bytes)
     stops = StopFilter(generation.stops)
     step: list[str] = []   # the text of the current step so far
