@@ -56,6 +56,9 @@ def bench_command(
     threads_draft: Optional[int] = options.THREADS_DRAFT,
     batch_size: int = options.BATCH_SIZE,
     flash_attn: str = options.FLASH_ATTN,
+    lora: Optional[List[str]] = options.LORA,
+    lora_scaled: Optional[List[str]] = options.LORA_SCALED,
+    lora_draft: Optional[List[str]] = options.LORA_DRAFT,
 ) -> None:
     """Measure speedup over target-only decoding per prompt and category, on this machine."""
     has_draft = options.draft_available(model, model_draft)
@@ -78,7 +81,9 @@ def bench_command(
     target, draft = options.model_specs(
         model, model_draft, uses_draft, ctx_size=ctx_size, ctx_size_draft=ctx_size_draft,
         n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, threads=threads,
-        threads_draft=threads_draft, batch_size=batch_size, flash_attn=flash_attn)
+        threads_draft=threads_draft, batch_size=batch_size, flash_attn=flash_attn,
+        lora=lora, lora_scaled=lora_scaled, lora_draft=lora_draft)
+    target, draft = options.with_branches(target, draft, max(c.spec.branches for c in configs))
     rest = len(configs) - 1
     total = len(prompts_) * repeat * (len(configs) + (rest + bench.BASELINE_EVERY - 1) // bench.BASELINE_EVERY)
     stderr.print(f"bench: {len(prompts_)} prompts x {len(configs)} configurations x {repeat}, target-only "
@@ -97,8 +102,9 @@ def bench_command(
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": round(time.time() - started, 1),
             "machine": {"platform": platform.platform(), "processor": platform.machine(),
                         "llama_cpp": system_info(), "batch_variant_kernels": engine.target.kernels},
-            "target": {"name": target.name, "path": str(target.path), "threads": engine.target.n_threads},
-            "draft": {"name": draft.name, "path": str(draft.path)} if draft else None,
+            "target": {"name": target.name, "path": str(target.path), "threads": engine.target.n_threads,
+                       "loras": target.lora_info()},
+            "draft": {"name": draft.name, "path": str(draft.path), "loras": draft.lora_info()} if draft else None,
             "settings": {"n_predict": n_predict, "temp": temp, "seed": seed, "repeat": repeat,
                          "configs": [c.label for c in configs], "prompts": str(prompts)},
         }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -75,6 +75,9 @@ def run(
     threads_draft: Optional[int] = options.THREADS_DRAFT,
     batch_size: int = options.BATCH_SIZE,
     flash_attn: str = options.FLASH_ATTN,
+    lora: Optional[List[str]] = options.LORA,
+    lora_scaled: Optional[List[str]] = options.LORA_SCALED,
+    lora_draft: Optional[List[str]] = options.LORA_DRAFT,
     prompt: Optional[str] = typer.Option(
         None, "-p", "--prompt", rich_help_panel=P, help="The prompt; '-' reads it from standard input."),
     file: Optional[str] = typer.Option(
@@ -118,6 +121,8 @@ def run(
     draft_min: int = options.DRAFT_MIN,
     draft_p_min: float = options.DRAFT_P_MIN,
     spec_accept: str = options.SPEC_ACCEPT,
+    parallel: int = options.PARALLEL,
+    draft_p_split: float = options.DRAFT_P_SPLIT,
     ngram_n: Optional[int] = options.NGRAM_N,
     ngram_m: Optional[int] = options.NGRAM_M,
     ngram_min_hits: Optional[int] = options.NGRAM_MIN_HITS,
@@ -143,9 +148,9 @@ def run(
                                sequence=sampling_seq, seed=seed)
     sampling.validate()
     spec = options.spec_settings(
-        spec_type, draft_max, draft_min, draft_p_min, spec_accept, ngram=(ngram_n, ngram_m, ngram_min_hits),
-        simple=(simple_n, simple_m, simple_hits), map_k=(map_n, map_m, map_hits), n_predict=n_predict,
-        ignore_eos=ignore_eos)
+        spec_type, draft_max, draft_min, draft_p_min, spec_accept, branches=parallel, p_split=draft_p_split,
+        ngram=(ngram_n, ngram_m, ngram_min_hits), simple=(simple_n, simple_m, simple_hits),
+        map_k=(map_n, map_m, map_hits), n_predict=n_predict, ignore_eos=ignore_eos)
     use_draft = options.uses_draft_model(spec, options.draft_available(model, model_draft))
     text = read_prompt(prompt, file, escape)
     if system_prompt is not None and escape:
@@ -154,7 +159,9 @@ def run(
     target, draft = options.model_specs(
         model, model_draft, use_draft, ctx_size=ctx_size, ctx_size_draft=ctx_size_draft,
         n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, threads=threads,
-        threads_draft=threads_draft, batch_size=batch_size, flash_attn=flash_attn)
+        threads_draft=threads_draft, batch_size=batch_size, flash_attn=flash_attn,
+        lora=lora, lora_scaled=lora_scaled, lora_draft=lora_draft)
+    target, draft = options.with_branches(target, draft, spec.branches)
     code = run_and_render(
         target, draft, text, sampling, spec, use_chat=use_chat, system=system_prompt,
         color=color and not os.environ.get("NO_COLOR"), json_output=json_output,
@@ -167,7 +174,7 @@ def main() -> None:
     interrupt.install()  # SIGTERM too ends as Ctrl-C does: partial output, statistics, 130
     try:
         check_jinja2_version()  # refused at start-up, not at the first chat template
-        code = app(standalone_mode=False, prog_name="speculate")
+        code = app(args=join_lora_scaled(sys.argv[1:]), standalone_mode=False, prog_name="speculate")
     except SpeculateError as e:
         _fail(str(e), e.exit_code)
     except ClickException as e:
@@ -185,6 +192,29 @@ def main() -> None:
             raise
         _fail(f"unexpected {type(e).__name__}: {e} (set SPECULATE_DEBUG=1 for the traceback)", 1)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def join_lora_scaled(args: list[str]) -> list[str]:
+    """llama.cpp's two forms of --lora-scaled, FNAME SCALE (older) and FNAME:SCALE (newer):
+    a flag option cannot take two values and repeat, so the first becomes the second."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        out.append(args[i])
+        if args[i] == "--lora-scaled" and i + 2 < len(args) and _is_number(args[i + 2]):
+            out.append(f"{args[i + 1]}:{args[i + 2]}")
+            i += 3
+            continue
+        i += 1
+    return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _fail(message: str, code: int) -> None:

@@ -41,12 +41,12 @@ def pull_with_progress(entry: ModelEntry, dest: Path, force: bool = False) -> No
 
 def resolve_models(registry: Registry, model: str | None, model_draft: str | None, use_draft: bool, *,
                    ctx: tuple[int, int | None], ngl: tuple[int, int | None],
-                   threads: tuple[int | None, int | None], n_batch: int,
-                   flash_attn: str = "auto") -> tuple[ModelSpec, ModelSpec | None]:
+                   threads: tuple[int | None, int | None], n_batch: int, flash_attn: str = "auto",
+                   loras: tuple[tuple, tuple] = ((), ())) -> tuple[ModelSpec, ModelSpec | None]:
     """-m/-md (paths or names; defaults from the registry) -> model specs, pulling as needed."""
     target_path, target_name = resolve(model or registry.default_target, registry, pull_with_progress)
     target = ModelSpec(target_path, target_name, n_ctx=ctx[0], n_batch=n_batch,
-                       n_gpu_layers=ngl[0], n_threads=threads[0], flash_attn=flash_attn)
+                       n_gpu_layers=ngl[0], n_threads=threads[0], flash_attn=flash_attn, loras=loras[0])
     if not use_draft:
         return target, None
     spec = model_draft or registry.default_draft
@@ -57,7 +57,7 @@ def resolve_models(registry: Registry, model: str | None, model_draft: str | Non
                       n_ctx=ctx[1] if ctx[1] is not None else ctx[0], n_batch=n_batch,
                       n_gpu_layers=ngl[1] if ngl[1] is not None else ngl[0],
                       n_threads=threads[1] if threads[1] is not None else threads[0],
-                      flash_attn=flash_attn)
+                      flash_attn=flash_attn, loras=loras[1])
     return target, draft
 
 

@@ -3,7 +3,10 @@ run, and how speculation drafts."""
 
 from __future__ import annotations
 
-from typing import Optional
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import List, Optional
 
 import typer
 
@@ -12,7 +15,7 @@ from speculative.errors import UsageError
 from speculative.llamacpp import FLASH_ATTN_MODES
 from speculative.loop import (DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, NGRAM_N_AUTO, NGRAM_N_FIXED, NgramSettings,
                               SpecSettings)
-from speculative.registry import Registry
+from speculative.registry import Registry, check_gguf_file
 
 from .models import resolve_models
 
@@ -46,6 +49,15 @@ FLASH_ATTN = typer.Option(
          "then drift from target-only output on near-ties).")
 BATCH_SIZE = typer.Option(
     2048, "-b", "--batch-size", rich_help_panel=M, help="Most tokens in one forward pass.")
+LORA = typer.Option(
+    None, "--lora", rich_help_panel=M, metavar="FNAME",
+    help="LoRA adapter (GGUF) for the target, at scale 1; repeat or comma-separate for several.")
+LORA_SCALED = typer.Option(
+    None, "--lora-scaled", rich_help_panel=M, metavar="FNAME:SCALE",
+    help="LoRA adapter for the target at scale SCALE; repeat or comma-separate for several.")
+LORA_DRAFT = typer.Option(
+    None, "--lora-draft", rich_help_panel=M, metavar="FNAME",
+    help="LoRA adapter for the draft model, at scale 1; repeat or comma-separate for several.")
 
 
 SPEC_TYPE = typer.Option(
@@ -62,6 +74,15 @@ DRAFT_MIN = typer.Option(
 DRAFT_P_MIN = typer.Option(
     0.0, "--draft-p-min", "--spec-draft-p-min", rich_help_panel=D,
     help="Stop drafting when the draft's top candidate is less likely than P.")
+_BRANCHES_HELP = ("Draft trees: the draft model's most branches per step, all verified in one target batch "
+                  "(1: a chain; needs --spec-type draft).")
+PARALLEL = typer.Option(1, "-np", "--parallel", "--draft-branches", rich_help_panel=D, metavar="N",
+                        help=_BRANCHES_HELP)
+DRAFT_BRANCHES = typer.Option(1, "--draft-branches", rich_help_panel=D, metavar="N",  # serve's -np is its queue
+                              help=_BRANCHES_HELP)
+DRAFT_P_SPLIT = typer.Option(
+    0.1, "--draft-p-split", "--spec-draft-p-split", rich_help_panel=D, metavar="P",
+    help="Draft trees: a candidate the draft gives more than P starts a new branch (with more than one).")
 SPEC_ACCEPT = typer.Option(
     "rejection", "--spec-accept", rich_help_panel=D, metavar="rejection|match",
     help="How sampled drafts are verified: rejection (speculative sampling: the draft model samples, "
@@ -94,8 +115,8 @@ Ngram = tuple[Optional[int], Optional[int], Optional[int]]  # n, m, min-hits as 
 
 
 def spec_settings(spec_type: Optional[str], draft_max: Optional[int], draft_min: int, draft_p_min: float,
-                  spec_accept: str, *, ngram: Ngram, simple: Ngram, map_k: Ngram, n_predict: int = -1,
-                  ignore_eos: bool = False) -> SpecSettings:
+                  spec_accept: str, *, branches: int, p_split: float, ngram: Ngram, simple: Ngram, map_k: Ngram,
+                  n_predict: int = -1, ignore_eos: bool = False) -> SpecSettings:
     """The speculation flags as validated settings. An n-gram type's own flag wins over the
     common --spec-ngram-* one, which wins over the default."""
     types = tuple(t.strip() for t in (spec_type if spec_type is not None else "auto").split(","))
@@ -108,7 +129,8 @@ def spec_settings(spec_type: Optional[str], draft_max: Optional[int], draft_min:
     spec = SpecSettings(
         types=types, draft_min=draft_min, draft_p_min=draft_p_min, n_predict=n_predict,
         draft_max=draft_max if draft_max is not None else DRAFT_MAX_AUTO if "auto" in types else DRAFT_MAX_FIXED,
-        ignore_eos=ignore_eos, accept=spec_accept, ngram_simple=one(simple), ngram_map_k=one(map_k))
+        ignore_eos=ignore_eos, accept=spec_accept, branches=branches, p_split=p_split,
+        ngram_simple=one(simple), ngram_map_k=one(map_k))
     spec.validate()
     return spec
 
@@ -119,8 +141,9 @@ def _first(*values):
 
 def model_specs(model: Optional[str], model_draft: Optional[str], use_draft: bool, *, ctx_size: int,
                 ctx_size_draft: Optional[int], n_gpu_layers: int, n_gpu_layers_draft: Optional[int],
-                threads: Optional[int], threads_draft: Optional[int],
-                batch_size: int, flash_attn: str) -> tuple[ModelSpec, ModelSpec | None]:
+                threads: Optional[int], threads_draft: Optional[int], batch_size: int, flash_attn: str,
+                lora: Optional[List[str]] = None, lora_scaled: Optional[List[str]] = None,
+                lora_draft: Optional[List[str]] = None) -> tuple[ModelSpec, ModelSpec | None]:
     """Validate the model options, resolve -m/-md (pulling registry models as needed)."""
     for flag, value, least in (("-c/--ctx-size", ctx_size, 0), ("-b/--batch-size", batch_size, 1),
                                ("-cd/--ctx-size-draft", ctx_size_draft, 0),
@@ -132,9 +155,52 @@ def model_specs(model: Optional[str], model_draft: Optional[str], use_draft: boo
             raise UsageError(f"{flag} must be -1 (all) or >= 0, got {value}")
     if flash_attn not in FLASH_ATTN_MODES:
         raise UsageError(f"-fa/--flash-attn: expected one of {', '.join(FLASH_ATTN_MODES)}, got {flash_attn!r}")
+    if lora_draft and not use_draft:
+        raise UsageError("--lora-draft is for the draft model, which this run does not load")
+    loras = ([(name, 1.0) for name in _names(lora, "--lora")] + _scaled(lora_scaled),
+             [(name, 1.0) for name in _names(lora_draft, "--lora-draft")])
     return resolve_models(Registry.load(), model, model_draft, use_draft,
                           ctx=(ctx_size, ctx_size_draft), ngl=(n_gpu_layers, n_gpu_layers_draft),
-                          threads=(threads, threads_draft), n_batch=batch_size, flash_attn=flash_attn)
+                          threads=(threads, threads_draft), n_batch=batch_size, flash_attn=flash_attn,
+                          loras=tuple(_adapters(names) for names in loras))
+
+
+def _names(values: Optional[List[str]], flag: str) -> list[str]:
+    """The items of a repeatable, comma-separated flag (llama.cpp's --lora a.gguf,b.gguf)."""
+    items = [item for value in values or () for item in value.split(",")]
+    if "" in items:
+        raise UsageError(f"{flag}: empty file name in {','.join(items)!r}")
+    return items
+
+
+def _scaled(values: Optional[List[str]]) -> list[tuple[str, float]]:
+    """--lora-scaled FNAME:SCALE items (llama.cpp's form; a path may contain ':')."""
+    out = []
+    for item in _names(values, "--lora-scaled"):
+        name, _, scale = item.rpartition(":")
+        try:
+            value = float(scale)
+        except ValueError:
+            value = math.nan
+        if not name or not math.isfinite(value):
+            raise UsageError(f"--lora-scaled: expected FNAME:SCALE with a finite SCALE, got {item!r}")
+        out.append((name, value))
+    return out
+
+
+def _adapters(loras: list[tuple[str, float]]) -> tuple[tuple[Path, float], ...]:
+    """Adapter files, checked before any model is pulled or loaded."""
+    adapters = tuple((Path(name).expanduser(), scale) for name, scale in loras)
+    for path, _ in adapters:
+        check_gguf_file(path, "LoRA adapter")
+    return adapters
+
+
+def with_branches(target: ModelSpec, draft: ModelSpec | None, branches: int) -> tuple[ModelSpec, ModelSpec | None]:
+    """Both models get a KV-cache sequence per draft-tree branch (-np)."""
+    if branches <= 1:
+        return target, draft
+    return replace(target, n_seq=branches), None if draft is None else replace(draft, n_seq=branches)
 
 
 def draft_available(model: Optional[str], model_draft: Optional[str]) -> bool:

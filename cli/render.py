@@ -141,6 +141,11 @@ def print_stats(stats: Stats, spec: SpecSettings, seed: int, target: ModelSpec, 
             f"(accepted length: steps = {histogram})",
             f"position  = {by_position}",
         ]
+    if stats.n_tree_steps:
+        by_branch = ", ".join(f"#{b} {stats.branch_steps[b]} steps ({stats.branch_accepted[b]} tokens)"
+                              for b in sorted(stats.branch_steps)) or "none"
+        lines.append(f"branches  = {stats.n_tree_steps} steps drafted a tree of up to {stats.max_branches} "
+                     f"branches; accepted along {by_branch}")
     plans = ", ".join(f"{d} k={k}: {n}" if d != "none" else f"no draft: {n}"
                       for (d, k), n in sorted(stats.plans.items(), key=lambda item: -item[1]))
     lines.append(f"plans     = {plans} (steps by drafter and draft length)")
@@ -163,7 +168,7 @@ def print_stats(stats: Stats, spec: SpecSettings, seed: int, target: ModelSpec, 
 
 def _model_info(spec: ModelSpec, model) -> dict:
     return {"name": spec.name, "path": str(spec.path), "n_ctx": model.n_ctx,
-            "n_gpu_layers": spec.n_gpu_layers, "n_threads": model.n_threads}
+            "n_gpu_layers": spec.n_gpu_layers, "n_threads": model.n_threads, "loras": spec.lora_info()}
 
 
 def _settings(sampling: SamplerSettings, spec: SpecSettings, seed: int, use_chat: bool, engine: Engine) -> dict:
@@ -173,6 +178,7 @@ def _settings(sampling: SamplerSettings, spec: SpecSettings, seed: int, use_chat
             "frequency_penalty": sampling.frequency_penalty,
             "sampling_seq": sampling.sequence, "seed": seed, "n_predict": spec.n_predict,
             "draft_max": spec.draft_max, "draft_min": spec.draft_min, "draft_p_min": spec.draft_p_min,
+            "n_parallel": spec.branches, "draft_p_split": spec.p_split,
             "ignore_eos": spec.ignore_eos, "chat": use_chat,
             "spec_type": ",".join(spec.types), "spec_accept": spec.accept, "n_batch": engine.target.n_batch,
             **{name: {"n": ngram.size(spec.auto), "m": ngram.m, "min_hits": ngram.min_hits}

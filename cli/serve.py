@@ -8,7 +8,7 @@ import signal
 import socket
 import sys
 import time
-from typing import Optional
+from typing import List, Optional
 
 import typer
 import uvicorn
@@ -77,11 +77,16 @@ def serve_command(
     threads_draft: Optional[int] = options.THREADS_DRAFT,
     batch_size: int = options.BATCH_SIZE,
     flash_attn: str = options.FLASH_ATTN,
+    lora: Optional[List[str]] = options.LORA,
+    lora_scaled: Optional[List[str]] = options.LORA_SCALED,
+    lora_draft: Optional[List[str]] = options.LORA_DRAFT,
     spec_type: Optional[str] = options.SPEC_TYPE,
     draft_max: Optional[int] = options.DRAFT_MAX,
     draft_min: int = options.DRAFT_MIN,
     draft_p_min: float = options.DRAFT_P_MIN,
     spec_accept: str = options.SPEC_ACCEPT,
+    draft_branches: int = options.DRAFT_BRANCHES,
+    draft_p_split: float = options.DRAFT_P_SPLIT,
     ngram_n: Optional[int] = options.NGRAM_N,
     ngram_m: Optional[int] = options.NGRAM_M,
     ngram_min_hits: Optional[int] = options.NGRAM_MIN_HITS,
@@ -102,13 +107,16 @@ def serve_command(
     if not 0 <= port <= 65535 or parallel < 0 or not timeout > 0:
         raise UsageError("--port must be in [0, 65535], --parallel >= 0 and --timeout > 0")
     spec = options.spec_settings(
-        spec_type, draft_max, draft_min, draft_p_min, spec_accept, ngram=(ngram_n, ngram_m, ngram_min_hits),
-        simple=(simple_n, simple_m, simple_hits), map_k=(map_n, map_m, map_hits))
+        spec_type, draft_max, draft_min, draft_p_min, spec_accept, branches=draft_branches, p_split=draft_p_split,
+        ngram=(ngram_n, ngram_m, ngram_min_hits), simple=(simple_n, simple_m, simple_hits),
+        map_k=(map_n, map_m, map_hits))
     use_draft = options.uses_draft_model(spec, options.draft_available(model, model_draft))
     target, draft = options.model_specs(
         model, model_draft, use_draft, ctx_size=ctx_size, ctx_size_draft=ctx_size_draft,
         n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, threads=threads,
-        threads_draft=threads_draft, batch_size=batch_size, flash_attn=flash_attn)
+        threads_draft=threads_draft, batch_size=batch_size, flash_attn=flash_attn,
+        lora=lora, lora_scaled=lora_scaled, lora_draft=lora_draft)
+    target, draft = options.with_branches(target, draft, spec.branches)
     sock = _bind(host, port)  # before loading: a taken port fails at once, not after the models load
     with sock, Engine(target, draft, notify=lambda message: print(message, file=sys.stderr)) as engine:
         engine.make_drafter(spec)  # auto measures its costs now rather than in the first request

@@ -1,9 +1,13 @@
 """The small interface the loop and the drafters talk to.
 
-A Backend is one loaded model with one KV-cache sequence. The real one lives in
+A Backend is one loaded model and its KV cache. The real one lives in
 `llamacpp.py` (the only module that imports llama_cpp); tests use a fake one.
 Positions are explicit: the caller says where a batch goes, and rolls the cache
 back with `trim`, so the KV bookkeeping is visible in the loop, not hidden here.
+
+Between steps the cache is one sequence (id 0). Draft trees (tree.py) use
+sequences 1..n_seq-1 for their other branches within a step, and fold the
+accepted branch back into sequence 0 with `keep_branch`.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ class Backend(Protocol):
     n_vocab: int
     n_ctx: int      # positions 0..n_ctx-1 exist
     n_batch: int    # most tokens one `decode` call scores with outputs="all"
+    n_seq: int      # sequences (draft-tree branches) the cache can hold
 
     def tokenize(self, text: str, add_special: bool) -> list[int]:
         """Tokens of `text`; special-token text is parsed (as llama.cpp does)."""
@@ -47,5 +52,22 @@ class Backend(Protocol):
         ...
 
     def trim(self, n_keep: int) -> None:
-        """Roll the cache back so it holds positions 0..n_keep-1 only."""
+        """Roll the cache back so it holds positions 0..n_keep-1 only (in every sequence)."""
+        ...
+
+    def decode_branches(self, tokens: Sequence[int], positions: Sequence[int],
+                        seqs: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Score tokens of several sequences in one batch: token i goes at positions[i]
+        in each sequence of seqs[i], and sees what its first sequence holds before it.
+        Every sequence must hold exactly the positions before its first token here.
+        Returns one logits row per token (views, valid until the next decode)."""
+        ...
+
+    def copy_branch(self, src: int, dst: int) -> None:
+        """Sequence dst holds what sequence src holds (and nothing else)."""
+        ...
+
+    def keep_branch(self, seq: int, n_keep: int) -> None:
+        """Keep sequence seq's positions 0..n_keep-1 as the cache (sequence 0); drop
+        everything else."""
         ...

@@ -37,6 +37,8 @@ SWEEP_KEYS = {
     "draft-min": ("draft_min", int),
     "draft-p-min": ("draft_p_min", float),
     "accept": ("accept", str),  # --spec-accept: rejection, match (sampled runs)
+    "np": ("branches", int),    # -np: draft-tree branches (--spec-type draft)
+    "p-split": ("p_split", float),  # --draft-p-split
     "ngram-n": ("n", int),
     "ngram-m": ("m", int),
     "ngram-min-hits": ("min_hits", int),

@@ -41,6 +41,12 @@ class ModelSpec:
     n_gpu_layers: int = -1
     n_threads: int | None = None
     flash_attn: str = "auto"
+    n_seq: int = 1  # KV-cache sequences: -np, the most draft-tree branches
+    loras: tuple[tuple[Path, float], ...] = ()  # LoRA adapters and their scales
+
+    def lora_info(self) -> list[dict]:
+        """The adapters, for JSON output."""
+        return [{"path": str(path), "scale": scale} for path, scale in self.loras]
 
 
 class Engine:
@@ -153,8 +159,11 @@ class Engine:
         if name == "draft":
             if self.draft is None:
                 raise UsageError("--spec-type draft needs a draft model: give -md PATH|NAME")
+            if spec.branches > min(self.draft.n_seq, self.target.n_seq):
+                raise UsageError(f"-np {spec.branches}: the models were loaded for "
+                                 f"{min(self.draft.n_seq, self.target.n_seq)} branches")
             return ModelDrafter(self.draft, p_min=spec.draft_p_min, sampler=draft_sampler,
-                                cached=self._draft_held)
+                                cached=self._draft_held, branches=spec.branches, p_split=spec.p_split)
         ngram = spec.ngram_simple if name == "ngram-simple" else spec.ngram_map_k
         kind = NgramSimple if name == "ngram-simple" else NgramMapK
         return kind(ngram.size(spec.auto), ngram.m, ngram.min_hits)
@@ -212,4 +221,4 @@ def _largest_batch(model: LlamaModel) -> int:
 def _load(spec: ModelSpec) -> LlamaModel:
     return LlamaModel(spec.path, name=spec.name, n_ctx=spec.n_ctx, n_batch=spec.n_batch,
                       n_gpu_layers=spec.n_gpu_layers, n_threads=spec.n_threads,
-                      flash_attn=spec.flash_attn)
+                      flash_attn=spec.flash_attn, n_seq=spec.n_seq, loras=spec.loras)

@@ -39,6 +39,10 @@ refuses, and a little more:
 * a split model (`split.count` > 1, first split named like
   `NAME-00001-of-00003.gguf`): the other splits llama.cpp will open, too.
 
+`preflight_adapter` does the same for a LoRA adapter and checks that it fits the
+model it is for (architecture, tensor names and shapes): llama.cpp's adapter loader
+only logs why it refuses one, and aborts on a few malformed adapters.
+
 Memory stays bounded for hostile headers: counts are capped, keys are
 remembered as 16-byte digests, tensors as four integers and a short name.
 """
@@ -54,7 +58,7 @@ import struct
 from array import array
 from bisect import bisect_right
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
@@ -70,6 +74,7 @@ _SCALARS = {
     GGUFValueType.BOOL: "<?",
 }
 MAX_KEY_LENGTH = 1 << 16
+OnTensor = Callable[[str, tuple, int], None]  # a tensor info's name, dimensions and offset
 _U64 = struct.Struct("<Q")
 MAX_STRING_LENGTH = MAX_ARRAY_LENGTH = 1 << 30  # gguf.cpp's GGUF_MAX_STRING_LENGTH / _ARRAY_ELEMENTS
 
@@ -233,7 +238,8 @@ DEFAULT_ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT
 _MIN_KV = 8 + 1 + 4 + 1  # key length, a 1-byte key, value type, a 1-byte value
 _MIN_TENSOR = 8 + 1 + 4 + 8 + 4 + 8  # name length, a 1-byte name, n_dims, one dim, type, offset
 _INT64_MAX = (1 << 63) - 1
-_WATCHED = {"general.architecture", "split.count", "tokenizer.ggml.tokens"}
+_WATCHED = {"general.architecture", "split.count", "tokenizer.ggml.tokens",
+            "general.type", "adapter.type", "adapter.lora.alpha"}
 # `<arch>.` hyperparameters llama.cpp asserts on (an abort, not an error) or overflows with
 _HPARAMS = {"block_count", "nextn_predict_layers", "attention.head_count", "attention.head_count_kv",
             "attention.key_length", "attention.value_length", "attention.layer_norm_epsilon",
@@ -261,28 +267,46 @@ def preflight(path: Path) -> None:
     docstring for the checks); raise ModelError with a one-line message on the first
     problem. Also checks the other files of a split model."""
     path = Path(path)
-    split_count = _preflight_file(path)
+    for part in _other_splits(path, _preflight_file(path)):
+        _preflight_file(part)
+
+
+def _other_splits(path: Path, split_count: int) -> list[Path]:
+    """The existing other files of a split model whose first file is `path` (a missing
+    one is llama.cpp's clean error)."""
     postfix = f"-00001-of-{split_count:05d}.gguf"
-    if split_count > 1 and str(path).endswith(postfix):
-        prefix = str(path)[: -len(postfix)]
-        for i in range(2, split_count + 1):
-            part = Path(f"{prefix}-{i:05d}-of-{split_count:05d}.gguf")
-            if part.exists():  # a missing split is llama.cpp's clean error
-                _preflight_file(part)
+    if split_count <= 1 or not str(path).endswith(postfix):
+        return []
+    prefix = str(path)[: -len(postfix)]
+    parts = (Path(f"{prefix}-{i:05d}-of-{split_count:05d}.gguf") for i in range(2, split_count + 1))
+    return [part for part in parts if part.exists()]
 
 
 def _preflight_file(path: Path) -> int:
-    return _mapped(path, "invalid GGUF", _check)
+    """Validate one file; return its split count."""
+    return _mapped(path, "invalid GGUF", lambda cur: _split_count(cur, _check(cur)))
 
 
-def _check(cur: _Cursor) -> int:
-    """Walk and validate the header; return the split count (0 when not split)."""
-    n_tensors, n_kv = _header(cur)
-    alignment, where = _check_kvs(cur, n_kv)
-    _check_tensors(cur, n_tensors, alignment)
+def _check(cur: _Cursor, on_tensor: OnTensor | None = None) -> dict[str, int]:
+    """Walk and validate the header (tensor infos also through `on_tensor`); return where
+    the watched values are."""
+    where = _walk(cur, on_tensor)
     if "tokenizer.ggml.tokens" in where:
         _check_tokens(cur, where["tokenizer.ggml.tokens"])
     _check_hparams(cur, where)
+    return where
+
+
+def _walk(cur: _Cursor, on_tensor: OnTensor | None = None) -> dict[str, int]:
+    """Header, key/value pairs and tensor infos, each checked as it is read."""
+    n_tensors, n_kv = _header(cur)
+    alignment, where = _check_kvs(cur, n_kv)
+    _check_tensors(cur, n_tensors, alignment, on_tensor)
+    return where
+
+
+def _split_count(cur: _Cursor, where: dict[str, int]) -> int:
+    """split.count (0 when not split)."""
     split_count = _small_value(cur, where.get("split.count"))
     return split_count if type(split_count) is int else 0
 
@@ -341,7 +365,7 @@ def _check_kvs(cur: _Cursor, n_kv: int) -> tuple[int, dict[str, int]]:
     return alignment, where
 
 
-def _check_tensors(cur: _Cursor, n_tensors: int, alignment: int) -> None:
+def _check_tensors(cur: _Cursor, n_tensors: int, alignment: int, on_tensor: OnTensor | None = None) -> None:
     buf, size = cur.buf, len(cur.buf)
     names: set[bytes] = set()
     # per tensor: where its info starts, where its offset field is, its offset and byte size
@@ -385,6 +409,8 @@ def _check_tensors(cur: _Cursor, n_tensors: int, alignment: int) -> None:
             raise cur.fail(f"{label}: offset {offset} is not a multiple of the alignment {alignment}", cur.pos - 8)
         for arr, v in ((info_at, at), (offset_at, cur.pos - 8), (offsets, offset), (sizes, nbytes)):
             arr.append(v)
+        if on_tensor is not None:
+            on_tensor(name, dims, at)
 
     if not n_tensors:
         return
@@ -519,3 +545,106 @@ def _check_hparams(cur: _Cursor, where: dict[str, int]) -> None:
     ):
         if not ok:
             raise bad(name, why)
+
+
+# -- LoRA adapters -------------------------------------------------------------
+
+# llama.cpp's adapter loader reads these with gguf_get_val_str / gguf_get_val_f32, which
+# assert (abort the process) on a value of any other type instead of refusing the file.
+_ADAPTER_KEYS = {"general.type": GGUFValueType.STRING, "general.architecture": GGUFValueType.STRING,
+                 "adapter.type": GGUFValueType.STRING, "adapter.lora.alpha": GGUFValueType.FLOAT32}
+_LORA_SUFFIXES = (".lora_a", ".lora_b")
+
+
+def preflight_adapter(path: Path, model_path: Path) -> None:
+    """Validate a LoRA adapter for the model at `model_path` before llama.cpp sees it.
+
+    The adapter's header is checked as `preflight` checks a model; then what llama.cpp's
+    adapter loader requires, with a message that says what does not fit: a GGUF that is
+    not a LoRA adapter, one for another architecture, matrices for tensors the model does
+    not have or of shapes that do not fit them. Also refused: what would make llama.cpp
+    abort instead of refusing the file: a key of _ADAPTER_KEYS of the wrong type, and
+    matrices whose expert dimension or rank the loader does not compare with the model's
+    (the first decode's ggml_mul_mat asserts). Raises ModelError with a one-line message.
+    """
+    path = Path(path)
+    arch, pairs = _mapped(path, "invalid LoRA adapter", _read_adapter)
+    model_arch, shapes = _model_tensors(Path(model_path), set(pairs))
+    model = Path(model_path).name
+
+    def refuse(why: str) -> ModelError:
+        return ModelError(f"{path}: {why}")
+
+    if arch != model_arch:
+        raise refuse(f"a LoRA adapter for architecture {_shown(arch)}, but {model} is {_shown(model_arch)}")
+    for base, (a, b) in pairs.items():
+        if a is None or b is None:
+            raise refuse(f"LoRA tensor {_q(base)} has no {'lora_a' if a is None else 'lora_b'}")
+        if base not in shapes:
+            raise refuse(f"LoRA tensor {_q(base)} is not in {model} (an adapter for another model?)")
+        if not _fits(base, a, b, shapes[base]):
+            raise refuse(f"LoRA matrices for {_q(base)} of shapes {list(a)} and {list(b)} do not fit its "
+                         f"shape {list(shapes[base])} in {model} (an adapter for another model?)")
+
+
+def _read_adapter(cur: _Cursor) -> tuple[Any, dict[str, list]]:
+    """Check the header and the adapter's keys; return its architecture and its matrices'
+    dimensions by the tensor they change: {base name: [A dims, B dims]}, paired as
+    llama.cpp pairs them."""
+    pairs: dict[str, list] = {}
+    strays: list[tuple[str, int]] = []  # tensors llama.cpp refuses, named after the keys are checked
+
+    def matrix(name: str, dims: tuple, at: int) -> None:
+        for i, suffix in enumerate(_LORA_SUFFIXES):
+            if name.endswith(suffix):
+                pairs.setdefault(name.replace(suffix, ""), [None, None])[i] = dims
+                return
+        if not name.endswith("_norm.weight") and not strays:  # llama.cpp skips norms
+            strays.append((name, at))
+
+    where = _check(cur, matrix)
+    values = {}
+    for key, vtype in _ADAPTER_KEYS.items():
+        at = where.get(key)
+        found = None if at is None else struct.unpack_from("<I", cur.buf, at)[0]
+        if found is not None and found != vtype:
+            raise cur.fail(f"key {_q(key)}: must be of type {_type_name(vtype)}, not {_type_name(found)}", at)
+        values[key] = _small_value(cur, at)
+    for key, expected in (("general.type", "adapter"), ("adapter.type", "lora")):
+        if values[key] != expected:  # a model file given as an adapter, or a control vector
+            raise ModelError(f"{cur.path}: not a LoRA adapter ({key} is {_shown(values[key])}, not {expected!r})")
+    alpha = values["adapter.lora.alpha"]
+    if alpha is not None and not math.isfinite(alpha):
+        raise cur.fail(f"key 'adapter.lora.alpha': {alpha} is not a finite number", where["adapter.lora.alpha"])
+    if strays:
+        name, at = strays[0]
+        raise cur.fail(f"tensor {_q(name)}: not a LoRA matrix (named *.lora_a or *.lora_b)", at)
+    return values["general.architecture"], pairs
+
+
+def _model_tensors(path: Path, names: set[str]) -> tuple[Any, dict[str, tuple]]:
+    """A model's general.architecture and the dimensions of its tensors in `names`,
+    from all of its files if it is split."""
+    shapes: dict[str, tuple] = {}
+
+    def walk(cur: _Cursor) -> tuple[Any, int]:
+        where = _walk(cur, lambda name, dims, at: shapes.update({name: dims}) if name in names else None)
+        return _small_value(cur, where.get("general.architecture")), _split_count(cur, where)
+
+    arch, split_count = _mapped(path, "invalid GGUF", walk)
+    for part in _other_splits(path, split_count):
+        _mapped(part, "invalid GGUF", walk)
+    return arch, shapes
+
+
+def _fits(name: str, a: tuple, b: tuple, model: tuple) -> bool:
+    """Whether A and B fit the model tensor they change (ggml dimension order: a weight
+    is [inputs, outputs(, experts)]; A [inputs, rank(, experts)], B [rank, outputs(, experts)])."""
+    a, b, model = ((*dims, *(1,) * (MAX_DIMS - len(dims))) for dims in (a, b, model))
+    if name.endswith("token_embd.weight"):  # A's rows are picked by token, then B applies: llm_build_inp_embd
+        return model[1] == a[1] and model[0] == b[1] and a[0] == b[0] and a[2:] == b[2:] == model[2:]
+    return model[0] == a[0] and model[1] == b[1] and a[1] == b[0] and a[2:] == b[2:] == model[2:]
+
+
+def _shown(value: Any) -> str:
+    return "missing" if value is None else _q(str(value))

@@ -2,7 +2,8 @@
 
 Built on the low-level C API, not on `llama_cpp.Llama`: one llama_batch reused
 for every call, logits read as zero-copy numpy views of llama.cpp's own buffer,
-and rollback with llama_memory_seq_rm. Only one sequence (id 0) is used.
+and rollback with llama_memory_seq_rm. Sequence 0 is the cache; draft trees add
+sequences 1..n_seq-1 for their other branches (see backend.Backend).
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ import numpy as np
 from . import interrupt
 from .backend import Outputs
 from .errors import GenerationError, ModelError
-from .gguf_meta import preflight
+from .gguf_meta import preflight, preflight_adapter
 
-_SEQ = 0
 _initialised = False
 _abort = ll.ggml_abort_callback(interrupt.poll)  # Ctrl-C and SIGTERM stop a decode within a graph node
 _no_abort = ll.ggml_abort_callback()  # NULL
@@ -89,6 +89,11 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def _file_identity(path: Path) -> dict:
+    stat = path.stat()
+    return {"file": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
 class LlamaModel:
     """A GGUF model with one context and one KV-cache sequence (see backend.Backend)."""
 
@@ -102,11 +107,16 @@ class LlamaModel:
         n_gpu_layers: int = -1,
         n_threads: int | None = None,
         flash_attn: str = "auto",
+        n_seq: int = 1,
+        loras: Sequence[tuple[Path, float]] = (),
     ):
         preflight(path)  # hostile or corrupt GGUF headers never reach llama.cpp's parser
+        for lora, _ in loras:  # nor adapters, which are refused before the model loads
+            preflight_adapter(lora, path)
         _init_once()
         self.name = name
         self.path = Path(path)
+        self.loras = tuple((Path(lora), float(scale)) for lora, scale in loras)
         self._model = self._ctx = None
         self._batch = None
 
@@ -129,7 +139,8 @@ class LlamaModel:
         cparams.n_ctx = n_ctx
         cparams.n_batch = n_batch
         cparams.n_ubatch = min(n_batch, 512)
-        cparams.n_seq_max = 1
+        cparams.n_seq_max = n_seq
+        cparams.kv_unified = True  # branches share the prompt's cells: one cache, not n_seq slices
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.swa_full = True  # sliding-window caches keep everything, so rollback is exact
@@ -141,12 +152,14 @@ class LlamaModel:
             self.close()
             raise ModelError(f"{self.path}: llama.cpp could not create a context (n_ctx={n_ctx})")
         self._ctx = ctx
+        self._apply_loras()
         self._abortable = False
         self._mem = ll.llama_get_memory(ctx)
         # llama.cpp pads the context (to 256); the limit is still what was asked for.
         allocated = ll.llama_n_ctx(ctx)
         self.n_ctx = min(n_ctx, allocated) if n_ctx > 0 else allocated
         self.n_batch = ll.llama_n_batch(ctx)
+        self.n_seq = n_seq
         self._vocab = ll.llama_model_get_vocab(model)
         self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
         self.n_threads = threads
@@ -162,14 +175,30 @@ class LlamaModel:
         self._eog_cache: dict[int, bool] = {}
         self._eog_tokens: np.ndarray | None = None
 
-        self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
+        self._batch = ll.llama_batch_init(self.n_batch, 0, n_seq)
         for i in range(self.n_batch):
             self._batch.n_seq_id[i] = 1
-            self._batch.seq_id[i][0] = _SEQ
+            self._batch.seq_id[i][0] = 0
+        self._n_branched = 0  # leading batch entries whose sequence ids decode_branches changed
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(self.n_batch,))
         self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(self.n_batch,))
         self._out = np.ctypeslib.as_array(self._batch.logits, shape=(self.n_batch,))
         self._warm_up()
+
+    def _apply_loras(self) -> None:
+        """Load the adapters and set them, with their scales, on the context before the
+        warm-up decode sizes the compute buffers. llama.cpp frees them with the model."""
+        if not self.loras:
+            return
+        adapters = (ll.llama_adapter_lora_p_ctypes * len(self.loras))()
+        for i, (lora, _) in enumerate(self.loras):
+            adapter = ll.llama_adapter_lora_init(self._model, str(lora).encode())
+            if not adapter:
+                self.close()
+                raise ModelError(f"{lora}: llama.cpp could not load this LoRA adapter for {self.path.name}")
+            adapters[i] = adapter
+        scales = (ctypes.c_float * len(self.loras))(*(scale for _, scale in self.loras))
+        ll.llama_set_adapters_lora(self._ctx, adapters, len(self.loras), scales)
 
     def _warm_up(self) -> None:
         """One throw-away decode, as llama.cpp's tools do: the first decode allocates
@@ -196,11 +225,12 @@ class LlamaModel:
 
     def identity(self) -> dict:
         """Everything that changes how fast this model runs here (for calibration)."""
-        stat = self.path.stat()
-        return {"name": self.name, "file": str(self.path.resolve()), "size": stat.st_size,
-                "mtime_ns": stat.st_mtime_ns, "threads": self.n_threads, "n_gpu_layers": self.n_gpu_layers,
-                "n_batch": self.n_batch, "build": system_info(), "kernels": self.kernels,
-                "llama_cpp_python": ll.__version__}
+        # llama.cpp drops an adapter of scale 0; another scale costs the same as 1.
+        loras = [_file_identity(lora) for lora, scale in self.loras if scale != 0]
+        return {"name": self.name, **_file_identity(self.path), "threads": self.n_threads,
+                "n_gpu_layers": self.n_gpu_layers, "n_batch": self.n_batch, "build": system_info(),
+                "kernels": self.kernels, "llama_cpp_python": ll.__version__,
+                **({"loras": loras} if loras else {})}  # no key without: older calibrations stay valid
 
     @property
     def add_bos(self) -> bool:
@@ -249,6 +279,8 @@ class LlamaModel:
     def decode(self, tokens: Sequence[int], pos: int, outputs: Outputs) -> list[np.ndarray]:
         if outputs == "all" and len(tokens) > self.n_batch:
             raise GenerationError(f"batch of {len(tokens)} tokens exceeds -b/--batch-size {self.n_batch}")
+        self._set_seqs([(0,)] * self._n_branched)
+        self._n_branched = 0
         rows: list[np.ndarray] = []
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start : start + self.n_batch]
@@ -260,30 +292,65 @@ class LlamaModel:
                 self._out[:n] = 1
             elif outputs == "last" and start + n == len(tokens):
                 self._out[n - 1] = 1
-            self._batch.n_tokens = n
-            if (n >= ABORTABLE_FROM) != self._abortable:
-                self._abortable = n >= ABORTABLE_FROM
-                ll.llama_set_abort_callback(self._ctx, _abort if self._abortable else _no_abort, None)
-            t0 = time.perf_counter()
-            ret = ll.llama_decode(self._ctx, self._batch)
-            if ret == 2 or interrupt.poll():  # aborted, or the signal came at the last node
-                interrupt.stop()
-            ll.llama_synchronize(self._ctx)  # GPU backends return early; count the real work
-            self.busy_seconds += time.perf_counter() - t0
-            if ret != 0:
-                raise GenerationError(f"llama_decode failed on {self.name} (code {ret}) at position {pos + start}")
+            self._run(n, pos + start)
         if outputs == "all":
             rows = [self._logits(i) for i in range(len(tokens))]
         elif outputs == "last" and tokens:
             rows = [self._logits(-1)]  # -1: the last output of the last chunk
         return rows
 
+    def decode_branches(self, tokens: Sequence[int], positions: Sequence[int],
+                        seqs: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        n = len(tokens)
+        if n > self.n_batch:
+            raise GenerationError(f"batch of {n} tokens exceeds -b/--batch-size {self.n_batch}")
+        self._tok[:n] = tokens
+        self._pos[:n] = positions
+        self._out[:n] = 1
+        self._set_seqs(seqs)
+        self._n_branched = max(self._n_branched, n)
+        self._run(n, min(positions, default=0))
+        return [self._logits(i) for i in range(n)]
+
+    def _set_seqs(self, seqs: Sequence[Sequence[int]]) -> None:
+        for i, ids in enumerate(seqs):
+            self._batch.n_seq_id[i] = len(ids)
+            for j, s in enumerate(ids):
+                self._batch.seq_id[i][j] = s
+
+    def _run(self, n: int, pos: int) -> None:
+        """llama_decode over the batch's first n entries."""
+        self._batch.n_tokens = n
+        if (n >= ABORTABLE_FROM) != self._abortable:
+            self._abortable = n >= ABORTABLE_FROM
+            ll.llama_set_abort_callback(self._ctx, _abort if self._abortable else _no_abort, None)
+        t0 = time.perf_counter()
+        ret = ll.llama_decode(self._ctx, self._batch)
+        if ret == 2 or interrupt.poll():  # aborted, or the signal came at the last node
+            interrupt.stop()
+        ll.llama_synchronize(self._ctx)  # GPU backends return early; count the real work
+        self.busy_seconds += time.perf_counter() - t0
+        if ret != 0:
+            raise GenerationError(f"llama_decode failed on {self.name} (code {ret}) at position {pos}")
+
     def _logits(self, i: int) -> np.ndarray:
         return np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,))
 
     def trim(self, n_keep: int) -> None:
-        if not ll.llama_memory_seq_rm(self._mem, _SEQ, n_keep, -1):
+        if not ll.llama_memory_seq_rm(self._mem, -1, n_keep, -1):  # -1: every sequence
             raise GenerationError(f"{self.name}: the KV cache refused to roll back to position {n_keep}")
+
+    def copy_branch(self, src: int, dst: int) -> None:
+        ll.llama_memory_seq_rm(self._mem, dst, -1, -1)
+        ll.llama_memory_seq_cp(self._mem, src, dst, -1, -1)  # shares the cells, copies nothing
+
+    def keep_branch(self, seq: int, n_keep: int) -> None:
+        ll.llama_memory_seq_keep(self._mem, seq)  # cells of other branches are freed
+        if not ll.llama_memory_seq_rm(self._mem, seq, n_keep, -1):
+            raise GenerationError(f"{self.name}: the KV cache refused to roll back to position {n_keep}")
+        if seq != 0:
+            ll.llama_memory_seq_cp(self._mem, seq, 0, -1, -1)
+            ll.llama_memory_seq_keep(self._mem, 0)
 
     # -- lifetime --------------------------------------------------------
 

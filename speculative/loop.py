@@ -1,11 +1,14 @@
 """The draft/verify loop: a generator of events that never prints.
 
 One step:
-  1. the drafter proposes d1..dk given everything so far (k may be 0);
-  2. the target scores [last, d1..dk] in one batch at positions n-1..n-1+k;
+  1. the drafter proposes d1..dk given everything so far (k may be 0): a chain,
+     or a tree whose branches fork where the draft hesitates (tree.py);
+  2. the target scores [last, d1..dk] in one batch at positions n-1..n-1+depth,
+     each branch as its own cache sequence;
   3. the acceptance rule (verify.py: the target's pick must match, or speculative
-     sampling) keeps d1..dm and adds the target's own token (bonus);
-  4. the target cache is rolled back to the accepted prefix.
+     sampling) keeps m drafted tokens, the accepted path down one branch, and
+     adds the target's own token (bonus);
+  4. the target cache is rolled back to the accepted path.
 
 The target cache always holds every token except the last one, whose logits the
 next step computes. Without a drafter k is 0 and the same loop is plain
@@ -22,7 +25,8 @@ from .backend import Backend
 from .drafters import Draft, Drafter, Outcome
 from .errors import GenerationError, UsageError
 from .sampling import Sampler
-from .verify import rejection_sample, sample_and_match
+from .tree import Tree
+from .verify import match_tree, rejection_sample_tree
 
 
 SPEC_TYPES = ("none", "draft", "ngram-simple", "ngram-map-k", "auto")
@@ -34,6 +38,7 @@ DRAFT_MAX_AUTO = 16    # auto's cap: it picks k <= this each step
 # sooner after an edit with short n-grams (measured on ../shared/prompts/dev.jsonl).
 NGRAM_N_FIXED = 12
 NGRAM_N_AUTO = 3
+MAX_BRANCHES = 16  # -np: more branches than this make verify batches that never pay
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,8 @@ class SpecSettings:
     n_predict: int = -1     # hard cap on generated tokens; -1: until EOS or context full
     ignore_eos: bool = False
     accept: str = "rejection"  # --spec-accept: how sampled drafts are verified (SPEC_ACCEPT)
+    branches: int = 1       # -np: the draft model's most branches per step (1: a chain)
+    p_split: float = 0.1    # --draft-p-split: a candidate this likely to the draft starts a branch
     ngram_simple: NgramSettings = NgramSettings()
     ngram_map_k: NgramSettings = NgramSettings()
 
@@ -92,6 +99,13 @@ class SpecSettings:
             raise UsageError(f"--draft-min ({self.draft_min}) is larger than --draft-max ({self.draft_max})")
         if not 0.0 <= self.draft_p_min <= 1.0:
             raise UsageError(f"--draft-p-min must be in [0, 1], got {self.draft_p_min}")
+        if not 1 <= self.branches <= MAX_BRANCHES:
+            raise UsageError(f"-np/--parallel must be in [1, {MAX_BRANCHES}], got {self.branches}")
+        if not 0.0 <= self.p_split <= 1.0:
+            raise UsageError(f"--draft-p-split must be in [0, 1], got {self.p_split}")
+        if self.branches > 1 and ("draft" not in self.drafters or self.auto):
+            raise UsageError(f"-np {self.branches}: draft trees come from a draft model; "
+                             "use --spec-type draft (auto plans chains only)")
         if self.n_predict < -1:
             raise UsageError(f"-n/--n-predict must be -1 (no limit) or >= 0, got {self.n_predict}")
         self.ngram_simple.validate("--spec-ngram-simple-*")
@@ -115,6 +129,8 @@ class Step:
     n_accepted: int
     t_draft: float
     t_verify: float
+    n_branches: int = 1   # branches of the draft tree (1: a chain)
+    branch: int = 0       # the branch the accepted path ran along (tree.py numbers them)
 
 
 @dataclass(frozen=True)
@@ -187,21 +203,26 @@ def generate(
         t_verify = time.perf_counter()
 
         n = len(tokens)
-        rows = target.decode([tokens[-1], *drafted], n - 1, "all")
-        history = _history(sampler, tokens, drafted)  # row i follows tokens + d1..di
+        tree = Tree(draft.tree)
+        for b in range(1, tree.n_branches):  # every branch sees the cache so far
+            target.copy_branch(0, b)
+        rows = target.decode_branches([tokens[-1], *drafted], [n - 1, *(n - 1 + d for d in tree.depth)],
+                                      [tuple(range(tree.n_branches)), *tree.seqs])
+        history = _history(sampler, tokens, drafted, tree)  # what row i follows, for penalties
         if sampler.settings.greedy or settings.accept == "match":
-            m, bonus = sample_and_match(drafted, lambda i: sampler.sample(rows[i], history(i)))
+            path, bonus = match_tree(drafted, tree, lambda i: sampler.sample(rows[i], history(i)))
         else:
-            m, bonus = rejection_sample(drafted, draft.q, lambda i: sampler.distribution(rows[i], history(i)),
-                                        sampler.rng)
-        target.trim(n + m)
+            path, bonus = rejection_sample_tree(
+                drafted, tree, draft.q, lambda i: sampler.distribution(rows[i], history(i)), sampler.rng)
+        m, branch = len(path), tree.branch[path[-1]] if path else 0
+        target.keep_branch(branch, n + m)
         t_done = time.perf_counter()
         if drafter is not None:
             drafter.accept(Outcome(draft, m, bonus, t_verify - t_draft, t_done - t_verify))
 
         yield Step(step, draft.source if drafted else None, len(drafted), m,
-                   t_verify - t_draft, t_done - t_verify)
-        for i, token in enumerate([*drafted[:m], bonus]):
+                   t_verify - t_draft, t_done - t_verify, tree.n_branches, branch)
+        for i, token in enumerate([*(drafted[j] for j in path), bonus]):
             if target.is_eog(token) and not settings.ignore_eos:
                 yield Done("stop", time.perf_counter() - t_start)
                 return
@@ -211,10 +232,11 @@ def generate(
         step += 1
 
 
-def _history(sampler: Sampler, tokens: list[int], drafted: list[int]):
-    """The tokens each row of a verified batch follows, for penalties (else nothing)."""
+def _history(sampler: Sampler, tokens: list[int], drafted: list[int], tree: Tree):
+    """The tokens each row of a verified batch follows, for penalties (else nothing):
+    row 0 the context, row i + 1 the context and the path to drafted node i."""
     if not sampler.settings.penalties:
         return lambda i: ()
     n = sampler.settings.repeat_last_n
     recent = tokens[-n:] if n > 0 else tokens
-    return lambda i: [*recent, *drafted[:i]]
+    return lambda i: [*recent, *(drafted[j] for j in tree.path(i - 1))]

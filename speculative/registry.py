@@ -187,17 +187,18 @@ def looks_like_path(spec: str) -> bool:
     return os.sep in spec or "/" in spec or spec.lower().endswith(".gguf") or spec.startswith(".")
 
 
-def check_gguf_file(path: Path) -> None:
-    """A cheap first check, before llama.cpp sees the file: it exists, is a file, says GGUF."""
+def check_gguf_file(path: Path, what: str = "model file") -> None:
+    """A cheap first check, before llama.cpp sees the file: it exists, is a file, says GGUF.
+    `what` the file is, for the message."""
     if not path.exists():
-        raise ModelError(f"model file not found: {path}")
+        raise ModelError(f"{what} not found: {path}")
     if not path.is_file():
-        raise ModelError(f"not a model file (a directory or special file): {path}")
+        raise ModelError(f"not a {what} (a directory or special file): {path}")
     try:
         with path.open("rb") as f:
             magic = f.read(4)
     except OSError as e:
-        raise ModelError(f"cannot read model file {path}: {e.strerror}") from None
+        raise ModelError(f"cannot read {what} {path}: {e.strerror}") from None
     if magic != GGUF_MAGIC:
         raise ModelError(f"not a GGUF file (bad magic {magic!r}): {path}")
 

@@ -22,6 +22,10 @@ class Stats:
     accepted_at: list[int] = field(default_factory=list)  # per draft position: times accepted
     accepted_lengths: Counter = field(default_factory=Counter)  # m -> number of drafting steps
     plans: Counter = field(default_factory=Counter)  # (drafter or "none", k) -> steps
+    n_tree_steps: int = 0       # steps that verified a draft tree (more than one branch)
+    max_branches: int = 1
+    branch_steps: Counter = field(default_factory=Counter)     # branch -> tree steps accepted along it
+    branch_accepted: Counter = field(default_factory=Counter)  # branch -> drafted tokens accepted on it
     t_load: float = 0.0
     t_encode: float = 0.0
     t_decode: float = 0.0
@@ -41,6 +45,12 @@ class Stats:
             self.plans[(event.drafter or "none", event.n_drafted)] += 1
             if event.n_drafted:
                 self._add_draft(event.n_drafted, event.n_accepted)
+            if event.n_branches > 1:
+                self.n_tree_steps += 1
+                self.max_branches = max(self.max_branches, event.n_branches)
+                if event.n_accepted:
+                    self.branch_steps[event.branch] += 1
+                    self.branch_accepted[event.branch] += event.n_accepted
         elif isinstance(event, Prefilled):
             self.n_prompt = event.n_prompt
             self.n_cached = event.n_cached
@@ -116,6 +126,9 @@ class Stats:
             "accept_rate_by_position": self.accept_rate_by_position,
             "accepted_length_histogram": {str(m): n for m, n in sorted(self.accepted_lengths.items())},
             "plans": [{"drafter": d, "k": k, "steps": n} for (d, k), n in sorted(self.plans.items())],
+            "tree_steps": self.n_tree_steps,
+            "branches": [{"branch": b, "steps": self.branch_steps[b], "accepted": self.branch_accepted[b]}
+                         for b in sorted(self.branch_steps)],
             "t_load_s": self.t_load,
             "t_encode_s": self.t_encode,
             "t_decode_s": self.t_decode,

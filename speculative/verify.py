@@ -23,6 +23,18 @@ distribution after its chain; on the first rejection the token is drawn from
 norm(max(0, p_i - q_i)); when all k are accepted a bonus token is drawn from
 p_(k+1). Each emitted token then follows p exactly, whatever q is. A drafter that
 proposes deterministically (n-gram lookup, a greedy draft) has q = one-hot.
+
+Draft trees (tree.py) verify the same way, one node at a time from the root. Sample
+and match follows the child whose token the target picked. Speculative sampling
+tries the children in order, each as one round of the rule above whose target is
+what the previous round left: child c is accepted with probability
+min(1, p(c) / q_c(c)), else p becomes norm(max(0, p - q_c)); when every child is
+rejected the token is drawn from the last p ("recursive rejection sampling",
+SpecInfer's multi-step speculative sampling). Each round is exact whatever p it
+starts from, provided its proposal does not depend on the target's random draws:
+the first child is sampled from q, the others (the draft's next-best candidates)
+are fixed once it is known and have q_c = one-hot. A chain is the tree with one
+child per node, and the rounds are exactly the loop of the paper.
 """
 
 from __future__ import annotations
@@ -32,23 +44,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .sampling import Dist, draw, one_hot
-
-
-def sample_and_match(drafted: Sequence[int], target_pick: Callable[[int], int]) -> tuple[int, int]:
-    """Verify `drafted` against the target.
-
-    `target_pick(i)` is the target's token for batch row i, the row that scored
-    [last, d1..dk][i]; it is called for rows 0..m only, in order, so a sampler's
-    random stream is consumed exactly as in target-only decoding.
-
-    Returns (m, bonus): the number of accepted drafted tokens and the target's
-    token after them.
-    """
-    for i, d in enumerate(drafted):
-        picked = target_pick(i)
-        if picked != d:
-            return i, picked
-    return len(drafted), target_pick(len(drafted))
+from .tree import Tree, chain_parents
 
 
 def prob(dist: Dist, token: int) -> float:
@@ -75,19 +71,62 @@ def residual(p: Dist, q: Dist) -> Dist:
     return p_ids[keep], r[keep] / total
 
 
+def sample_and_match(drafted: Sequence[int], target_pick: Callable[[int], int]) -> tuple[int, int]:
+    """Verify `drafted`, a chain, against the target.
+
+    `target_pick(i)` is the target's token for batch row i, the row that scored
+    [last, d1..dk][i]; it is called for rows 0..m only, in order, so a sampler's
+    random stream is consumed exactly as in target-only decoding.
+
+    Returns (m, bonus): the number of accepted drafted tokens and the target's
+    token after them.
+    """
+    path, bonus = match_tree(drafted, Tree(chain_parents(len(drafted))), target_pick)
+    return len(path), bonus
+
+
 def rejection_sample(drafted: Sequence[int], q: Sequence[Dist] | None,
                      target_dist: Callable[[int], Dist], rng: np.random.Generator) -> tuple[int, int]:
-    """Speculative sampling of `drafted` (d_i ~ q[i]; q None: deterministic proposals).
+    """Speculative sampling of `drafted`, a chain (d_i ~ q[i]; q None: deterministic proposals).
 
     `target_dist(i)` is the target's distribution for batch row i; rows 0..m are
     asked for, in order. One uniform number is drawn per verified token and one
     for the token after them, from `rng`. Returns (m, bonus) as sample_and_match.
     """
-    for i, d in enumerate(drafted):
-        p = target_dist(i)
-        q_i = one_hot(d) if q is None else q[i]
-        q_d = prob(q_i, d)
-        ratio = prob(p, d) / q_d if q_d > 0.0 else 0.0
-        if rng.random() >= ratio:  # rejected: accept probability min(1, p/q)
-            return i, draw(residual(p, q_i), rng)
-    return len(drafted), draw(target_dist(len(drafted)), rng)
+    path, bonus = rejection_sample_tree(drafted, Tree(chain_parents(len(drafted))), q, target_dist, rng)
+    return len(path), bonus
+
+
+def match_tree(drafted: Sequence[int], tree: Tree, target_pick: Callable[[int], int]) -> tuple[list[int], int]:
+    """Sample and match over a draft tree. The batch scored [last, d0, d1, ...], so node
+    i's row is i + 1 and the root's is 0; `target_pick(row)` is asked for the rows on
+    the accepted path, in order. Returns (path, bonus): the accepted nodes, root first."""
+    path: list[int] = []
+    while True:
+        node = path[-1] if path else -1
+        picked = target_pick(node + 1)
+        match = [c for c in tree.children.get(node, ()) if drafted[c] == picked]
+        if not match:
+            return path, picked
+        path.append(match[0])
+
+
+def rejection_sample_tree(drafted: Sequence[int], tree: Tree, q: Sequence[Dist] | None,
+                          target_dist: Callable[[int], Dist], rng: np.random.Generator) -> tuple[list[int], int]:
+    """Recursive rejection sampling over a draft tree (q[i]: node i's proposal
+    distribution; None: every node was proposed deterministically). Rows as in
+    match_tree; one uniform number per child tried and one for a drawn token."""
+    path: list[int] = []
+    while True:
+        node = path[-1] if path else -1
+        p = target_dist(node + 1)
+        for c in tree.children.get(node, ()):
+            x = drafted[c]
+            q_c = one_hot(x) if q is None else q[c]
+            q_x = prob(q_c, x)
+            if rng.random() < (prob(p, x) / q_x if q_x > 0.0 else 0.0):  # accept with min(1, p/q)
+                path.append(c)
+                break
+            p = residual(p, q_c)
+        else:
+            return path, draw(p, rng)

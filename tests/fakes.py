@@ -36,13 +36,15 @@ class ToyModel:
 
 
 class FakeBackend:
-    def __init__(self, model: ToyModel, n_ctx: int = 256, n_batch: int = 64, name: str = "fake"):
+    def __init__(self, model: ToyModel, n_ctx: int = 256, n_batch: int = 64, name: str = "fake", n_seq: int = 1):
         self.model = model
         self.name = name
         self.n_vocab = model.vocab
         self.n_ctx = n_ctx
         self.n_batch = n_batch
-        self.cache: list[int] = []
+        self.n_seq = n_seq
+        self.cache: list[int] = []   # sequence 0
+        self.branches: dict[int, list[int]] = {}  # sequences 1..n_seq-1
         self.batches: list[int] = []   # sizes of the batches scored with all outputs
         self.max_pos = -1
 
@@ -74,7 +76,36 @@ class FakeBackend:
 
     def trim(self, n_keep: int) -> None:
         assert 0 <= n_keep <= len(self.cache)
-        del self.cache[n_keep:]
+        for seq in (self.cache, *self.branches.values()):
+            del seq[n_keep:]
+
+    def _seq(self, s: int) -> list[int]:
+        assert 0 <= s < self.n_seq, f"sequence {s} of {self.n_seq}"
+        return self.cache if s == 0 else self.branches.setdefault(s, [])
+
+    def decode_branches(self, tokens, positions, seqs):
+        assert len(tokens) == len(positions) == len(seqs) <= self.n_batch
+        self.batches.append(len(tokens))
+        rows = []
+        for token, pos, ss in zip(tokens, positions, seqs):
+            for s in ss:
+                assert pos == len(self._seq(s)), f"sequence {s}: decode at {pos} but it holds {len(self._seq(s))}"
+            assert pos < self.n_ctx, "decode past the context"
+            rows.append(self.model.logits(self._seq(ss[0]) + [token]))
+            for s in ss:
+                self._seq(s).append(token)
+            self.max_pos = max(self.max_pos, pos)
+        return rows
+
+    def copy_branch(self, src: int, dst: int) -> None:
+        assert dst != 0
+        self._seq(dst)[:] = self._seq(src)
+
+    def keep_branch(self, seq: int, n_keep: int) -> None:
+        kept = self._seq(seq)[:n_keep]
+        assert len(kept) == n_keep
+        self.cache[:] = kept
+        self.branches.clear()
 
 
 def plain_decode(model: ToyModel, prompt: list[int], n: int, sampler, n_ctx: int = 256) -> list[int]:

@@ -4,7 +4,8 @@
 returns the bytes with the offsets of its section boundaries, so each hostile
 case (and each truncation point) is generated exactly; no binaries are
 committed. `int_fields` lists where the integer fields of a valid file are, for
-the mutation tests; `write_tiny_llama` writes a model llama.cpp really loads.
+the mutation tests; `write_tiny_llama` writes a model llama.cpp really loads, and
+`write_lora` a LoRA adapter for a model.
 """
 
 from __future__ import annotations
@@ -231,6 +232,23 @@ def add_tiny_tokenizer(w: gguf.GGUFWriter) -> None:
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
+
+
+def write_lora(path: Path, shapes: dict[str, tuple[int, int]], *, rank: int = 8, std: float = 0.1,
+               arch: str = "llama", seed: int = 0) -> Path:
+    """A LoRA adapter as llama.cpp's convert_lora_to_gguf.py writes one, F32: for each weight
+    of `shapes` ({name: ggml dimensions [inputs, outputs]}), A [inputs, rank] scaled to keep
+    the size of what it multiplies and B [rank, outputs] of standard deviation `std`;
+    alpha = rank, so that --lora adds B·A·x at scale 1."""
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_type("adapter")
+    w.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(rank))
+    rng = np.random.default_rng(seed)
+    for name, (n_in, n_out) in shapes.items():  # numpy shapes are ggml's reversed
+        w.add_tensor(f"{name}.lora_a", (rng.standard_normal((rank, n_in)) / np.sqrt(n_in)).astype(np.float32))
+        w.add_tensor(f"{name}.lora_b", (rng.standard_normal((n_out, rank)) * std).astype(np.float32))
+    return write_out(w, path)
 
 
 def write_out(w: gguf.GGUFWriter, path: Path) -> Path:

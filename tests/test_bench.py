@@ -47,6 +47,13 @@ def test_sweeps_make_a_grid_and_auto_keeps_its_own_cap():
     assert configs[-1].spec.draft_max == DRAFT_MAX_AUTO and configs[-1].spec.ngram_map_k.n == 3
 
 
+def test_tree_sweeps_size_the_draft_trees():
+    configs = make_configs(["draft"], parse_sweeps(["np=1,3", "p-split=0.05"]), SpecSettings(n_predict=16))
+    assert [(c.spec.branches, c.spec.p_split) for c in configs[1:]] == [(1, 0.05), (3, 0.05)]
+    with pytest.raises(UsageError, match="draft trees come from a draft model"):
+        make_configs(["ngram-simple"], parse_sweeps(["np=2"]), SpecSettings(n_predict=16))
+
+
 @pytest.mark.parametrize("sweep", ["draft-max", "nope=1", "draft-max=a"])
 def test_bad_sweeps_are_usage_errors(sweep):
     with pytest.raises(UsageError):

@@ -42,6 +42,20 @@ def test_qwen_pair_greedy_equals_target_only(model_path, batch_invariant, prompt
     assert spec["n_accept"] > 0
 
 
+def test_draft_trees_keep_greedy_output_and_report_each_branch(model_path, batch_invariant):
+    """-np 3: the Qwen draft forks where it hesitates; the output stays target-only's."""
+    common = ("-m", QWEN, "-p", QWEN_PROMPTS[1], "-n", "40", "--temp", "0", "--no-escape")
+    tree = speculate_json(*common, "-md", QWEN_DRAFT, "--spec-type", "draft", "-np", "3",
+                          "--draft-p-split", "0.02", "--draft-max", "6")
+    base = speculate_json(*common, "--spec-type", "none")
+    assert tree["tokens"] == base["tokens"], (tree["text"], base["text"])
+    assert tree["settings"]["n_parallel"] == 3 and tree["tree_steps"] > 0
+    by_branch = tree["branches"]
+    assert {b["branch"] for b in by_branch} <= {0, 1, 2}
+    assert sum(b["steps"] for b in by_branch) <= tree["tree_steps"]
+    assert sum(b["accepted"] for b in by_branch) <= tree["n_accept"]
+
+
 def test_json_counters_add_up(model_path):
     smol = str(model_path(SMOL))
     r = speculate_json("-m", smol, "-md", smol, "--spec-type", "draft", "-p", "Once upon a time", "-n", "30",

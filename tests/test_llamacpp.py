@@ -27,6 +27,47 @@ def test_a_position_scores_the_same_alone_and_inside_a_batch(model_path, batch_i
             assert np.array_equal(a, b), f"row {i}: largest difference {np.abs(a - b).max()}"
 
 
+def test_every_branch_of_a_tree_scores_as_its_own_sequence_would(model_path, batch_invariant):
+    """A draft tree in one batch, each branch a sequence: every token's logits equal those of
+    its root-to-node path decoded alone, bit for bit; keep_branch then leaves exactly that
+    path as the cache, and the next decode continues from it."""
+    from speculative.tree import Tree
+
+    tree = Tree((-1, -1, -1, 0, 0, 1, 3, 5, 2))  # three root children; forks below 0
+    with LlamaModel(model_path(SMOL), name=SMOL, n_ctx=512, n_seq=tree.n_branches) as model:
+        rng = np.random.default_rng(5)
+        prompt = rng.integers(100, model.n_vocab - 100, 150).tolist()
+        drafted = rng.integers(100, model.n_vocab - 100, len(tree.parents)).tolist()
+        n = len(prompt)
+        model.decode(prompt[:-1], 0, "none")
+        for b in range(1, tree.n_branches):
+            model.copy_branch(0, b)
+        rows = model.decode_branches([prompt[-1], *drafted], [n - 1, *(n - 1 + d for d in tree.depth)],
+                                     [tuple(range(tree.n_branches)), *tree.seqs])
+        rows = [r.copy() for r in rows]
+
+        def alone(path: list[int]) -> np.ndarray:
+            model.trim(n - 1)
+            return model.decode([prompt[-1], *(drafted[i] for i in path)], n - 1, "all")[-1].copy()
+
+        for node in range(-1, len(drafted)):
+            expected = alone(tree.path(node))
+            assert np.array_equal(rows[node + 1], expected), f"node {node}: {np.abs(rows[node + 1] - expected).max()}"
+
+        # Decode the tree again, keep the path to node 7 (branch 1), continue after it.
+        model.trim(n - 1)
+        for b in range(1, tree.n_branches):
+            model.copy_branch(0, b)
+        model.decode_branches([prompt[-1], *drafted], [n - 1, *(n - 1 + d for d in tree.depth)],
+                              [tuple(range(tree.n_branches)), *tree.seqs])
+        path = tree.path(7)
+        model.keep_branch(tree.branch[7], n + len(path))
+        after = model.decode([drafted[0]], n + len(path), "last")[0].copy()
+        model.trim(n - 1)
+        model.decode([prompt[-1], *(drafted[i] for i in path)], n - 1, "none")
+        assert np.array_equal(after, model.decode([drafted[0]], n + len(path), "last")[0])
+
+
 def test_flash_attention_on_the_cpu_is_reported_as_batch_variant(model_path):
     with LlamaModel(model_path(SMOL), name=SMOL, n_ctx=256, n_gpu_layers=0, flash_attn="on") as model:
         assert "FLASH_ATTN" in model.kernels

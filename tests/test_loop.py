@@ -18,11 +18,12 @@ PROMPT = [3, 5, 7, 11]
 
 
 def run(target_model, draft_model=None, *, n=40, n_ctx=256, n_ctx_draft=None, sampling=GREEDY, seed=1,
-        prompt=PROMPT, p_min=0.0, draft_sampling=None, **spec):
-    target = FakeBackend(target_model, n_ctx=n_ctx)
-    draft = FakeBackend(draft_model, n_ctx=n_ctx_draft or n_ctx, name="draft") if draft_model else None
+        prompt=PROMPT, p_min=0.0, draft_sampling=None, branches=1, p_split=0.1, **spec):
+    target = FakeBackend(target_model, n_ctx=n_ctx, n_seq=branches)
+    draft = FakeBackend(draft_model, n_ctx=n_ctx_draft or n_ctx, name="draft", n_seq=branches) if draft_model else None
     draft_sampler = Sampler(draft_sampling, seed + 1000) if draft_sampling else None
-    drafter = ModelDrafter(draft, p_min=p_min, sampler=draft_sampler) if draft else None
+    drafter = ModelDrafter(draft, p_min=p_min, sampler=draft_sampler, branches=branches,
+                           p_split=p_split) if draft else None
     events = list(generate(target, prompt, Sampler(sampling, seed), SpecSettings(n_predict=n, **spec), drafter))
     return events, target, draft
 
@@ -66,29 +67,33 @@ def test_greedy_output_equals_target_only(model, draft_max):
     assert drafter_backend.cache == (PROMPT + out)[: len(drafter_backend.cache)]
 
 
-def test_sampled_output_follows_target_stream(model):
+@pytest.mark.parametrize("branches", [1, 3])
+def test_sampled_output_follows_target_stream(model, branches):
     """Sample-and-match consumes the sampler's random stream exactly like target-only
-    decoding, so with one seed both produce the same tokens."""
+    decoding, so with one seed both produce the same tokens (also over draft trees)."""
     sampling = SamplerSettings(temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
     draft = model.perturbed(0.3, seed=3)
     for seed in range(5):
-        events, _, _ = run(model, draft, sampling=sampling, seed=seed, draft_max=4, n=50, accept="match")
+        events, _, _ = run(model, draft, sampling=sampling, seed=seed, draft_max=4, n=50, accept="match",
+                           branches=branches, p_split=0.05)
         assert tokens_of(events) == plain_decode(model, PROMPT, 50, Sampler(sampling, seed))
 
 
+@pytest.mark.parametrize("branches", [1, 3])
 @pytest.mark.parametrize("accept", ["match", "rejection"])
-def test_penalties_are_recomputed_for_every_position_of_a_verified_batch(model, accept):
-    """With penalties, row i of a batch is sampled after tokens + d1..di; greedy output
-    still equals target-only output, sampled output still the seeded target-only stream
-    under sample-and-match."""
+def test_penalties_are_recomputed_for_every_position_of_a_verified_batch(model, accept, branches):
+    """With penalties, row i of a batch is sampled after tokens + the path to its node;
+    greedy output still equals target-only output, sampled output still the seeded
+    target-only stream under sample-and-match."""
     greedy = SamplerSettings(temp=0.0, repeat_penalty=1.8, frequency_penalty=0.3, repeat_last_n=16)
     draft = model.perturbed(0.2, seed=4)
-    events, _, _ = run(model, draft, sampling=greedy, draft_max=5, n=60, accept=accept)
+    tree = dict(branches=branches, p_split=0.05)
+    events, _, _ = run(model, draft, sampling=greedy, draft_max=5, n=60, accept=accept, **tree)
     assert tokens_of(events) == plain_decode(model, PROMPT, 60, Sampler(greedy, 1))
     assert sum(s.n_accepted for s in steps_of(events)) > 0
     sampled = replace(greedy, temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
     if accept == "match":
-        events, _, _ = run(model, draft, sampling=sampled, seed=3, draft_max=4, n=50, accept=accept)
+        events, _, _ = run(model, draft, sampling=sampled, seed=3, draft_max=4, n=50, accept=accept, **tree)
         assert tokens_of(events) == plain_decode(model, PROMPT, 50, Sampler(sampled, 3))
 
 
@@ -108,10 +113,12 @@ def target_only_marginals(model, sampling, n_tokens: int) -> list[np.ndarray]:
     return marginals
 
 
-def test_speculative_sampling_follows_the_target_distribution_and_accepts_more(model):
+@pytest.mark.parametrize("branches", [1, 3])
+def test_speculative_sampling_follows_the_target_distribution_and_accepts_more(model, branches):
     """The draft samples at another temperature; the first three tokens of 4,000
     seeded runs match target-only probabilities (L1 bound with false-alarm rate 1e-6,
-    see tests/test_verify.py), and more drafts are kept than with sample-and-match."""
+    see tests/test_verify.py), and more drafts are kept than with sample-and-match.
+    With 3 branches the tree's forks are verified by recursive rejection sampling."""
     target_sampling = SamplerSettings(temp=1.0, top_k=6, top_p=1.0, min_p=0.0)
     draft_sampling = SamplerSettings(temp=1.5, top_k=6, top_p=1.0, min_p=0.0)
     draft = model.perturbed(0.3, seed=3)
@@ -121,7 +128,8 @@ def test_speculative_sampling_follows_the_target_distribution_and_accepts_more(m
     for seed in range(runs):
         for accept in kept:
             events, _, _ = run(model, draft, sampling=target_sampling, seed=seed, draft_max=3, n=n_tokens,
-                               accept=accept, draft_sampling=draft_sampling if accept == "rejection" else None)
+                               accept=accept, draft_sampling=draft_sampling if accept == "rejection" else None,
+                               branches=branches, p_split=0.1)
             kept[accept] += sum(s.n_accepted for s in steps_of(events))
             if accept == "rejection":
                 for i, t in enumerate(tokens_of(events)):
@@ -273,3 +281,49 @@ def test_n_cached_must_leave_the_last_prompt_token_to_decode(model, n_cached):
     with pytest.raises(ValueError):
         list(generate(FakeBackend(model), PROMPT, Sampler(GREEDY, 1), SpecSettings(n_predict=3),
                       n_cached=n_cached))
+
+
+@pytest.mark.parametrize("draft_max", [2, 5, 8])
+def test_a_draft_tree_keeps_greedy_output(model, draft_max):
+    """Greedy: the longest path the target agrees with is kept, whichever branch it is on.
+    The fake backends check every sequence's positions, so a wrong fork or fold fails."""
+    draft = model.perturbed(0.5, seed=7)
+    tree, target, draft_backend = run(model, draft, draft_max=draft_max, n=80, branches=4, p_split=0.02)
+    out = tokens_of(tree)
+    assert out == plain_decode(model, PROMPT, 80, Sampler(GREEDY, 1))
+    steps = steps_of(tree)
+    assert max(s.n_branches for s in steps) == min(4, draft_max)  # a fork per drafted token at most
+    assert all(s.n_drafted <= draft_max for s in steps)
+    assert target.cache == (PROMPT + out)[:-1] and not target.branches
+    assert draft_backend.cache == (PROMPT + out)[: len(draft_backend.cache)] and not draft_backend.branches
+
+
+def swapped_top2(model: ToyModel) -> ToyModel:
+    """A draft whose best guess is always the target's second choice, and vice versa."""
+    other = ToyModel.__new__(ToyModel)
+    other.vocab, other.table = model.vocab, model.table.copy()
+    rows = np.arange(len(model.table))
+    first, second = np.argsort(-model.table, axis=1)[:, :2].T
+    other.table[rows, first], other.table[rows, second] = model.table[rows, second], model.table[rows, first]
+    return other
+
+
+def test_a_fork_the_target_agrees_with_is_accepted(model):
+    """The draft's runner-up is the target's pick: a chain never lands, while the fork
+    at each step does (then the draft's guess after it is wrong again)."""
+    draft = swapped_top2(model)
+    chain, _, _ = run(model, draft, draft_max=4, n=40)
+    tree, target, _ = run(model, draft, draft_max=4, n=40, branches=2, p_split=0.0)
+    expected = plain_decode(model, PROMPT, 40, Sampler(GREEDY, 1))
+    assert tokens_of(chain) == tokens_of(tree) == expected
+    assert sum(s.n_accepted for s in steps_of(chain)) == 0
+    steps = steps_of(tree)
+    forked = [s for s in steps if s.n_drafted >= 2]  # near -n, room for one drafted token only
+    assert len(forked) >= 18 and all((s.n_branches, s.branch, s.n_accepted) == (2, 1, 1) for s in forked)
+    assert target.cache == (PROMPT + expected)[:-1]
+
+
+def test_one_branch_per_sequence_the_backend_has(model):
+    """-np sizes both caches: a drafter never forks into a sequence that does not exist."""
+    events, _, _ = run(model, model.perturbed(0.5, seed=7), draft_max=8, n=40, branches=2, p_split=0.0)
+    assert {s.n_branches for s in steps_of(events)} <= {1, 2}

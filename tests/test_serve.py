@@ -228,6 +228,21 @@ def test_a_second_chat_turn_reuses_the_cached_conversation(server):
     assert 30 <= other.model_extra["timings"]["cache_n"] < other.usage.prompt_tokens  # the system prompt
 
 
+def test_draft_trees_serve_the_one_shot_commands_greedy_output(model_path, tmp_path, batch_invariant):
+    """serve's --draft-branches is the one-shot command's -np (there -np is the request queue)."""
+    smol = str(model_path(SMOL))
+    tree = ("--spec-type", "draft", "--draft-max", "4", "-c", "2048", "--draft-p-split", "0.05")
+    server = start_server(model_path, tmp_path, "-md", smol, *tree, "--draft-branches", "3")
+    try:
+        answer = completion(server, prompt="The capital of France is", max_tokens=24)
+    finally:
+        stop_server(server)
+    cli = speculate_json("-m", smol, "-md", smol, *tree, "-np", "3", "-p", "The capital of France is",
+                         "-n", "24", "--temp", "0")
+    assert answer["choices"][0]["text"] == cli["text"] and cli["text"].strip()
+    assert answer["timings"]["draft_n"] == cli["n_drafted"] > 0
+
+
 def test_streamed_and_whole_completions_agree(server):
     whole = completion(server, prompt="def add(a, b):", max_tokens=20)
     events = sse(server, "/v1/completions", {"prompt": "def add(a, b):", "max_tokens": 20, "temperature": 0})

@@ -202,3 +202,11 @@ def test_registry_names_aliases_and_suggestions(tmp_path):
 def test_paths_and_names_are_told_apart():
     assert looks_like_path("model.gguf") and looks_like_path("./m") and looks_like_path("dir/m")
     assert not looks_like_path("qwen2.5-coder-1.5b-instruct")
+
+
+def test_lora_scaled_takes_both_llama_cpp_forms():
+    from cli.main import join_lora_scaled
+
+    assert join_lora_scaled(["--lora-scaled", "a.gguf", "0.5", "-p", "x"]) == ["--lora-scaled", "a.gguf:0.5", "-p", "x"]
+    assert join_lora_scaled(["--lora-scaled", "a.gguf:0.5", "-p", "x"]) == ["--lora-scaled", "a.gguf:0.5", "-p", "x"]
+    assert join_lora_scaled(["--lora-scaled", "a.gguf", "-n", "5"]) == ["--lora-scaled", "a.gguf", "-n", "5"]

@@ -13,8 +13,9 @@ import math
 import numpy as np
 import pytest
 
-from speculative.sampling import draw
-from speculative.verify import prob, rejection_sample, residual
+from speculative.sampling import draw, one_hot
+from speculative.tree import Tree
+from speculative.verify import match_tree, prob, rejection_sample, rejection_sample_tree, residual
 
 V = 6
 N = 100_000
@@ -116,3 +117,66 @@ def test_seeded_runs_repeat_exactly():
     p, q = PAIRS["overlapping"]
     assert np.array_equal(first_tokens(rejection_sample, p, q, 7, n=2000),
                           first_tokens(rejection_sample, p, q, 7, n=2000))
+
+
+# -- draft trees ---------------------------------------------------------------
+
+FORK = Tree((-1, -1, 0, 1))  # the root has children 0 and 1; 0 has child 2, 1 has child 3
+
+
+def test_matching_follows_the_branch_the_target_picked():
+    picks = {0: 2, 2: 4, 4: 5}  # row 0 (the root) says 2 -> node 1; its row (2) says 4 -> node 3
+    path, bonus = match_tree([1, 2, 3, 4], FORK, picks.__getitem__)
+    assert (path, bonus) == ([1, 3], 5)
+    assert FORK.branch == (0, 1, 0, 1) and FORK.seqs == ((0,), (1,), (0,), (1,))
+
+
+def test_a_rejected_child_passes_its_residual_to_the_next():
+    p = dist(0.2, 0.3, 0.2, 0.2, 0.1, 0)
+    q = [dist(0.4, 0, 0, 0, 0.6, 0), one_hot(1), one_hot(3), one_hot(4)]
+    rows = []
+    # Child 0 (token 0): p/q = 0.5, u = 0.6 rejects; p becomes max(0, p - q) = (0, .3, .2, .2, 0)/.7.
+    # Child 1 (token 1, one-hot): accepted with p'(1) = 3/7 > u = 0.3. Then node 1's row (2):
+    # child 3 (token 4) has p = 0.1 < u = 0.99, rejected; the token is drawn from p without 4.
+    path, bonus = rejection_sample_tree([0, 1, 3, 4], FORK, q, lambda i: rows.append(i) or p,
+                                        Rng(0.6, 0.3, 0.99, 0.0))
+    assert (path, bonus, rows) == ([1], 0, [0, 2])
+    assert np.allclose(dense(residual(p, q[0])), [0, 3 / 7, 2 / 7, 2 / 7, 0, 0])
+
+
+def top_forks(q, x, n=2):
+    """The draft's n most likely other tokens: fixed once x is drawn."""
+    ids, probs = q
+    return [int(ids[i]) for i in np.argsort(-probs, kind="stable") if ids[i] != x][:n]
+
+
+def tree_first_tokens(verifier, p, q, seed: int, n: int = N) -> np.ndarray:
+    """Histogram of the first emitted token over n steps drafting a root with three
+    children: one sampled from q, then the draft's two best other candidates."""
+    rng = np.random.Generator(np.random.PCG64(seed))
+    counts = np.zeros(V)
+    for _ in range(n):
+        x = draw(q, rng)
+        drafted = [x, *top_forks(q, x)]
+        tree = Tree((-1,) * len(drafted))
+        path, bonus = verifier(drafted, tree, [q, *(one_hot(f) for f in drafted[1:])], lambda i: p, rng)
+        counts[drafted[path[0]] if path else bonus] += 1
+    return counts / n
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_tree_verification_follows_the_target_distribution(name):
+    p, q = PAIRS[name]
+    l1 = np.abs(tree_first_tokens(rejection_sample_tree, p, q, seed=2) - dense(p)).sum()
+    assert l1 < LAM, f"{name}: L1 distance {l1:.4f} >= {LAM:.4f}"
+
+
+def test_forks_judged_by_the_draft_distribution_are_not_exact():
+    """llama-speculative verifies every branch's token against the draft's distribution q;
+    a fork was not sampled from q, and the same check then fails."""
+    def forks_as_samples(drafted, tree, q, target_dist, rng):
+        return rejection_sample_tree(drafted, tree, [q[0]] * len(drafted), target_dist, rng)
+
+    p, q = PAIRS["overlapping"]
+    l1 = np.abs(tree_first_tokens(forks_as_samples, p, q, seed=2, n=N // 10) - dense(p)).sum()
+    assert l1 > 5 * LAM

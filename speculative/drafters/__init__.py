@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from ..tree import chain_parents
+
 
 @dataclass(frozen=True)
 class Draft:
@@ -25,10 +27,17 @@ class Draft:
                          # (n-gram: how long the matched context is)
     q: tuple | None = None  # the distribution each token was sampled from, as (ids, probs),
                             # when the drafter sampled; None: deterministic proposals
+    parents: tuple[int, ...] | None = None  # a draft tree (see tree.py); None: a chain
+
+    @property
+    def tree(self) -> tuple[int, ...]:
+        """Each token's parent (-1: the last accepted token)."""
+        return self.parents if self.parents is not None else chain_parents(len(self.tokens))
 
     def head(self, k: int) -> "Draft":
-        """The first k tokens (and their distributions)."""
-        return Draft(self.tokens[:k], self.source, self.kind, None if self.q is None else self.q[:k])
+        """The first k tokens (and their distributions): a tree's parents come first."""
+        return Draft(self.tokens[:k], self.source, self.kind, None if self.q is None else self.q[:k],
+                     None if self.parents is None else self.parents[:k])
 
 
 @dataclass(frozen=True)
