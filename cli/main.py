@@ -27,6 +27,7 @@ from .bench import bench_command
 from .doctor import doctor_command
 from .prompt import process_escapes, read_prompt
 from .render import run_and_render
+from .serve import serve_command
 
 try:  # typer >= 0.22 vendors click
     from typer._click.exceptions import ClickException
@@ -58,6 +59,8 @@ app.command("bench", help="Measure speedup over target-only decoding on a prompt
     bench_command)
 app.command("batch", help="Run a JSONL file of requests with the models loaded once; resumable, one result "
                          "line per request.")(batch_command)
+app.command("serve", help="Serve the models over an OpenAI-compatible HTTP API, as llama-server does.")(
+    serve_command)
 app.command("doctor", help="Show the llama.cpp build and measure whether greedy speculation is exact on it.")(
     doctor_command)
 
@@ -145,9 +148,9 @@ def run(
                                sequence=sampling_seq, seed=seed)
     sampling.validate()
     spec = options.spec_settings(
-        spec_type, draft_max, draft_min, draft_p_min, spec_accept, ngram=(ngram_n, ngram_m, ngram_min_hits),
-        simple=(simple_n, simple_m, simple_hits), map_k=(map_n, map_m, map_hits), n_predict=n_predict,
-        ignore_eos=ignore_eos, branches=parallel, p_split=draft_p_split)
+        spec_type, draft_max, draft_min, draft_p_min, spec_accept, branches=parallel, p_split=draft_p_split,
+        ngram=(ngram_n, ngram_m, ngram_min_hits), simple=(simple_n, simple_m, simple_hits),
+        map_k=(map_n, map_m, map_hits), n_predict=n_predict, ignore_eos=ignore_eos)
     use_draft = options.uses_draft_model(spec, options.draft_available(model, model_draft))
     text = read_prompt(prompt, file, escape)
     if prompt_cache_ro and prompt_cache is None:

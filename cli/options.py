@@ -75,19 +75,21 @@ DRAFT_MIN = typer.Option(
 DRAFT_P_MIN = typer.Option(
     0.0, "--draft-p-min", "--spec-draft-p-min", rich_help_panel=D,
     help="Stop drafting when the draft's top candidate is less likely than P.")
+_BRANCHES_HELP = ("Draft trees: the draft model's most branches per step, all verified in one target batch "
+                  "(1: a chain; needs --spec-type draft).")
+PARALLEL = typer.Option(1, "-np", "--parallel", "--draft-branches", rich_help_panel=D, metavar="N",
+                        help=_BRANCHES_HELP)
+DRAFT_BRANCHES = typer.Option(1, "--draft-branches", rich_help_panel=D, metavar="N",  # serve's -np is its queue
+                              help=_BRANCHES_HELP)
+DRAFT_P_SPLIT = typer.Option(
+    0.1, "--draft-p-split", "--spec-draft-p-split", rich_help_panel=D, metavar="P",
+    help="Draft trees: a candidate the draft gives more than P starts a new branch (with more than one).")
 SPEC_ACCEPT = typer.Option(
     "rejection", "--spec-accept", rich_help_panel=D, metavar="rejection|match",
     help="How sampled drafts are verified: rejection (speculative sampling: the draft model samples, "
          "tokens are kept with probability min(1, p/q); accepts more) or match (the target samples, "
          "a drafted token is kept when it is the one drawn). Both follow the target's distribution "
          "exactly; with --temp 0 both are greedy.")
-PARALLEL = typer.Option(
-    1, "-np", "--parallel", rich_help_panel=D, metavar="N",
-    help="Draft trees: the draft model's most branches per step, all verified in one target batch "
-         "(1: a chain; needs --spec-type draft).")
-DRAFT_P_SPLIT = typer.Option(
-    0.1, "--draft-p-split", "--spec-draft-p-split", rich_help_panel=D, metavar="P",
-    help="Draft trees: a candidate the draft gives more than P starts a new branch (with -np > 1).")
 NGRAM_N = typer.Option(
     None, "--spec-ngram-size-n", rich_help_panel=D,
     help=f"N-gram drafters: length of the n-gram looked up [default: {NGRAM_N_FIXED}; auto: {NGRAM_N_AUTO}].")
@@ -137,9 +139,8 @@ Ngram = tuple[Optional[int], Optional[int], Optional[int]]  # n, m, min-hits as 
 
 
 def spec_settings(spec_type: Optional[str], draft_max: Optional[int], draft_min: int, draft_p_min: float,
-                  spec_accept: str, *, ngram: Ngram, simple: Ngram, map_k: Ngram, n_predict: int = -1,
-                  ignore_eos: bool = False, branches: int = SpecSettings.branches,
-                  p_split: float = SpecSettings.p_split) -> SpecSettings:
+                  spec_accept: str, *, branches: int, p_split: float, ngram: Ngram, simple: Ngram, map_k: Ngram,
+                  n_predict: int = -1, ignore_eos: bool = False) -> SpecSettings:
     """The speculation flags as validated settings. An n-gram type's own flag wins over the
     common --spec-ngram-* one, which wins over the default."""
     types = tuple(t.strip() for t in (spec_type if spec_type is not None else "auto").split(","))

@@ -6,7 +6,7 @@ incomplete tail, so streamed text never shows a broken character, and invalid
 bytes become U+FFFD exactly as decoding the whole output at once would.
 
 Stop strings are held back the same way: text that may be the start of one is
-not passed on until the next text says whether it is.
+not shown until the next text says whether it is.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ class TextStream:
 
 
 class StopFilter:
-    """Cuts streamed text before the first stop string, which is dropped; the end of the
-    text that could begin a stop string waits until it is known not to."""
+    """Cuts streamed text at the first stop string, which is not shown; text that could
+    be the beginning of a stop string waits until it is known not to be one."""
 
     def __init__(self, stops: Sequence[str]):
         self._stops = [s for s in stops if s]
@@ -47,11 +47,21 @@ class StopFilter:
         if found:
             self.stopped, self._held = True, ""
             return text[:min(found)]
-        keep = max((n for s in self._stops for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
-        self._held = text[len(text) - keep:]
-        return text[:len(text) - keep]
+        n = self._partial(text)
+        self._held = text[len(text) - n:]
+        return text[:len(text) - n]
 
     def flush(self) -> str:
-        """At the end: the held-back text, which turned out not to be a stop string."""
+        """The text held back at the end, which turned out not to be a stop string."""
         held, self._held = self._held, ""
         return held
+
+    def _partial(self, text: str) -> int:
+        """The length of the longest end of `text` that begins a stop string."""
+        longest = 0
+        for stop in self._stops:
+            for n in range(min(len(stop) - 1, len(text)), longest, -1):
+                if text.endswith(stop[:n]):
+                    longest = n
+                    break
+        return longest

@@ -10,7 +10,7 @@ from speculative.chat import conversation, render
 from speculative.errors import ModelError, UsageError
 from speculative.registry import Registry, looks_like_path
 from speculative.sampling import Sampler, SamplerSettings, min_p, penalize, top_k, top_p, typical
-from speculative.text import TextStream
+from speculative.text import StopFilter, TextStream
 from speculative.verify import sample_and_match
 
 # -- the acceptance rule ------------------------------------------------------
@@ -147,6 +147,23 @@ def test_invalid_bytes_become_replacement_characters_like_a_one_shot_decode():
     stream = TextStream(raw.__getitem__)
     streamed = "".join(stream.push(t) for t in (1, 2, 3)) + stream.flush()
     assert streamed == b"".join(raw.values()).decode("utf-8", errors="replace")
+
+
+def test_stop_filter_holds_back_what_may_begin_a_stop_string():
+    f = StopFilter(["</end>", "STOP"])
+    assert f.push("Hello </") == "Hello "
+    assert f.push("en") == ""
+    assert f.push("try") == "</entry"       # it was not one after all
+    assert f.push(" ST") == " "
+    assert f.push("OPPED") == "" and f.stopped
+    assert f.push("more") == "" and f.flush() == ""
+
+
+def test_stop_filter_cuts_at_the_earliest_stop_string_and_flushes_the_rest():
+    f = StopFilter(["b c", "a b"])
+    assert f.push("x a b c") == "x " and f.stopped
+    g = StopFilter(["xyz", ""])
+    assert g.push("abc xy") == "abc " and g.flush() == "xy" and not g.stopped
 
 
 # -- prompts and chat ---------------------------------------------------------

@@ -1,0 +1,224 @@
+"""The HTTP side of `speculate serve`: an OpenAI-compatible API on FastAPI.
+
+Endpoints: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions
+(with "stream": true, server-sent events: one chunk per step, then `data: [DONE]`).
+
+What a request must get past, in order (`Guard`, then `read_json`): a Host header naming
+this machine when the server listens on loopback only (a web page that rebinds its own
+domain to 127.0.0.1 cannot use it); the API key, if one is set, on every path but
+/health; a JSON body (Content-Type application/json, which a web page cannot send
+cross-origin without a CORS preflight this server never grants) of at most MAX_BODY
+bytes. Errors are OpenAI error objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import ipaddress
+import json
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from . import openai_api
+from .openai_api import ApiError, Busy, Reply
+from .serving import Failed, Finished, Job, Piece, Worker
+
+MAX_BODY = 8 << 20        # bytes: a full 128k-token context as JSON-escaped text fits
+RETRY_AFTER_SECONDS = 1   # what a refused client is told to wait
+
+
+def create_app(worker: Worker, model: dict, api_key: str | None, loopback_only: bool) -> FastAPI:
+    """`model`: what /v1/models says about the one model served (`id` is its name)."""
+    app = FastAPI(title="speculate", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(Guard, api_key=api_key, loopback_only=loopback_only)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError) -> JSONResponse:
+        return error_response(e)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException) -> JSONResponse:  # unknown path, wrong method
+        return error_response(ApiError(e.status_code, str(e.detail)))
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, e: Exception) -> JSONResponse:
+        return error_response(ApiError(500, f"internal error: {type(e).__name__}"))
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"object": "model", "owned_by": "speculate", **model}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _generate(request, worker, model["id"], chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _generate(request, worker, model["id"], chat=True)
+
+    return app
+
+
+def error_response(e: ApiError) -> JSONResponse:
+    headers = {}
+    if isinstance(e, Busy):
+        headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    elif e.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+
+async def _generate(request: Request, worker: Worker, model: str, chat: bool):
+    generation = openai_api.parse(await read_json(request), chat)
+    job = worker.submit(generation)
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
+    stream = None  # once it exists, it owns the job
+    try:
+        try:  # waiting for the models, then the prompt's checks
+            first = await asyncio.wait_for(job.next(), timeout=max(job.deadline - time.monotonic(), 0))
+        except asyncio.TimeoutError:
+            raise Busy(f"the models were not free within --timeout ({worker.timeout:g} s)") from None
+        if isinstance(first, Failed):
+            raise _error(first)
+        reply = Reply(model, chat)
+        if generation.stream:
+            stream = EventStream(job, reply)
+            return stream
+        pieces = []
+        while not isinstance(output := await job.next(), Finished):
+            if isinstance(output, Failed):
+                raise _error(output)
+            pieces.append(output.text)
+        return JSONResponse(reply.full("".join(pieces), output.reason, output.stats))
+    finally:
+        watcher.cancel()  # a streaming response watches for the client itself
+        if stream is None:
+            job.cancel()  # finished already, or its request failed or was abandoned
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events: a chunk per piece, the last with usage and timings, then [DONE].
+    However the response ends (the client may have gone before the first byte), the
+    generation stops with it."""
+
+    def __init__(self, job: Job, reply: Reply):
+        super().__init__(self._events(job, reply), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.job = job
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel()
+
+    @staticmethod
+    async def _events(job: Job, reply: Reply):
+        if (first := reply.first_chunk()) is not None:
+            yield _event(first)
+        while True:
+            output = await job.next()
+            if isinstance(output, Piece):
+                yield _event(reply.chunk(output.text))
+            elif isinstance(output, Finished):
+                yield _event(reply.last_chunk(output.reason, output.stats))
+                yield "data: [DONE]\n\n"
+                return
+            elif isinstance(output, Failed):  # the status line has gone: the error is an event
+                yield _event(_error(output).body())
+                return
+
+
+def _event(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def _error(failed: Failed) -> ApiError:
+    """What the client is told: an ApiError as it is, anything else as a bare 500 (the log has the rest)."""
+    return failed.error if isinstance(failed.error, ApiError) else ApiError(500, "generation failed")
+
+
+async def _cancel_on_disconnect(request: Request, job: Job) -> None:
+    """Cancel the job when the client disconnects (while it waits, or before a whole answer)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    job.cancel()
+
+
+async def read_json(request: Request) -> object:
+    """The body as JSON: application/json, at most MAX_BODY bytes, no NaN or Infinity."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != "application/json":
+        raise ApiError(415, "the body must be JSON, sent as Content-Type: application/json")
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY:
+        raise ApiError(413, f"the body is larger than {MAX_BODY} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY:
+            raise ApiError(413, f"the body is larger than {MAX_BODY} bytes")
+    try:
+        return json.loads(body, parse_constant=_not_json)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise ApiError(400, f"invalid JSON: {e}") from None
+
+
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not JSON")
+
+
+class Guard:
+    """ASGI middleware: the Host check and the API key, before anything else runs."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, loopback_only: bool):
+        self.app = app
+        # Digests have one length, so comparing them reveals nothing about the key's.
+        self.key_digest = _digest(f"Bearer {api_key}") if api_key else None
+        self.loopback_only = loopback_only
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = Headers(scope=scope)
+            error = None
+            if self.loopback_only and not _is_local_host(headers.get("host")):
+                error = ApiError(400, "this server answers requests for localhost only (Host header)")
+            elif self.key_digest and scope["path"] != "/health" and not hmac.compare_digest(
+                    _digest(headers.get("authorization", "")), self.key_digest):
+                error = ApiError(401, "a valid API key is needed: Authorization: Bearer KEY")
+            if error is not None:
+                await error_response(error)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode()).digest()
+
+
+def _is_local_host(host: str | None) -> bool:
+    """Whether a Host header names this machine: localhost or a loopback address, any port."""
+    if host is None:  # HTTP/1.0 clients may omit it; browsers never do
+        return True
+    return is_loopback(host[1:].split("]")[0] if host.startswith("[") else host.rsplit(":", 1)[0])
+
+
+def is_loopback(host: str) -> bool:
+    """Whether an address to listen on (or a Host header) is this machine only."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name other than localhost: it could resolve anywhere
+        return False

@@ -1,0 +1,244 @@
+"""Generations for `speculate serve`: one at a time on the engine, a bounded queue in front.
+
+llama.cpp contexts are not thread-safe and each model has one cache, so every
+generation runs on a single thread of its own, in arrival order, and nothing else
+touches the engine. The HTTP side (the event loop) only submits requests and reads
+what they produce, so it stays responsive while a generation runs.
+
+A request asks for a slot first: one generates and `waiting` more may wait; beyond
+that it is refused at once (503) rather than queued without bound. A generation stops
+at the next step once its client has gone or its time is up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Iterator, Union
+
+from .engine import Engine
+from .errors import ModelError
+from .loop import Done, SpecSettings, Step, Token
+from .openai_api import ApiError, Busy, Generation
+from .stats import Stats
+from .text import StopFilter, TextStream
+
+log = logging.getLogger("speculate.serve")
+
+
+@dataclass(frozen=True)
+class Started:
+    """The prompt passed its checks and generation begins: the response can start."""
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Text of one step: its accepted drafted tokens and the target's own, as far as
+    complete characters and stop strings allow."""
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: str     # "stop" (end of generation or a stop string), "length", or "cancelled"
+    stats: Stats
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: Exception
+
+
+Output = Union[Started, Piece, Finished, Failed]
+
+
+def prompt_tokens(engine: Engine, generation: Generation) -> list[int]:
+    """The prompt as tokens, checked against the context (ApiError 400 when it cannot run)."""
+    if generation.chat:
+        if not engine.target.chat_template():
+            raise ApiError(400, f"{engine.target.name} has no chat template: use /v1/completions")
+        try:
+            tokens = engine.chat_tokens(generation.messages)
+        except ModelError as e:  # the template refused this conversation ("roles must alternate", ...)
+            raise ApiError(400, str(e), param="messages") from None
+    else:
+        tokens = engine.prompt_tokens(generation.prompt)
+    n_ctx = engine.target.n_ctx
+    if len(tokens) >= n_ctx:
+        raise ApiError(400, f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}, "
+                            "leaving no room to generate", code="context_length_exceeded")
+    if generation.max_tokens is not None and generation.max_tokens > n_ctx - len(tokens):
+        raise ApiError(400, f"max_tokens ({generation.max_tokens}) is more than the {n_ctx - len(tokens)} "
+                            f"tokens the context leaves after the prompt's {len(tokens)}",
+                       param="max_tokens", code="context_length_exceeded")
+    return tokens
+
+
+def generate(engine: Engine, generation: Generation, spec: SpecSettings,
+             should_stop: Callable[[], str | None]) -> Iterator[Output]:
+    """Run one request: Started, one Piece per step that completes text, then Finished.
+    `should_stop` is asked after the prompt and after every step: a finish reason ends
+    the run there."""
+    tokens = prompt_tokens(engine, generation)
+    spec = dataclasses.replace(spec, n_predict=generation.max_tokens or -1, ignore_eos=generation.ignore_eos)
+    yield Started()
+    stream = TextStream(engine.target.token_bytes)
+    stops = StopFilter(generation.stops)
+    step: list[str] = []   # the text of the current step so far
+    left = 0               # its tokens still to come
+    reason = "length"
+    events = engine.run(tokens, generation.sampling, spec, generation.sampling.resolved_seed())
+    try:
+        for event in events:
+            if isinstance(event, Step):
+                left = event.n_accepted + 1
+                continue
+            if isinstance(event, Token):
+                step.append(stream.push(event.id))
+                left -= 1
+                if left:
+                    continue
+                text = stops.push("".join(step))  # the step is complete: one piece
+                step.clear()
+                if text:
+                    yield Piece(text)
+                if stops.stopped:
+                    reason = "stop"
+                    break
+            elif isinstance(event, Done):
+                reason = event.reason
+                break
+            stop = should_stop()  # the prompt is in, or a step is complete
+            if stop:
+                reason = stop
+                break
+    finally:
+        events.close()  # the engine's statistics are complete from here
+    # An end-of-generation token or the limit can come in the middle of a step.
+    text = stops.push("".join(step) + stream.flush()) + stops.flush()
+    if text:
+        yield Piece(text)
+    yield Finished("stop" if stops.stopped else reason, engine.stats)
+
+
+class Job:
+    """One request on its way through the worker. Outputs cross from the worker's
+    thread to the event loop through an asyncio queue."""
+
+    def __init__(self, generation: Generation, deadline: float):
+        self.generation = generation
+        self.deadline = deadline  # time.monotonic() by which it must be done
+        self.started = False      # the worker has taken it
+        self._cancelled = threading.Event()
+        self._loop = asyncio.get_running_loop()
+        self._outputs: asyncio.Queue[Output] = asyncio.Queue()
+
+    def cancel(self) -> None:
+        """The client is gone (or the server is stopping): stop at the next step."""
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def should_stop(self) -> str | None:
+        if self.cancelled:
+            return "cancelled"
+        if time.monotonic() > self.deadline:
+            return "length"  # out of time: what was generated is the answer, as at max_tokens
+        return None
+
+    async def next(self) -> Output:
+        return await self._outputs.get()
+
+    def post(self, output: Output) -> None:
+        """From the worker's thread."""
+        try:
+            self._loop.call_soon_threadsafe(self._outputs.put_nowait, output)
+        except RuntimeError:  # the event loop has closed: nobody is waiting any more
+            pass
+
+
+class Worker:
+    """The engine's only user: generations run on one thread, one at a time, in order."""
+
+    def __init__(self, engine: Engine, spec: SpecSettings, waiting: int, timeout: float):
+        self.engine = engine
+        self.spec = spec
+        self.timeout = timeout
+        self._slots = threading.BoundedSemaphore(1 + waiting)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speculate-engine")
+        self._jobs: set[Job] = set()
+        self._lock = threading.Lock()
+        self._draining = threading.Event()
+
+    def submit(self, generation: Generation) -> Job:
+        """Queue a request (from the event loop), or refuse it with Busy when the queue is full."""
+        if self._draining.is_set():
+            raise Busy("the server is shutting down")
+        if not self._slots.acquire(blocking=False):
+            raise Busy("the server is busy: every place in the queue is taken (see --parallel)")
+        job = Job(generation, time.monotonic() + self.timeout)
+        with self._lock:
+            self._jobs.add(job)
+        self._pool.submit(self._run, job)
+        return job
+
+    def _run(self, job: Job) -> None:
+        job.started = True
+        try:
+            if job.cancelled or self._draining.is_set():  # its client gave up while it waited, or we stop
+                job.post(Failed(Busy("the server is shutting down" if self._draining.is_set() else "cancelled")))
+                return
+            for output in generate(self.engine, job.generation, self.spec, job.should_stop):
+                job.post(output)
+                if isinstance(output, Finished):
+                    _log(job.generation, output)
+        except ApiError as e:
+            job.post(Failed(e))
+        except Exception as e:  # a decode failure or a bug: this request fails, the server stays up
+            log.exception("generation failed")
+            job.post(Failed(e))
+        finally:
+            with self._lock:
+                self._jobs.discard(job)
+            self._slots.release()
+
+    def drain(self, grace: float) -> None:
+        """The server is stopping: waiting requests are refused now, and the running
+        generation ends within `grace` seconds with what it has."""
+        self._draining.set()
+        with self._lock:
+            for job in self._jobs:
+                if job.started:
+                    job.deadline = min(job.deadline, time.monotonic() + grace)
+                else:
+                    job.post(Failed(Busy("the server is shutting down")))
+                    job.cancel()
+
+    def close(self) -> None:
+        """Stop every generation at its next step and wait for the thread to finish."""
+        self._draining.set()
+        with self._lock:
+            for job in self._jobs:
+                job.cancel()
+        self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _log(generation: Generation, finished: Finished) -> None:
+    s = finished.stats
+    log.info("%s: %d prompt tokens (%d cached), %d generated in %.2f s (%.1f t/s), "
+             "%d of %d drafted tokens accepted, finish: %s",
+             "chat" if generation.chat else "completion", s.n_prompt, s.n_cached, s.n_predict,
+             s.t_decode, s.decode_tps, s.n_accept, s.n_drafted, finished.reason)

@@ -1,0 +1,469 @@
+"""`speculate serve` on a real model: the official openai client, raw HTTP for what a
+well-behaved client never sends, many clients at once, disconnects and signals.
+
+One server (SmolLM2 as its own draft: greedy, every drafted token is accepted) serves the
+module; the tests that need other flags start their own.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SMOL, SPECULATE, speculate, speculate_json
+from tests.gguf_builder import write_tiny_llama
+
+openai = pytest.importorskip("openai")
+
+pytestmark = pytest.mark.real
+
+KEY = "sk-test-" + secrets.token_hex(12)
+SPEC = ("--spec-type", "draft", "--draft-max", "4", "-c", "2048")
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, key: str = KEY):
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, timeout=120)
+
+    def request(self, method: str, path: str, body: object = None, headers: dict | None = None,
+                key: str | None = KEY, raw: bytes | None = None) -> tuple[int, dict, object]:
+        """One HTTP request: status, headers (lower-case names), and the JSON body."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        sent = {"Content-Type": "application/json"} if body is not None or raw is not None else {}
+        if key is not None:
+            sent["Authorization"] = f"Bearer {key}"
+        sent.update(headers or {})
+        data = raw if raw is not None else json.dumps(body).encode() if body is not None else None
+        try:
+            conn.request(method, path, body=data, headers=sent)
+            resp = conn.getresponse()
+            text = resp.read()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, json.loads(text) if text else None
+        finally:
+            conn.close()
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def start_server(model_path, tmp_path: Path, *args: str, key: str | None = KEY, model: str | None = None) -> Server:
+    model = model or str(model_path(SMOL))
+    port = _free_port()
+    log = tmp_path / f"serve-{port}.log"
+    env = {**os.environ, "SPECULATE_API_KEY": key or ""}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([SPECULATE, "serve", "-m", model, "--port", str(port), *args],
+                                stdout=out, stderr=subprocess.STDOUT, env=env)
+    server = Server(proc, port, log)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"speculate serve exited {proc.returncode}: {server.log_text()[-3000:]}")
+        try:
+            if server.request("GET", "/health", key=None)[0] == 200:
+                return server
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"speculate serve did not answer /health: {server.log_text()[-3000:]}")
+
+
+def stop_server(server: Server) -> int:
+    if server.proc.poll() is None:
+        server.proc.send_signal(signal.SIGTERM)
+    try:
+        return server.proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        raise
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(model_path, tmp_path_factory):
+    s = start_server(model_path, tmp_path_factory.mktemp("serve"), "-md", str(model_path(SMOL)), *SPEC,
+                     "--parallel", "2")
+    yield s
+    stop_server(s)
+
+
+def cli_json(model_path, prompt: str, n: int, *args: str) -> dict:
+    """The one-shot command's greedy answer, with the server's model and speculation flags."""
+    smol = str(model_path(SMOL))
+    return speculate_json("-m", smol, "-md", smol, *SPEC, "-p", prompt, "--no-escape", "-n", str(n),
+                          "--temp", "0", *args)
+
+
+def completion(server: Server, **body) -> dict:
+    status, _, answer = server.request("POST", "/v1/completions", {"max_tokens": 16, "temperature": 0, **body})
+    assert status == 200, answer
+    return answer
+
+
+def sse(server: Server, path: str, body: dict, read_all: bool = True) -> list[dict]:
+    """The data events of a streamed answer, [DONE] included as the string '[DONE]'."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    conn.request("POST", path, body=json.dumps({**body, "stream": True}),
+                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.getheader("content-type").startswith("text/event-stream")
+    events = []
+    for line in resp:
+        if line.startswith(b"data: "):
+            data = line[6:].strip().decode()
+            events.append(data if data == "[DONE]" else json.loads(data))
+    conn.close()
+    return events
+
+
+# -- access ----------------------------------------------------------------------------
+
+
+def test_health_is_open_and_every_other_endpoint_needs_the_key(server):
+    status, _, answer = server.request("GET", "/health", key=None)
+    assert status == 200 and answer == {"status": "ok"}
+    for method, path, body in (("GET", "/v1/models", None), ("POST", "/v1/completions", {"prompt": "hi"}),
+                               ("POST", "/v1/chat/completions", {"messages": []}), ("GET", "/nowhere", None)):
+        for key in (None, "wrong", KEY[:-1], KEY + "x", ""):
+            status, headers, answer = server.request(method, path, body, key=key)
+            assert status == 401, (path, key, answer)
+            assert answer["error"]["type"] == "authentication_error" and headers["www-authenticate"] == "Bearer"
+    assert server.request("GET", "/v1/models")[0] == 200
+    assert server.request("GET", "/nowhere")[0] == 404
+    with pytest.raises(openai.AuthenticationError):
+        server.client(key="wrong").models.list()
+
+
+def test_models_names_the_target_and_its_draft(server, model_path):
+    models = server.client().models.list().data
+    name = model_path(SMOL).name  # given as a path: the file's name
+    assert [m.id for m in models] == [name]
+    assert models[0].meta == {"n_ctx": 2048, "draft": name, "spec_type": "draft"}
+
+
+def test_a_foreign_host_header_is_refused_on_a_loopback_server(server):
+    """A web page that rebinds its own domain to 127.0.0.1 sends its own name as Host."""
+    status, _, answer = server.request("GET", "/v1/models", headers={"Host": f"evil.example:{server.port}"})
+    assert status == 400 and "localhost" in answer["error"]["message"]
+    for host in (f"localhost:{server.port}", "127.0.0.1", f"[::1]:{server.port}"):
+        assert server.request("GET", "/v1/models", headers={"Host": host})[0] == 200, host
+
+
+# -- answers ---------------------------------------------------------------------------
+
+
+def test_greedy_completion_is_the_one_shot_commands_output(server, model_path, batch_invariant):
+    prompt = "The three primary colours are"
+    cli = cli_json(model_path, prompt, 24)
+    answer = server.client().completions.create(model="any", prompt=prompt, max_tokens=24, temperature=0)
+    assert answer.choices[0].text == cli["text"] and cli["text"].strip()
+    assert answer.choices[0].finish_reason == cli["finish_reason"] == "length"
+    assert answer.usage.prompt_tokens == cli["n_prompt"] and answer.usage.completion_tokens == 24
+    timings = answer.model_extra["timings"]
+    assert timings["draft_n"] == cli["n_drafted"] > 0
+    assert timings["draft_n_accepted"] == cli["n_accept"] == timings["draft_n"]  # its own draft
+    assert timings["draft_accept_rate"] == 1.0 and timings["predicted_n"] == 24
+    assert timings["predicted_per_second"] > 0 and timings["prompt_n"] + timings["cache_n"] == cli["n_prompt"]
+
+
+def test_streamed_chat_is_the_one_shot_chat_one_chunk_per_step(server, model_path, batch_invariant):
+    question = "Name three colours."
+    cli = cli_json(model_path, question, 20, "--chat")
+    stream = server.client().chat.completions.create(
+        model="any", messages=[{"role": "user", "content": question}], max_tokens=20, temperature=0, stream=True)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    pieces = [c.choices[0].delta.content for c in chunks[1:] if c.choices[0].delta.content]
+    assert "".join(pieces) == cli["text"]
+    last = chunks[-1]
+    assert last.choices[0].finish_reason == "length" and last.usage.completion_tokens == 20
+    timings = last.model_extra["timings"]
+    steps = round(timings["predicted_n"] / timings["tokens_per_step"])
+    assert steps == cli["n_steps"] and len(pieces) <= steps < 20  # whole steps, not single tokens
+    assert len(pieces) >= steps - 1  # only a step that ends the answer may have no text of its own
+
+
+def test_a_second_chat_turn_reuses_the_cached_conversation(server):
+    """The caches keep the conversation so far: the next turn processes only what is new."""
+    client = server.client()
+    system = ("You are a patient assistant for a small bakery. You answer questions about bread, cakes, "
+              "opening hours and prices, briefly and politely, in plain English.")
+    turn = [{"role": "system", "content": system}, {"role": "user", "content": "What is sourdough?"}]
+    first = client.chat.completions.create(model="any", messages=turn, max_tokens=12, temperature=0)
+    turn += [{"role": "assistant", "content": first.choices[0].message.content},
+             {"role": "user", "content": "And rye bread?"}]
+    second = client.chat.completions.create(model="any", messages=turn, max_tokens=12, temperature=0)
+    timings = second.model_extra["timings"]
+    assert timings["cache_n"] >= first.usage.prompt_tokens - 1, timings  # the whole first turn, at least
+    assert second.usage.prompt_tokens_details.cached_tokens == timings["cache_n"]
+    assert timings["prompt_n"] == second.usage.prompt_tokens - timings["cache_n"] > 0
+    other = client.chat.completions.create(model="any", max_tokens=4, temperature=0, messages=[
+        {"role": "system", "content": system}, {"role": "user", "content": "Are you open on Sunday?"}])
+    assert 30 <= other.model_extra["timings"]["cache_n"] < other.usage.prompt_tokens  # the system prompt
+
+
+def test_draft_trees_serve_the_one_shot_commands_greedy_output(model_path, tmp_path, batch_invariant):
+    """serve's --draft-branches is the one-shot command's -np (there -np is the request queue)."""
+    smol = str(model_path(SMOL))
+    tree = ("--spec-type", "draft", "--draft-max", "4", "-c", "2048", "--draft-p-split", "0.05")
+    server = start_server(model_path, tmp_path, "-md", smol, *tree, "--draft-branches", "3")
+    try:
+        answer = completion(server, prompt="The capital of France is", max_tokens=24)
+    finally:
+        stop_server(server)
+    cli = speculate_json("-m", smol, "-md", smol, *tree, "-np", "3", "-p", "The capital of France is",
+                         "-n", "24", "--temp", "0")
+    assert answer["choices"][0]["text"] == cli["text"] and cli["text"].strip()
+    assert answer["timings"]["draft_n"] == cli["n_drafted"] > 0
+
+
+def test_streamed_and_whole_completions_agree(server):
+    whole = completion(server, prompt="def add(a, b):", max_tokens=20)
+    events = sse(server, "/v1/completions", {"prompt": "def add(a, b):", "max_tokens": 20, "temperature": 0})
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"]
+    assert all(c["object"] == "text_completion" and c["id"] == chunks[0]["id"] for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and chunks[-1]["usage"]["completion_tokens"] == 20
+    assert all(c["choices"][0]["finish_reason"] is None and "usage" not in c for c in chunks[:-1])
+
+
+def test_a_stop_string_across_a_chunk_boundary_never_leaks(server):
+    body = {"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0}
+    chunks = [e["choices"][0]["text"] for e in sse(server, "/v1/completions", body)[:-1]]
+    text = "".join(chunks)
+    ends = [sum(len(c) for c in chunks[:i + 1]) for i in range(len(chunks) - 1)]
+    # a stop string made of the last 2 characters of a chunk and the first 2 of the next
+    at = next(e for e in ends if e >= 2 and len(text) >= e + 2 and text.find(text[e - 2:e + 2]) == e - 2)
+    stop = text[at - 2:at + 2]
+    events = sse(server, "/v1/completions", {**body, "stop": ["\u0000never", stop]})
+    streamed = [e["choices"][0]["text"] for e in events[:-1]]
+    assert "".join(streamed) == text[:at - 2]
+    assert events[-2]["choices"][0]["finish_reason"] == "stop"
+    whole = completion(server, **body, stop=stop)
+    assert whole["choices"][0]["text"] == text[:at - 2] and whole["choices"][0]["finish_reason"] == "stop"
+
+
+def test_omitted_fields_and_unknown_ones(server):
+    """No temperature: llama.cpp's sampling defaults (seeded, it repeats); unknown fields are ignored."""
+    body = {"prompt": "My favourite animal is", "max_tokens": 12, "seed": 42, "user": "me",
+            "stream_options": {"include_usage": True}, "logit_bias": {}}
+    status, _, a = server.request("POST", "/v1/completions", body)
+    status_b, _, b = server.request("POST", "/v1/completions", body)
+    assert status == status_b == 200
+    assert a["choices"][0]["text"] == b["choices"][0]["text"]
+
+
+# -- bad requests -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path, body, status, message", [
+    ("/v1/completions", b"{not json", 400, "invalid JSON"),
+    ("/v1/completions", b'{"prompt": "hi", "temperature": NaN}', 400, "invalid JSON: NaN"),
+    ("/v1/completions", b"[1, 2]", 400, "must be a JSON object"),
+    ("/v1/completions", b'{"prompt": "\xc3\x28"}', 400, "invalid JSON: 'utf-8' codec"),
+    ("/v1/completions", b"[" * 100_000, 400, "invalid JSON"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": "5"}, 400, "max_tokens: Input should be a valid integer"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 5.0}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, "stream"),
+    ("/v1/completions", {"prompt": "hi", "stop": ["a", 1]}, 400, "stop.1"),
+    ("/v1/completions", {"prompt": "hi", "seed": 2**40}, 400, "seed"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 5000}, 400, "context"),
+    ("/v1/completions", {"prompt": "hi " * 3000}, 400, "the context holds 2048"),
+    ("/v1/completions", {"prompt": ""}, 400, "prompt"),
+    ("/v1/completions", {"prompt": ["a", "b"]}, 400, "one prompt per request"),
+    ("/v1/completions", {"max_tokens": 4}, 400, "prompt: Field required"),
+    ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n: not supported"),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages.0.role"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     "only text parts"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 9999},
+     400, "max_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]},
+     400, "tools: not supported"),
+])
+def test_bad_requests_get_an_openai_error(server, path, body, status, message):
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    got, _, answer = server.request("POST", path, raw=raw)
+    assert got == status, answer
+    error = answer["error"]
+    assert message in error["message"] and error["type"] == "invalid_request_error", error
+    assert set(error) == {"message", "type", "param", "code"}
+
+
+def test_bodies_must_be_small_json(server):
+    got, _, answer = server.request("POST", "/v1/completions", raw=b'{"prompt": "' + b"a" * (9 << 20) + b'"}')
+    assert got == 413 and "larger than" in answer["error"]["message"]
+    got, _, answer = server.request("POST", "/v1/completions", raw=b'{"prompt": "hi"}',
+                                    headers={"Content-Type": "text/plain"})
+    assert got == 415, answer
+    assert server.request("GET", "/health", key=None)[0] == 200
+
+
+def test_a_hostile_chat_template_is_a_400_and_the_server_stays_up(model_path, tmp_path):
+    evil = write_tiny_llama(tmp_path / "evil.gguf", chat_template="{{ cycler.__init__.__globals__ }}")
+    server = start_server(model_path, tmp_path, "--spec-type", "none", model=str(evil))
+    try:
+        status, _, answer = server.request("POST", "/v1/chat/completions",
+                                           {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        assert status == 400 and "refused by the sandbox" in answer["error"]["message"], answer
+        assert answer["error"]["param"] == "messages"
+        assert completion(server, prompt="hi", max_tokens=2)["usage"]["completion_tokens"] == 2
+    finally:
+        stop_server(server)
+    assert "Traceback" not in server.log_text()
+
+
+# -- load, disconnects, time -----------------------------------------------------------
+
+
+def test_twenty_concurrent_clients_get_an_answer_or_a_clean_503(server):
+    """--parallel 2: one generates, two wait, the rest are refused at once."""
+    barrier = threading.Barrier(20)
+    results: list[tuple[int, dict, object]] = [None] * 20
+
+    def client(i: int) -> None:
+        barrier.wait()
+        results[i] = server.request("POST", "/v1/completions",
+                                    {"prompt": f"Count to {i + 3}:", "max_tokens": 16, "temperature": 0})
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    statuses = [r[0] for r in results]
+    assert set(statuses) <= {200, 503}, statuses
+    for status, headers, answer in results:
+        if status == 200:
+            assert answer["choices"][0]["finish_reason"] in ("stop", "length")
+            assert answer["usage"]["completion_tokens"] >= 1
+        else:
+            assert headers["retry-after"].isdigit() and answer["error"]["type"] == "unavailable_error"
+    assert statuses.count(200) >= 3 and statuses.count(503) >= 1, statuses
+    assert completion(server, prompt="Still there?", max_tokens=4)["usage"]["completion_tokens"] == 4
+
+
+def test_a_client_that_disconnects_mid_stream_stops_its_generation(server):
+    start = len(server.log_text())
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.request("POST", "/v1/completions", body=json.dumps(
+        {"prompt": "Write a very long story:", "max_tokens": 1500, "ignore_eos": True, "temperature": 0,
+         "stream": True}), headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert resp.readline().startswith(b"data: ")  # generating
+    conn.close()
+    _wait_for(server, "finish: cancelled", start)
+    pattern = re.compile(r"completion: \d+ prompt tokens \(\d+ cached\), (\d+) generated .* finish: cancelled")
+    assert int(pattern.findall(server.log_text()[start:])[-1]) < 1500
+    assert completion(server, prompt="Next", max_tokens=2)["usage"]["completion_tokens"] == 2
+
+
+def test_the_key_never_reaches_the_log(server):
+    server.request("GET", "/v1/models", key="sk-wrong-" + KEY[8:])
+    log = server.log_text()
+    assert KEY[8:] not in log and "POST /v1/completions" in log and "Traceback" not in log
+
+
+def test_timeout_ends_a_generation_with_what_it_has(model_path, tmp_path):
+    server = start_server(model_path, tmp_path, "--spec-type", "none", "--timeout", "2")
+    try:
+        t0 = time.monotonic()
+        answer = completion(server, prompt="Write a very long story:", max_tokens=1500, ignore_eos=True)
+        assert time.monotonic() - t0 < 30
+        assert answer["choices"][0]["finish_reason"] == "length"
+        assert 0 < answer["usage"]["completion_tokens"] < 1500
+    finally:
+        stop_server(server)
+
+
+def test_sigint_lets_the_running_answer_finish_and_exits_0(model_path, tmp_path):
+    server = start_server(model_path, tmp_path, "--spec-type", "none", key=None)
+    events: list = []
+    reader = threading.Thread(target=lambda: events.extend(
+        sse(server, "/v1/completions", {"prompt": "Tell me a story:", "max_tokens": 48, "ignore_eos": True})))
+    reader.start()
+    _wait_for(server, "POST /v1/completions")  # uvicorn logs a stream's request as its response starts
+    server.proc.send_signal(signal.SIGINT)
+    reader.join(timeout=60)
+    assert server.proc.wait(timeout=60) == 0, server.log_text()
+    assert events[-1] == "[DONE]" and events[-2]["usage"]["completion_tokens"] == 48
+    assert "Traceback" not in server.log_text() and "ERROR" not in server.log_text()
+
+
+def test_sigterm_refuses_waiting_requests_and_ends_the_running_one_within_the_grace(model_path, tmp_path):
+    server = start_server(model_path, tmp_path, "--spec-type", "none", key=None)
+    events: list = []
+    queued: list = []
+    long_story = {"prompt": "Tell me a story:", "max_tokens": 1500, "ignore_eos": True}
+    threading.Thread(target=lambda: events.extend(sse(server, "/v1/completions", long_story))).start()
+    _wait_for(server, "POST /v1/completions")
+    waiting = threading.Thread(target=lambda: queued.append(
+        server.request("POST", "/v1/completions", {"prompt": "Me next", "max_tokens": 2})))
+    waiting.start()
+    time.sleep(1.0)  # it has reached the queue
+    sent = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    waiting.join(timeout=30)
+    assert queued[0][0] == 503 and "shutting down" in queued[0][2]["error"]["message"]
+    assert time.monotonic() - sent < 5
+    assert server.proc.wait(timeout=60) == 0, server.log_text()
+    assert time.monotonic() - sent < 20  # the grace, 10 s, and a step
+    assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
+    assert 0 < events[-2]["usage"]["completion_tokens"] < 1500
+    assert "Traceback" not in server.log_text() and "ERROR" not in server.log_text()
+
+
+def _wait_for(server: Server, text: str, start: int = 0, seconds: float = 60) -> None:
+    """Until the log shows `text` after its first `start` characters."""
+    t0 = time.monotonic()
+    while text not in server.log_text()[start:]:
+        assert time.monotonic() - t0 < seconds, server.log_text()
+        time.sleep(0.05)
+
+
+# -- the command line ---------------------------------------------------------------------
+
+
+def test_a_non_loopback_host_needs_an_api_key():
+    proc = speculate("serve", "--host", "0.0.0.0", env={"SPECULATE_API_KEY": ""})
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("speculate: error: --host 0.0.0.0 is reachable from other machines")
+
+
+def test_a_taken_port_fails_before_the_models_load(model_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        proc = speculate("serve", "-m", str(model_path(SMOL)), "--port", str(taken.getsockname()[1]), timeout=60)
+    assert proc.returncode == 2 and "cannot listen on 127.0.0.1:" in proc.stderr, proc.stderr
