@@ -106,8 +106,11 @@ class Stats:
 
     @property
     def encode_tps(self) -> float:
-        """Prompt tokens processed per second (those kept from the cache are not counted)."""
-        return (self.n_prompt - self.n_cached) / self.t_encode if self.t_encode > 0 else 0.0
+        """Prompt tokens processed per second (those kept from the cache are not counted). The
+        prompt's last token is decoded by the first step, so with all others kept nothing was
+        processed here and there is no rate."""
+        processed = self.n_prompt - self.n_cached
+        return processed / self.t_encode if self.t_encode > 0 and processed > 1 else 0.0
 
     @property
     def decode_tps(self) -> float:

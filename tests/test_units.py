@@ -210,3 +210,10 @@ def test_lora_scaled_takes_both_llama_cpp_forms():
     assert join_lora_scaled(["--lora-scaled", "a.gguf", "0.5", "-p", "x"]) == ["--lora-scaled", "a.gguf:0.5", "-p", "x"]
     assert join_lora_scaled(["--lora-scaled", "a.gguf:0.5", "-p", "x"]) == ["--lora-scaled", "a.gguf:0.5", "-p", "x"]
     assert join_lora_scaled(["--lora-scaled", "a.gguf", "-n", "5"]) == ["--lora-scaled", "a.gguf", "-n", "5"]
+
+
+def test_no_prompt_rate_when_the_cache_kept_all_it_could():
+    from speculative.stats import Stats
+
+    assert Stats(n_prompt=100, n_cached=99, t_encode=1e-5).encode_tps == 0.0
+    assert Stats(n_prompt=100, n_cached=50, t_encode=0.5).encode_tps == 100.0
