@@ -6,14 +6,24 @@ it. llama.cpp polls `poll` as its abort callback, on the calling (main) thread, 
 the handlers below then run: there they only note the request, llama.cpp stops within
 a graph node, and the backend calls `stop`, which raises KeyboardInterrupt. Anywhere
 else the handlers raise KeyboardInterrupt straight away, as Python's Ctrl-C does.
+
+A generation run for someone else (`speculate serve`, whose client can go away in
+the middle of a long prompt) is stopped the same way: `cancel_when(check)` makes
+`poll` ask `check` too, and then `stop` raises Cancelled.
 """
 
 from __future__ import annotations
 
 import signal
-from typing import NoReturn
+from contextlib import contextmanager
+from typing import Callable, Iterator, NoReturn
 
 _pending = False
+_cancel: Callable[[], bool] | None = None
+
+
+class Cancelled(Exception):
+    """A decode stopped because the `cancel_when` check said so (not a signal)."""
 
 
 def install() -> None:
@@ -24,15 +34,31 @@ def install() -> None:
 
 
 def poll(_data=None) -> bool:
-    """llama.cpp's abort callback: true once a signal asked to stop."""
-    return _pending
+    """llama.cpp's abort callback: true once a signal asked to stop, or the check of
+    `cancel_when` says so."""
+    return _pending or (_cancel is not None and _cancel())
 
 
 def stop() -> NoReturn:
-    """llama.cpp stopped because `poll` said so: clear the request and raise KeyboardInterrupt."""
+    """llama.cpp stopped because `poll` said so: clear a signal's request and raise
+    KeyboardInterrupt, else raise Cancelled."""
     global _pending
-    _pending = False
-    raise KeyboardInterrupt
+    if _pending:
+        _pending = False
+        raise KeyboardInterrupt
+    raise Cancelled
+
+
+@contextmanager
+def cancel_when(check: Callable[[], bool]) -> Iterator[None]:
+    """Within the block, decodes stop (Cancelled) as soon as `check()` is true: it is asked
+    inside llama.cpp, at every graph node of a long batch, on the decoding thread."""
+    global _cancel
+    _cancel = check
+    try:
+        yield
+    finally:
+        _cancel = None
 
 
 def _handler(signum, frame) -> None:

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator, Union
 
+from . import interrupt
 from .engine import Engine
 from .errors import ModelError
 from .loop import Done, SpecSettings, Step, Token
@@ -117,6 +118,8 @@ def generate(engine: Engine, generation: Generation, spec: SpecSettings,
             if stop:
                 reason = stop
                 break
+    except interrupt.Cancelled:  # llama.cpp stopped in the middle of a batch (a long prompt)
+        reason = should_stop() or "cancelled"
     finally:
         events.close()  # the engine's statistics are complete from here
     # An end-of-generation token or the limit can come in the middle of a step.
@@ -195,10 +198,11 @@ class Worker:
             if job.cancelled or self._draining.is_set():  # its client gave up while it waited, or we stop
                 job.post(Failed(Busy("the server is shutting down" if self._draining.is_set() else "cancelled")))
                 return
-            for output in generate(self.engine, job.generation, self.spec, job.should_stop):
-                job.post(output)
-                if isinstance(output, Finished):
-                    _log(job.generation, output)
+            with interrupt.cancel_when(lambda: job.should_stop() is not None):  # also mid-prompt
+                for output in generate(self.engine, job.generation, self.spec, job.should_stop):
+                    job.post(output)
+                    if isinstance(output, Finished):
+                        _log(job.generation, output)
         except ApiError as e:
             job.post(Failed(e))
         except Exception as e:  # a decode failure or a bug: this request fails, the server stays up

@@ -389,6 +389,29 @@ def test_a_client_that_disconnects_mid_stream_stops_its_generation(server):
     assert completion(server, prompt="Next", max_tokens=2)["usage"]["completion_tokens"] == 2
 
 
+def test_a_client_that_disconnects_during_a_long_prompt_stops_its_processing(server):
+    """llama.cpp's abort callback asks whether the job was cancelled: a client gone in
+    the middle of a long prompt does not hold the models until the prompt is in."""
+    def long_prompt(word: str) -> str:  # a new first word: nothing kept from another prompt
+        return f"{word}: " + " ".join(f"{word}{i}" for i in range(400))
+
+    full = completion(server, prompt=long_prompt("apple"), max_tokens=1)["timings"]["prompt_ms"] / 1000
+    start = len(server.log_text())
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.request("POST", "/v1/completions", body=json.dumps(
+        {"prompt": long_prompt("pear"), "max_tokens": 100, "stream": True}),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    resp = conn.getresponse()
+    assert resp.status == 200  # the response starts as the prompt's processing does (no text before it)
+    t0 = time.monotonic()
+    conn.close()
+    _wait_for(server, "finish: cancelled", start)
+    assert re.search(r"\(0 cached\), 0 generated .* finish: cancelled", server.log_text()[start:])
+    assert time.monotonic() - t0 < full / 3, f"cancelled after {time.monotonic() - t0:.2f} s, a prompt takes {full:.2f} s"
+    assert "Traceback" not in server.log_text()[start:]
+    assert completion(server, prompt="Next", max_tokens=2)["usage"]["completion_tokens"] == 2
+
+
 def test_the_key_never_reaches_the_log(server):
     server.request("GET", "/v1/models", key="sk-wrong-" + KEY[8:])
     log = server.log_text()
