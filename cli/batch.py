@@ -15,7 +15,6 @@ from speculative import batch
 from speculative.engine import Engine
 from speculative.errors import UsageError
 from speculative.files import write_atomic
-from speculative.sampling import SamplerSettings
 
 from . import options
 from .render import EXIT_INTERRUPTED
@@ -80,19 +79,17 @@ def batch_command(
 ) -> None:
     """Run every request in a JSONL file with the models loaded once; exit 0 when every
     request has a result, 1 when some failed."""
-    sampling = SamplerSettings(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
-                               repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                               presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                               sequence=sampling_seq, seed=seed)
-    sampling.validate()
+    _check_files(requests, output, summary_file)
+    sampling = options.sampler_settings(
+        temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p, repeat_penalty=repeat_penalty,
+        repeat_last_n=repeat_last_n, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+        sampling_seq=sampling_seq, seed=seed)
     spec = options.spec_settings(
         spec_type, draft_max, draft_min, draft_p_min, spec_accept, ngram=(ngram_n, ngram_m, ngram_min_hits),
         simple=(simple_n, simple_m, simple_hits), map_k=(map_n, map_m, map_hits), n_predict=n_predict,
         ignore_eos=ignore_eos, branches=parallel, p_split=draft_p_split)
-    if output.exists() and requests.exists() and output.samefile(requests):
-        raise UsageError("-o/--output must not be the requests file")
     items = batch.read_requests(requests, sampling, spec)
-    results = batch.Results(output, notify=stderr.print)
+    results = batch.Results(output, notify=_notice)
     try:
         todo = batch.pending(items, results)
         engine = None
@@ -103,9 +100,9 @@ def batch_command(
                 n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, threads=threads,
                 threads_draft=threads_draft, batch_size=batch_size, flash_attn=flash_attn,
                 lora=lora, lora_scaled=lora_scaled, lora_draft=lora_draft)
-            engine = Engine(*options.with_branches(target, draft, spec.branches), notify=stderr.print)
-        stderr.print(f"batch: {len(items)} requests in {requests}, {len(items) - len(todo)} already in {output}, "
-                     f"{len(todo)} to run", markup=False)
+            engine = Engine(*options.with_branches(target, draft, spec.branches), notify=_notice)
+        _notice(f"batch: {len(items)} requests in {requests}, {len(items) - len(todo)} already in {output}, "
+                f"{len(todo)} to run")
         try:
             with _progress(len(todo)) as show:
                 summary = batch.run_batch(engine, items, results, show)
@@ -116,6 +113,29 @@ def batch_command(
         results.close()
     _report(summary, output, summary_file)
     raise typer.Exit(EXIT_INTERRUPTED if summary.interrupted else 0 if summary.all_succeeded else 1)
+
+
+def _check_files(requests: Path, output: Path, summary_file: Optional[Path]) -> None:
+    """Refused before anything runs: results appended to the requests, or a summary that
+    replaces the requests or the results at the end."""
+    if _same(output, requests):
+        raise UsageError("-o/--output must not be the requests file")
+    for path, name in ((requests, "the requests file"), (output, "the -o/--output file")):
+        if summary_file is not None and _same(summary_file, path):
+            raise UsageError(f"--summary must not be {name}")
+
+
+def _same(a: Path, b: Path) -> bool:
+    """One file under two names: the same path once links are followed, or a hard link."""
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and a.samefile(b))
+    except (OSError, RuntimeError):  # a link loop or an unreadable directory: opening it says so later
+        return False
+
+
+def _notice(message: str) -> None:
+    """Notices name files, and a path like data[1].jsonl is not Rich markup."""
+    stderr.print(message, markup=False, highlight=False)
 
 
 class _progress:

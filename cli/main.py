@@ -18,7 +18,6 @@ from speculative import interrupt
 from speculative.chat import check_jinja2_version
 from speculative.errors import SpeculateError, UsageError
 from speculative.prompt_cache import check_writable
-from speculative.sampling import SamplerSettings
 
 from . import models as models_cli
 from . import options
@@ -142,11 +141,10 @@ def run(
     """Generate text from a prompt, with speculative decoding."""
     if ctx.invoked_subcommand is not None:
         return
-    sampling = SamplerSettings(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
-                               repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                               presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                               sequence=sampling_seq, seed=seed)
-    sampling.validate()
+    sampling = options.sampler_settings(
+        temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p, repeat_penalty=repeat_penalty,
+        repeat_last_n=repeat_last_n, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+        sampling_seq=sampling_seq, seed=seed)
     spec = options.spec_settings(
         spec_type, draft_max, draft_min, draft_p_min, spec_accept, branches=parallel, p_split=draft_p_split,
         ngram=(ngram_n, ngram_m, ngram_min_hits), simple=(simple_n, simple_m, simple_hits),

@@ -16,7 +16,7 @@ from speculative.llamacpp import FLASH_ATTN_MODES
 from speculative.loop import (DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, NGRAM_N_AUTO, NGRAM_N_FIXED, NgramSettings,
                               SpecSettings)
 from speculative.registry import Registry, check_gguf_file
-from speculative.sampling import DEFAULT_SEQUENCE
+from speculative.sampling import DEFAULT_SEQUENCE, SamplerSettings
 
 from .models import resolve_models
 
@@ -136,6 +136,18 @@ SAMPLING_SEQ = typer.Option(
 IGNORE_EOS = typer.Option(False, "--ignore-eos", rich_help_panel=S, help="Never stop at end-of-generation tokens.")
 
 Ngram = tuple[Optional[int], Optional[int], Optional[int]]  # n, m, min-hits as given (None: not given)
+
+
+def sampler_settings(*, temp: float, top_k: int, top_p: float, min_p: float, typical_p: float,
+                     repeat_penalty: float, repeat_last_n: int, presence_penalty: float, frequency_penalty: float,
+                     sampling_seq: str, seed: int) -> SamplerSettings:
+    """The sampling flags as validated settings."""
+    sampling = SamplerSettings(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
+                               repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                               presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                               sequence=sampling_seq, seed=seed)
+    sampling.validate()
+    return sampling
 
 
 def spec_settings(spec_type: Optional[str], draft_max: Optional[int], draft_min: int, draft_p_min: float,

@@ -19,12 +19,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Union
 
-from .bench import prompt_or_messages
+from .chat import prompt_or_messages
 from .engine import Engine
 from .errors import SpeculateError, UsageError
 from .loop import SpecSettings, Token
@@ -38,6 +39,12 @@ except ImportError:  # pragma: no cover - Windows: no lock, one batch per result
 
 # No prompt that fits a context comes near this; a longer line is refused unread.
 MAX_LINE_BYTES = 16 << 20
+# A request nests a few levels (chat messages: objects in a list in an object); the checks
+# below recurse, so a line nested much deeper is refused rather than risk the stack.
+MAX_DEPTH = 64
+# Every record is one json.dumps line with its id first (Results.append): a half-written
+# last line begins like this, and a file whose last line does not is not ours to cut.
+RECORD_START = b'{"id": '
 
 
 def _is_int(v) -> bool:
@@ -45,7 +52,9 @@ def _is_int(v) -> bool:
 
 
 def _is_number(v) -> bool:
-    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+    """A finite number that becomes a float as it is: an integer past 2**53 is refused, not
+    rounded (and math.isfinite(10**400) would overflow)."""
+    return (_is_int(v) and abs(v) < 2**53) or (isinstance(v, float) and math.isfinite(v))
 
 
 def _is_stop(v) -> bool:
@@ -150,8 +159,14 @@ def _parse(number: int, raw: bytes | None, sampling: SamplerSettings, spec: Spec
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         return Rejected(number, None, f"not JSON ({e.msg} at column {e.colno})")
+    except ValueError:  # Python refuses to read an integer this long (int_max_str_digits)
+        return Rejected(number, None, f"not usable JSON (a number over {_max_digits()} digits)")
+    except RecursionError:
+        return Rejected(number, None, f"not usable JSON (nested over {MAX_DEPTH} levels deep)")
     if not isinstance(obj, dict):
         return Rejected(number, None, "not a JSON object")
+    if _depth(obj) > MAX_DEPTH:
+        return Rejected(number, None, f"not usable JSON (nested over {MAX_DEPTH} levels deep)")
     if not _utf8(obj):  # JSON's \ud800 escapes decode to text that has no UTF-8 form
         return Rejected(number, None, "not valid UTF-8 (a lone surrogate escape)")
     request_id = obj.get("id")
@@ -177,12 +192,34 @@ def _check(obj: dict) -> str | None:
         return f"unknown field {unknown[0]!r} (known: {', '.join(FIELDS)})"
     for name, (valid, must_be) in SETTINGS.items():
         if name in obj and not valid(obj[name]):
-            return f"`{name}` must be {must_be}, got {json.dumps(obj[name])}"
+            return f"`{name}` must be {must_be}, got {_shown(obj[name])}"
     try:
         prompt_or_messages(obj)
     except ValueError as e:
         return str(e)
     return None
+
+
+def _max_digits() -> int:
+    return sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 4300
+
+
+def _depth(value) -> int:
+    """How deep a parsed JSON value nests, found without recursion (json.loads reads far
+    deeper than the recursive checks below could go)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        value, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(value, (dict, list)):
+            stack += [(v, depth + 1) for v in (value.values() if isinstance(value, dict) else value)]
+    return deepest
+
+
+def _shown(value, limit: int = 80) -> str:
+    """A bad value as an error message quotes it: a 400-digit number or a long list cut short."""
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _utf8(value) -> bool:
@@ -230,24 +267,32 @@ class Results:
             raise UsageError(f"{self.path} is in use by another speculate batch") from None
 
     def _read(self, notify: Callable[[str], None] | None) -> None:
+        """Every line checked before anything is cut: a file that is not a results file is
+        refused as it is, byte for byte."""
         self._file.seek(0)
         data = self._file.read()
         whole = data.rfind(b"\n") + 1
-        if whole < len(data):  # killed while writing it: that request runs again
-            self._file.truncate(whole)
-            if notify:
-                notify(f"{self.path}: dropped a half-written last line ({len(data) - whole} bytes)")
-        for number, line in enumerate(data[:whole].splitlines(), 1):
+        lines = data[:whole].split(b"\n")[:-1]
+        for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             record = _record(line)
             if record is None:
-                raise UsageError(f"{self.path}:{number}: not a speculate batch result; "
-                                 "refusing to append to this file (choose another -o)")
+                raise self._not_ours(number)
             if record["id"] is None:
                 self.rejected_lines.add(record["line"])
             else:
                 self.succeeded[id_key(record["id"])] = "error" not in record
+        if whole < len(data):
+            if not _half_written(data[whole:]):
+                raise self._not_ours(len(lines) + 1)
+            self._file.truncate(whole)  # killed while writing it: that request runs again
+            if notify:
+                notify(f"{self.path}: dropped a half-written last line ({len(data) - whole} bytes)")
+
+    def _not_ours(self, number: int) -> UsageError:
+        return UsageError(f"{self.path}:{number}: not a speculate batch result; "
+                          "refusing to append to this file (choose another -o)")
 
     def recorded(self, item: Item) -> bool | None:
         """Whether an earlier run's record for this item says it succeeded; None: no record."""
@@ -256,7 +301,9 @@ class Results:
         return self.succeeded.get(id_key(item.id))
 
     def append(self, record: dict) -> None:
-        """One line, written with one call, on disk before this returns."""
+        """One line, written with one call, on disk before this returns; its id first, so
+        that a half-written one is recognised (RECORD_START)."""
+        record = {"id": record["id"], **record}
         self._file.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
         self._file.flush()
         os.fsync(self._file.fileno())
@@ -268,10 +315,22 @@ class Results:
 def _record(line: bytes) -> dict | None:
     try:
         record = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError, UnicodeDecodeError):
         return None
     ok = isinstance(record, dict) and _is_int(record.get("line")) and "id" in record
     return record if ok else None
+
+
+def _half_written(tail: bytes) -> bool:
+    """Whether a last line without its newline is the start of a record (cut anywhere, even
+    inside RECORD_START), and not a whole line of something else."""
+    if not (tail.startswith(RECORD_START) or RECORD_START.startswith(tail)):
+        return False
+    try:
+        json.loads(tail)
+    except (ValueError, RecursionError, UnicodeDecodeError):
+        return True  # cut short: it cannot be read
+    return _record(tail) is not None  # whole but for the newline: a record, or not ours
 
 
 # -- running -----------------------------------------------------------------

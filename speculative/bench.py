@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable
 
+from .chat import prompt_or_messages
 from .engine import Engine
 from .errors import UsageError
 from .drafters import NgramSimple
@@ -94,8 +95,9 @@ def load_prompts(path: Path) -> list[BenchPrompt]:
             continue
         try:
             item = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{path}:{number}: not JSON ({e.msg})") from None
+        except (ValueError, RecursionError) as e:  # a number over 4300 digits, nesting too deep
+            reason = e.msg if isinstance(e, json.JSONDecodeError) else "a number or nesting too large"
+            raise UsageError(f"{path}:{number}: not JSON ({reason})") from None
         try:
             prompt, messages = prompt_or_messages(item)
         except ValueError as e:
@@ -105,19 +107,6 @@ def load_prompts(path: Path) -> list[BenchPrompt]:
     if not prompts:
         raise UsageError(f"{path}: no prompts")
     return prompts
-
-
-def prompt_or_messages(item) -> tuple[str | None, list | None]:
-    """A JSONL line's input: its string `prompt`, or else its chat `messages` (role and
-    content strings); ValueError when it has neither."""
-    if isinstance(item, dict) and isinstance(item.get("prompt"), str):
-        return item["prompt"], None
-    messages = item.get("messages") if isinstance(item, dict) else None
-    if isinstance(messages, list) and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in messages):
-        return None, messages
-    raise ValueError("needs a string `prompt` or a list of chat `messages`")
 
 
 def parse_sweeps(sweeps: Iterable[str]) -> dict[str, list]:

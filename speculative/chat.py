@@ -155,3 +155,16 @@ def render(template: str, messages: list[dict[str, str]], bos_token: str = "", e
 def conversation(user: str, system: str | None) -> list[dict[str, str]]:
     messages = [{"role": "system", "content": system}] if system else []
     return messages + [{"role": "user", "content": user}]
+
+
+def prompt_or_messages(item) -> tuple[str | None, list | None]:
+    """A JSONL line's input: its string `prompt`, or else its chat `messages` (role and
+    content strings); ValueError when it has neither."""
+    if isinstance(item, dict) and isinstance(item.get("prompt"), str):
+        return item["prompt"], None
+    messages = item.get("messages") if isinstance(item, dict) else None
+    if isinstance(messages, list) and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages):
+        return None, messages
+    raise ValueError("needs a string `prompt` or a list of chat `messages`")

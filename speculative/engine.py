@@ -1,6 +1,6 @@
 """A target and an optional draft, loaded once, ready to run prompts.
 
-This is what the command line and `speculate bench` build on: it checks
+This is what the command line, `bench`, `batch` and `serve` build on: it checks
 the pair's vocabularies before loading any weights, loads both models, turns a
 prompt into tokens (optionally through the model's chat template), and runs the
 loop. Between runs the caches keep what they hold: a prompt that starts like the
@@ -22,7 +22,7 @@ import numpy as np
 from . import calibrate, chat, prompt_cache
 from .auto import Auto
 from .drafters import Chain, Drafter, ModelDrafter, NgramMapK, NgramSimple
-from .errors import ModelError, UsageError
+from .errors import GenerationError, ModelError, UsageError
 from .llamacpp import LlamaModel
 from .loop import Event, Prefilled, SpecSettings, Token, check_prompt, generate
 from .sampling import Sampler, SamplerSettings
@@ -172,7 +172,7 @@ class Engine:
             if self.draft is None:
                 raise UsageError("--spec-type draft needs a draft model: give -md PATH|NAME")
             if spec.branches > min(self.draft.n_seq, self.target.n_seq):
-                raise UsageError(f"-np {spec.branches}: the models were loaded for "
+                raise UsageError(f"{spec.branches} draft branches: the models were loaded for "
                                  f"{min(self.draft.n_seq, self.target.n_seq)} branches")
             return ModelDrafter(self.draft, p_min=spec.draft_p_min, sampler=draft_sampler,
                                 cached=self._draft_held, branches=spec.branches, p_split=spec.p_split)
@@ -258,7 +258,7 @@ class Engine:
             prompt_cache.write(self.prompt_cache_file, [
                 prompt_cache.Part(role, roles[role].cache_identity(), tokens, roles[role].save_state())
                 for role, tokens in holds.items()])
-        except (OSError, UsageError) as e:
+        except (OSError, UsageError, GenerationError) as e:  # a cache problem never fails the run
             self._notice(f"not written: {getattr(e, 'strerror', None) or e}")
             return 0.0
         self._file_holds = holds

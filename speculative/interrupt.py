@@ -2,8 +2,8 @@
 
 Python runs a signal handler only between bytecodes, so a signal that arrives while
 llama_decode works through a long prompt (minutes on a CPU) would otherwise wait for
-it. llama.cpp polls `poll` as its abort callback, on the calling (main) thread, where
-the handlers below then run: there they only note the request, llama.cpp stops within
+it. llama.cpp polls `poll` as its abort callback, on the thread that called it (the
+main thread for the command line, where the handlers below run): there they only note the request, llama.cpp stops within
 a graph node, and the backend calls `stop`, which raises KeyboardInterrupt. Anywhere
 else the handlers raise KeyboardInterrupt straight away, as Python's Ctrl-C does.
 

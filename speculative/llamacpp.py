@@ -96,7 +96,8 @@ def _file_identity(path: Path) -> dict:
 
 
 class LlamaModel:
-    """A GGUF model with one context and one KV-cache sequence (see backend.Backend)."""
+    """A GGUF model with one context: sequence 0 is its cache, and n_seq - 1 more hold draft-tree
+    branches within a step (see backend.Backend)."""
 
     def __init__(
         self,

@@ -100,11 +100,12 @@ class SpecSettings:
         if not 0.0 <= self.draft_p_min <= 1.0:
             raise UsageError(f"--draft-p-min must be in [0, 1], got {self.draft_p_min}")
         if not 1 <= self.branches <= MAX_BRANCHES:
-            raise UsageError(f"-np/--parallel must be in [1, {MAX_BRANCHES}], got {self.branches}")
+            raise UsageError(f"draft branches (-np, --draft-branches) must be in [1, {MAX_BRANCHES}], "
+                             f"got {self.branches}")
         if not 0.0 <= self.p_split <= 1.0:
             raise UsageError(f"--draft-p-split must be in [0, 1], got {self.p_split}")
         if self.branches > 1 and ("draft" not in self.drafters or self.auto):
-            raise UsageError(f"-np {self.branches}: draft trees come from a draft model; "
+            raise UsageError(f"{self.branches} draft branches: draft trees come from a draft model; "
                              "use --spec-type draft (auto plans chains only)")
         if self.n_predict < -1:
             raise UsageError(f"-n/--n-predict must be -1 (no limit) or >= 0, got {self.n_predict}")

@@ -192,7 +192,7 @@ def timings(stats: Stats) -> dict:
         "prompt_n": prompt_n,
         "prompt_ms": prompt_ms,
         "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-        "prompt_per_second": 1000 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
+        "prompt_per_second": stats.encode_tps,  # 0 when the cache left nothing to process
         "predicted_n": stats.n_predict,
         "predicted_ms": predicted_ms,
         "predicted_per_token_ms": predicted_ms / stats.n_predict if stats.n_predict else 0.0,

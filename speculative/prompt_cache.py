@@ -11,7 +11,8 @@ have saved.
 
 The file: MAGIC, a little-endian u32 format version and u64 header length, the JSON
 header ({"parts": [{role, identity, tokens, bytes, sha256}]}), then each part's
-state bytes in order. Writes go to a temporary file that replaces the old one, so a
+state bytes in order. A part's sha256 covers its tokens (as JSON) and its state, so a
+changed token list cannot claim a prefix the state does not hold. Writes go to a temporary file that replaces the old one, so a
 cache is whole or absent; an existing file that is not a prompt cache is never
 overwritten.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +30,7 @@ from .errors import UsageError
 from .files import write_atomic
 
 MAGIC = b"speculate prompt cache\n"
-VERSION = 1
+VERSION = 2  # 2: the checksum covers the tokens too
 _FIXED = struct.Struct("<IQ")     # version, header length
 MAX_HEADER = 64 << 20             # tokens as JSON: far beyond any context's worth
 
@@ -79,6 +81,7 @@ def read(path: Path, wanted: dict[str, dict]) -> tuple[list[Part], list[str]]:
             raise Unusable("damaged header")
         entries = _header(f.read(size))
         parts, notices, offset = [], [], f.tell()
+        file_size = os.fstat(f.fileno()).st_size
         for entry in entries:
             role, n = entry["role"], entry["bytes"]
             if role not in wanted:
@@ -87,10 +90,12 @@ def read(path: Path, wanted: dict[str, dict]) -> tuple[list[Part], list[str]]:
                 notices.append(f"the {role} part was saved for another model or settings "
                                f"({_differences(entry['identity'], wanted[role])}); ignored")
             else:
+                if offset + n > file_size:  # before reading: a damaged length must not allocate it
+                    raise Unusable(f"the {role} part is damaged (cut short)")
                 f.seek(offset)
                 state = f.read(n)
-                if len(state) != n or hashlib.sha256(state).hexdigest() != entry["sha256"]:
-                    raise Unusable(f"the {role} part is damaged (cut short or changed)")
+                if _digest(entry["tokens"], state) != entry["sha256"]:
+                    raise Unusable(f"the {role} part is damaged (changed)")
                 parts.append(Part(role, entry["identity"], tuple(entry["tokens"]), state))
             offset += n
     return parts, notices
@@ -111,6 +116,10 @@ def _header(raw: bytes) -> list[dict]:
         raise Unusable("damaged header") from None
 
 
+def _digest(tokens, state: bytes) -> str:
+    return hashlib.sha256(json.dumps(list(tokens)).encode() + state).hexdigest()
+
+
 def _differences(saved: dict, now: dict) -> str:
     keys = sorted(k for k in {*saved, *now} if saved.get(k) != now.get(k))
     return "differs in " + ", ".join(keys)
@@ -121,5 +130,5 @@ def write(path: Path, parts: list[Part]) -> None:
     check_writable(path)
     header = json.dumps({"parts": [
         {"role": p.role, "identity": p.identity, "tokens": list(p.tokens), "bytes": len(p.state),
-         "sha256": hashlib.sha256(p.state).hexdigest()} for p in parts]}).encode()
+         "sha256": _digest(p.tokens, p.state)} for p in parts]}).encode()
     write_atomic(path, [MAGIC + _FIXED.pack(VERSION, len(header)) + header, *(p.state for p in parts)])

@@ -7,7 +7,8 @@ what they produce, so it stays responsive while a generation runs.
 
 A request asks for a slot first: one generates and `waiting` more may wait; beyond
 that it is refused at once (503) rather than queued without bound. A generation stops
-at the next step once its client has gone or its time is up.
+at the next step once its client has gone or its time is up, and in the middle of a
+long prompt too (llama.cpp's abort callback asks, see interrupt.cancel_when).
 """
 
 from __future__ import annotations

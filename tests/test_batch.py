@@ -61,6 +61,26 @@ def test_lines_that_are_not_requests_say_why_with_their_line_number(tmp_path):
     }
 
 
+def test_numbers_and_nesting_python_cannot_take_are_lines_that_are_not_requests(tmp_path):
+    huge = "1" + "0" * 400  # an integer literal: no float holds it
+    items = read(tmp_path, '{"id": "a", "prompt": "x"}', '{"id": 1%s, "prompt": "x"}' % ("0" * 5000),
+                 "[" * 100000 + "]" * 100000, '{"id": "d", "prompt": "x", "stop": %s}' % ("[" * 70 + "]" * 70),
+                 '{"id": "t", "prompt": "x", "temperature": %s}' % huge, '{"id": "z", "prompt": "y"}')
+    assert [item.id for item in items if isinstance(item, Request)] == ["a", "z"]
+    errors = {item.line: (item.id, item.error) for item in items if isinstance(item, Rejected)}
+    assert errors == {
+        2: (None, "not usable JSON (a number over 4300 digits)"),
+        3: (None, "not usable JSON (nested over 64 levels deep)"),
+        4: (None, "not usable JSON (nested over 64 levels deep)"),
+        5: ("t", f"`temperature` must be a number >= 0, got {huge[:80]}..."),
+    }
+    out = tmp_path / "results.jsonl"
+    results = Results(out)
+    summary = batch.run_batch(None, [item for item in items if isinstance(item, Rejected)], results)
+    results.close()
+    assert summary.failed == 4 and [r["line"] for r in records(out)] == [2, 3, 4, 5]
+
+
 def test_an_over_long_line_is_refused_unread(tmp_path, monkeypatch):
     monkeypatch.setattr(batch, "MAX_LINE_BYTES", 64)
     items = read(tmp_path, json.dumps({"id": "long", "prompt": "x" * 200}), '{"id": "next", "prompt": "y"}')
@@ -91,6 +111,49 @@ def test_results_resume_after_a_half_written_line_and_refuse_other_files(tmp_pat
     with pytest.raises(UsageError, match="not a speculate batch result"):
         Results(other)
     assert other.read_text() == "my notes\n"
+
+
+@pytest.mark.parametrize("content", [
+    b"my notes\nno newline at the end", b'{"note": "one JSON line, no newline"}', b'{"id": 1}', b"{oops",
+    b'{"id": "a", "line": 1}\nnotes after a record', b'{"id": "a", "line": 1}\n{"id": "b", "line": 2}\n\n{"note": 1',
+    b'{"id": "a", "line": 1}\nmy notes\n{"id": "b", "li'])
+def test_a_file_without_a_final_newline_that_is_not_results_is_refused_untouched(tmp_path, content):
+    other = tmp_path / "notes.txt"
+    other.write_bytes(content)
+    with pytest.raises(UsageError, match="not a speculate batch result"):
+        Results(other)
+    assert other.read_bytes() == content
+
+
+@pytest.mark.parametrize("tail", [b"{", b'{"i', b'{"id": ', b'{"id": "b", "line": 2, "text": "x"}'])
+def test_a_last_line_cut_anywhere_is_dropped(tmp_path, tail):
+    path = tmp_path / "results.jsonl"
+    path.write_bytes(b'{"id": "a", "line": 1}\n' + tail)
+    Results(path).close()
+    assert path.read_bytes() == b'{"id": "a", "line": 1}\n'
+
+
+def test_the_summary_and_the_results_never_replace_the_requests_or_each_other(tmp_path):
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text('{"id": "a", "prompt": "x"}\n')
+    out = tmp_path / "[red] [" / "x].jsonl"  # ".../[red] [/x].jsonl": Rich markup, and a bad one
+    out.parent.mkdir()
+    out.write_text('{"id": "a", "line": 1, "finish_reason": "error", "error": "e"}\n')
+    (tmp_path / "link.jsonl").symlink_to(requests)
+    before = {path: path.read_bytes() for path in (requests, out)}
+    for args, error in ((("-o", str(tmp_path / "link.jsonl")), "-o/--output must not be the requests file"),
+                        (("-o", str(out), "--summary", str(out)), "--summary must not be the -o/--output file"),
+                        (("-o", str(out), "--summary", str(tmp_path / "link.jsonl")),
+                         "--summary must not be the requests file")):
+        proc = speculate("batch", str(requests), *args)
+        assert (proc.returncode, proc.stderr) == (2, f"speculate: error: {error}\n")
+    assert {path: path.read_bytes() for path in before} == before
+
+    with open(out, "ab") as f:
+        f.write(b'{"id": "a", "li')
+    proc = speculate("batch", str(requests), "-o", str(out))  # nothing to run: no model is loaded
+    assert proc.returncode == 1 and f"{out}: dropped a half-written last line (15 bytes)\n" in proc.stderr
+    assert out.read_bytes() == before[out]
 
 
 def test_stop_strings_are_cut_even_across_pieces():

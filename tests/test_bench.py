@@ -24,6 +24,8 @@ def test_prompts_accept_text_or_chat_messages(tmp_path):
 
 @pytest.mark.parametrize("line, message", [
     ("{not json", ":1: not JSON"),
+    ('{"prompt": "x", "n": ' + "9" * 5000 + "}", ":1: not JSON"),
+    ("[" * 100_000, ":1: not JSON"),
     ('{"prompt": 3}', ":1: needs a string `prompt`"),
     ('{"messages": [{"role": "user"}]}', ":1: needs a string `prompt`"),
 ])

@@ -4,6 +4,7 @@ Engine (another process, as far as the caches know) saved."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -59,6 +60,31 @@ def test_a_damaged_file_is_unusable(tmp_path, damage):
         data = bytearray()
     path.write_bytes(bytes(data))
     with pytest.raises(Unusable):
+        prompt_cache.read(path, WANTED)
+
+
+def rewrite_header(path, change) -> None:
+    """Apply `change` to the parsed header's first part and write the file back (a header
+    that still parses, unlike the damage above)."""
+    data = path.read_bytes()
+    start = len(prompt_cache.MAGIC) + prompt_cache._FIXED.size
+    version, size = prompt_cache._FIXED.unpack(data[len(prompt_cache.MAGIC):start])
+    header = json.loads(data[start:start + size])
+    change(header["parts"][0])
+    raw = json.dumps(header).encode()
+    path.write_bytes(prompt_cache.MAGIC + prompt_cache._FIXED.pack(version, len(raw)) + raw + data[start + size:])
+
+
+@pytest.mark.parametrize("change", [
+    lambda part: part["tokens"].__setitem__(1, part["tokens"][1] + 1),  # claims a prefix the state lacks
+    lambda part: part.__setitem__("bytes", 2**62),                      # must not be allocated
+    lambda part: part.__setitem__("bytes", 2**64),
+], ids=["a changed token", "a huge length", "a length past 64 bits"])
+def test_a_header_that_parses_but_lies_is_unusable(tmp_path, change):
+    path = tmp_path / "p.cache"
+    prompt_cache.write(path, PARTS)
+    rewrite_header(path, change)
+    with pytest.raises(Unusable, match="target part is damaged"):
         prompt_cache.read(path, WANTED)
 
 
@@ -150,7 +176,7 @@ def test_a_damaged_cache_is_ignored_with_a_notice_and_replaced(specs, tmp_path):
         _, out, stats = ask(second, "Who founded Rome?")
         wanted = {"target": second.target.cache_identity(), "draft": second.draft.cache_identity()}
     assert out == out1 and stats.n_restored == 0
-    assert notices == [f"prompt cache {path}: ignored: the draft part is damaged (cut short or changed)"]
+    assert notices == [f"prompt cache {path}: ignored: the draft part is damaged (changed)"]
     assert len(prompt_cache.read(path, wanted)[0]) == 2  # written whole again
 
 

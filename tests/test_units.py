@@ -217,3 +217,16 @@ def test_no_prompt_rate_when_the_cache_kept_all_it_could():
 
     assert Stats(n_prompt=100, n_cached=99, t_encode=1e-5).encode_tps == 0.0
     assert Stats(n_prompt=100, n_cached=50, t_encode=0.5).encode_tps == 100.0
+
+
+def test_an_atomic_write_through_a_link_replaces_its_target_and_keeps_the_link(tmp_path):
+    from speculative.files import write_atomic
+
+    (tmp_path / "real").mkdir()
+    target = tmp_path / "real" / "calibration.json"
+    target.write_bytes(b"old")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    write_atomic(link, [b"new", b"!"])
+    assert link.is_symlink() and target.read_bytes() == b"new!"
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["calibration.json", "link.json", "real"]
