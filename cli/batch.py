@@ -99,8 +99,8 @@ def batch_command(
                 model, model_draft, use_draft, ctx_size=ctx_size, ctx_size_draft=ctx_size_draft,
                 n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, threads=threads,
                 threads_draft=threads_draft, batch_size=batch_size, flash_attn=flash_attn,
-                lora=lora, lora_scaled=lora_scaled, lora_draft=lora_draft)
-            engine = Engine(*options.with_branches(target, draft, spec.branches), notify=_notice)
+                lora=lora, lora_scaled=lora_scaled, lora_draft=lora_draft, branches=spec.branches)
+            engine = Engine(target, draft, notify=_notice)
         _notice(f"batch: {len(items)} requests in {requests}, {len(items) - len(todo)} already in {output}, "
                 f"{len(todo)} to run")
         try:

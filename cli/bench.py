@@ -82,8 +82,7 @@ def bench_command(
         model, model_draft, uses_draft, ctx_size=ctx_size, ctx_size_draft=ctx_size_draft,
         n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, threads=threads,
         threads_draft=threads_draft, batch_size=batch_size, flash_attn=flash_attn,
-        lora=lora, lora_scaled=lora_scaled, lora_draft=lora_draft)
-    target, draft = options.with_branches(target, draft, max(c.spec.branches for c in configs))
+        lora=lora, lora_scaled=lora_scaled, lora_draft=lora_draft, branches=max(c.spec.branches for c in configs))
     rest = len(configs) - 1
     total = len(prompts_) * repeat * (len(configs) + (rest + bench.BASELINE_EVERY - 1) // bench.BASELINE_EVERY)
     stderr.print(f"bench: {len(prompts_)} prompts x {len(configs)} configurations x {repeat}, target-only "

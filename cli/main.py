@@ -162,8 +162,7 @@ def run(
         model, model_draft, use_draft, ctx_size=ctx_size, ctx_size_draft=ctx_size_draft,
         n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, threads=threads,
         threads_draft=threads_draft, batch_size=batch_size, flash_attn=flash_attn,
-        lora=lora, lora_scaled=lora_scaled, lora_draft=lora_draft)
-    target, draft = options.with_branches(target, draft, spec.branches)
+        lora=lora, lora_scaled=lora_scaled, lora_draft=lora_draft, branches=spec.branches)
     code = run_and_render(
         target, draft, text, sampling, spec, use_chat=use_chat, system=system_prompt,
         color=color and not os.environ.get("NO_COLOR"), json_output=json_output,

@@ -179,7 +179,7 @@ def model_specs(model: Optional[str], model_draft: Optional[str], use_draft: boo
                 ctx_size_draft: Optional[int], n_gpu_layers: int, n_gpu_layers_draft: Optional[int],
                 threads: Optional[int], threads_draft: Optional[int], batch_size: int, flash_attn: str,
                 lora: Optional[List[str]] = None, lora_scaled: Optional[List[str]] = None,
-                lora_draft: Optional[List[str]] = None) -> tuple[ModelSpec, ModelSpec | None]:
+                lora_draft: Optional[List[str]] = None, branches: int = 1) -> tuple[ModelSpec, ModelSpec | None]:
     """Validate the model options, resolve -m/-md (pulling registry models as needed)."""
     for flag, value, least in (("-c/--ctx-size", ctx_size, 0), ("-b/--batch-size", batch_size, 1),
                                ("-cd/--ctx-size-draft", ctx_size_draft, 0),
@@ -195,10 +195,14 @@ def model_specs(model: Optional[str], model_draft: Optional[str], use_draft: boo
         raise UsageError("--lora-draft is for the draft model, which this run does not load")
     loras = ([(name, 1.0) for name in _names(lora, "--lora")] + _scaled(lora_scaled),
              [(name, 1.0) for name in _names(lora_draft, "--lora-draft")])
-    return resolve_models(Registry.load(), model, model_draft, use_draft,
-                          ctx=(ctx_size, ctx_size_draft), ngl=(n_gpu_layers, n_gpu_layers_draft),
-                          threads=(threads, threads_draft), n_batch=batch_size, flash_attn=flash_attn,
-                          loras=tuple(_adapters(names) for names in loras))
+    target, draft = resolve_models(Registry.load(), model, model_draft, use_draft,
+                                   ctx=(ctx_size, ctx_size_draft), ngl=(n_gpu_layers, n_gpu_layers_draft),
+                                   threads=(threads, threads_draft), n_batch=batch_size, flash_attn=flash_attn,
+                                   loras=tuple(_adapters(names) for names in loras))
+    if branches <= 1:
+        return target, draft
+    # Both models get a KV-cache sequence per draft-tree branch (-np).
+    return replace(target, n_seq=branches), None if draft is None else replace(draft, n_seq=branches)
 
 
 def _names(values: Optional[List[str]], flag: str) -> list[str]:
@@ -230,13 +234,6 @@ def _adapters(loras: list[tuple[str, float]]) -> tuple[tuple[Path, float], ...]:
     for path, _ in adapters:
         check_gguf_file(path, "LoRA adapter")
     return adapters
-
-
-def with_branches(target: ModelSpec, draft: ModelSpec | None, branches: int) -> tuple[ModelSpec, ModelSpec | None]:
-    """Both models get a KV-cache sequence per draft-tree branch (-np)."""
-    if branches <= 1:
-        return target, draft
-    return replace(target, n_seq=branches), None if draft is None else replace(draft, n_seq=branches)
 
 
 def draft_available(model: Optional[str], model_draft: Optional[str]) -> bool:

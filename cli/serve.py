@@ -115,8 +115,7 @@ def serve_command(
         model, model_draft, use_draft, ctx_size=ctx_size, ctx_size_draft=ctx_size_draft,
         n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, threads=threads,
         threads_draft=threads_draft, batch_size=batch_size, flash_attn=flash_attn,
-        lora=lora, lora_scaled=lora_scaled, lora_draft=lora_draft)
-    target, draft = options.with_branches(target, draft, spec.branches)
+        lora=lora, lora_scaled=lora_scaled, lora_draft=lora_draft, branches=spec.branches)
     sock = _bind(host, port)  # before loading: a taken port fails at once, not after the models load
     with sock, Engine(target, draft, notify=lambda message: print(message, file=sys.stderr)) as engine:
         engine.make_drafter(spec)  # auto measures its costs now rather than in the first request
