@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Sequence
 
 
 def chain_parents(k: int) -> tuple[int, ...]:
@@ -72,10 +73,15 @@ class Tree:
         return tuple(tuple(s) for s in seqs)
 
     def path(self, node: int) -> list[int]:
-        """The nodes from the root's child down to `node` (empty for the root)."""
-        nodes = []
-        while node >= 0:
-            nodes.append(node)
-            node = self.parents[node]
-        return nodes[::-1]
+        return path_to(self.parents, node)
+
+
+def path_to(parents: Sequence[int], node: int) -> list[int]:
+    """The nodes from the root's child down to `node` (empty for the root); `parents` may
+    still be growing (a drafter building its tree)."""
+    nodes = []
+    while node >= 0:
+        nodes.append(node)
+        node = parents[node]
+    return nodes[::-1]
 

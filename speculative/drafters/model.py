@@ -11,6 +11,7 @@ import numpy as np
 
 from ..backend import Backend
 from ..sampling import Sampler, draw, one_hot
+from ..tree import path_to
 from . import Draft, Drafter
 
 # llama.cpp judges --draft-p-min on the draft's top candidates renormalised over
@@ -113,11 +114,7 @@ class ModelDrafter(Drafter):
         """What a drafted node follows, for the sampler's penalties."""
         if not self.sampler.settings.penalties:
             return ()
-        path = []
-        while node >= 0:
-            path.append(drafted[node])
-            node = parents[node]
-        return [*context, *path[::-1]]
+        return [*context, *(drafted[i] for i in path_to(parents, node))]
 
     def behind(self, context: Sequence[int]) -> int:
         """Tokens of `context` the draft's cache does not hold yet (to decode before drafting)."""
