@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -15,6 +15,7 @@ from speculative import batch
 from speculative.engine import Engine
 from speculative.errors import UsageError
 from speculative.files import write_atomic
+from speculative.settings import SamplerSettings, SpecSettings
 
 from . import options
 from .render import EXIT_INTERRUPTED
@@ -23,7 +24,11 @@ stderr = Console(stderr=True, highlight=False, soft_wrap=True)  # log lines stay
 PLAIN_EVERY = 10.0  # seconds between progress lines when stderr is not a terminal
 
 
+@options.with_options(options.MODELS, options.SAMPLING, options.SPECULATION)
 def batch_command(
+    models: options.ModelOptions,
+    sampling: SamplerSettings,
+    spec: SpecSettings,
     requests: Path = typer.Argument(
         ..., metavar="REQUESTS.jsonl",
         help="One request per line: an `id` (string or integer) and a `prompt` or chat `messages`; optional "
@@ -34,73 +39,17 @@ def batch_command(
              "are skipped, so rerunning the same command resumes an interrupted batch."),
     summary_file: Optional[Path] = typer.Option(
         None, "--summary", metavar="FILE", help="Also write the final summary to FILE as JSON."),
-    model: Optional[str] = options.MODEL,
-    model_draft: Optional[str] = options.MODEL_DRAFT,
-    ctx_size: int = options.CTX_SIZE,
-    ctx_size_draft: Optional[int] = options.CTX_SIZE_DRAFT,
-    n_gpu_layers: int = options.N_GPU_LAYERS,
-    n_gpu_layers_draft: Optional[int] = options.N_GPU_LAYERS_DRAFT,
-    threads: Optional[int] = options.THREADS,
-    threads_draft: Optional[int] = options.THREADS_DRAFT,
-    batch_size: int = options.BATCH_SIZE,
-    flash_attn: str = options.FLASH_ATTN,
-    lora: Optional[List[str]] = options.LORA,
-    lora_scaled: Optional[List[str]] = options.LORA_SCALED,
-    lora_draft: Optional[List[str]] = options.LORA_DRAFT,
-    n_predict: int = options.N_PREDICT,
-    temp: float = options.TEMP,
-    top_k: int = options.TOP_K,
-    top_p: float = options.TOP_P,
-    min_p: float = options.MIN_P,
-    typical_p: float = options.TYPICAL,
-    repeat_penalty: float = options.REPEAT_PENALTY,
-    repeat_last_n: int = options.REPEAT_LAST_N,
-    presence_penalty: float = options.PRESENCE_PENALTY,
-    frequency_penalty: float = options.FREQUENCY_PENALTY,
-    seed: int = options.SEED,
-    sampling_seq: str = options.SAMPLING_SEQ,
-    ignore_eos: bool = options.IGNORE_EOS,
-    spec_type: Optional[str] = options.SPEC_TYPE,
-    draft_max: Optional[int] = options.DRAFT_MAX,
-    draft_min: int = options.DRAFT_MIN,
-    draft_p_min: float = options.DRAFT_P_MIN,
-    spec_accept: str = options.SPEC_ACCEPT,
-    parallel: int = options.PARALLEL,
-    draft_p_split: float = options.DRAFT_P_SPLIT,
-    ngram_n: Optional[int] = options.NGRAM_N,
-    ngram_m: Optional[int] = options.NGRAM_M,
-    ngram_min_hits: Optional[int] = options.NGRAM_MIN_HITS,
-    simple_n: Optional[int] = options.SIMPLE_N,
-    simple_m: Optional[int] = options.SIMPLE_M,
-    simple_hits: Optional[int] = options.SIMPLE_HITS,
-    map_n: Optional[int] = options.MAP_N,
-    map_m: Optional[int] = options.MAP_M,
-    map_hits: Optional[int] = options.MAP_HITS,
 ) -> None:
     """Run every request in a JSONL file with the models loaded once; exit 0 when every
     request has a result, 1 when some failed."""
     _check_files(requests, output, summary_file)
-    sampling = options.sampler_settings(
-        temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p, repeat_penalty=repeat_penalty,
-        repeat_last_n=repeat_last_n, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-        sampling_seq=sampling_seq, seed=seed)
-    spec = options.spec_settings(
-        spec_type, draft_max, draft_min, draft_p_min, spec_accept, ngram=(ngram_n, ngram_m, ngram_min_hits),
-        simple=(simple_n, simple_m, simple_hits), map_k=(map_n, map_m, map_hits), n_predict=n_predict,
-        ignore_eos=ignore_eos, branches=parallel, p_split=draft_p_split)
     items = batch.read_requests(requests, sampling, spec)
     results = batch.Results(output, notify=_notice)
     try:
         todo = batch.pending(items, results)
         engine = None
         if any(isinstance(item, batch.Request) for item in todo):  # else no model is needed
-            use_draft = options.uses_draft_model(spec, options.draft_available(model, model_draft))
-            target, draft = options.model_specs(
-                model, model_draft, use_draft, ctx_size=ctx_size, ctx_size_draft=ctx_size_draft,
-                n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, threads=threads,
-                threads_draft=threads_draft, batch_size=batch_size, flash_attn=flash_attn,
-                lora=lora, lora_scaled=lora_scaled, lora_draft=lora_draft, branches=spec.branches)
-            engine = Engine(target, draft, notify=_notice)
+            engine = Engine(*models.specs(models.uses_draft(spec), spec.branches), notify=_notice)
         _notice(f"batch: {len(items)} requests in {requests}, {len(items) - len(todo)} already in {output}, "
                 f"{len(todo)} to run")
         try:

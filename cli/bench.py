@@ -17,15 +17,16 @@ from speculative import bench
 from speculative.engine import Engine
 from speculative.errors import UsageError
 from speculative.llamacpp import system_info
-from speculative.loop import SpecSettings
-from speculative.sampling import SamplerSettings
+from speculative.settings import SamplerSettings, SpecSettings
 
 from . import options
 
 stderr = Console(stderr=True, highlight=False)
 
 
+@options.with_options(options.MODELS)
 def bench_command(
+    models: options.ModelOptions,
     prompts: Path = typer.Argument(..., help="JSONL prompts: objects with `prompt` or chat `messages` "
                                              "(optional `id`, `category`)."),
     config: Optional[List[str]] = typer.Option(
@@ -46,28 +47,14 @@ def bench_command(
         None, "-o", "--output", help="JSON results (default: speculate-bench-DATE-TIME.json here; "
                                      "an existing file is never overwritten)."),
     per_prompt: bool = typer.Option(False, "--per-prompt", help="Also print one row per prompt."),
-    model: Optional[str] = options.MODEL,
-    model_draft: Optional[str] = options.MODEL_DRAFT,
-    ctx_size: int = options.CTX_SIZE,
-    ctx_size_draft: Optional[int] = options.CTX_SIZE_DRAFT,
-    n_gpu_layers: int = options.N_GPU_LAYERS,
-    n_gpu_layers_draft: Optional[int] = options.N_GPU_LAYERS_DRAFT,
-    threads: Optional[int] = options.THREADS,
-    threads_draft: Optional[int] = options.THREADS_DRAFT,
-    batch_size: int = options.BATCH_SIZE,
-    flash_attn: str = options.FLASH_ATTN,
-    lora: Optional[List[str]] = options.LORA,
-    lora_scaled: Optional[List[str]] = options.LORA_SCALED,
-    lora_draft: Optional[List[str]] = options.LORA_DRAFT,
 ) -> None:
     """Measure speedup over target-only decoding per prompt and category, on this machine."""
-    has_draft = options.draft_available(model, model_draft)
-    configs_wanted = config or [*(["draft"] if has_draft else []), "ngram-simple", "auto"]
+    configs_wanted = config or [*(["draft"] if models.draft_available else []), "ngram-simple", "auto"]
     grid = bench.parse_sweeps(sweep or [])
     if n_predict < 1 or repeat < 1 or limit < 0:
         raise UsageError("-n and --repeat must be >= 1, --limit >= 0")
     configs = bench.make_configs(configs_wanted, grid, SpecSettings(n_predict=n_predict))
-    uses_draft = any([options.uses_draft_model(c.spec, has_draft) for c in configs])
+    uses_draft = any([models.uses_draft(c.spec) for c in configs])
     prompts_ = [p for p in bench.load_prompts(prompts) if not category or p.category in category]
     prompts_ = prompts_[:limit] if limit else prompts_
     if not prompts_:
@@ -78,11 +65,7 @@ def bench_command(
     sampling = SamplerSettings(temp=temp, seed=seed)
     sampling.validate()
 
-    target, draft = options.model_specs(
-        model, model_draft, uses_draft, ctx_size=ctx_size, ctx_size_draft=ctx_size_draft,
-        n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, threads=threads,
-        threads_draft=threads_draft, batch_size=batch_size, flash_attn=flash_attn,
-        lora=lora, lora_scaled=lora_scaled, lora_draft=lora_draft, branches=max(c.spec.branches for c in configs))
+    target, draft = models.specs(uses_draft, max(c.spec.branches for c in configs))
     rest = len(configs) - 1
     total = len(prompts_) * repeat * (len(configs) + (rest + bench.BASELINE_EVERY - 1) // bench.BASELINE_EVERY)
     stderr.print(f"bench: {len(prompts_)} prompts x {len(configs)} configurations x {repeat}, target-only "

@@ -3,37 +3,32 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
+from dataclasses import replace
 
-import llama_cpp
 import typer
 
 from speculative.doctor import batch_invariance
 from speculative.engine import Engine
-from speculative.llamacpp import system_info
+from speculative.llamacpp import bindings_version, gpu_offload, system_info
 
 from . import options
 from .render import PipeConsole, quiet_pipe
 
 
+@options.with_options(options.MODELS.only("model", "n_gpu_layers", "threads", "flash_attn"))
 def doctor_command(
-    model: Optional[str] = options.MODEL,
-    n_gpu_layers: int = options.N_GPU_LAYERS,
-    threads: Optional[int] = options.THREADS,
-    flash_attn: str = options.FLASH_ATTN,
+    models: options.ModelOptions,
     json_output: bool = typer.Option(False, "--json", help="One JSON object instead of the report."),
 ) -> None:
     """Report the llama.cpp build and measure whether it scores a position the same alone and
     inside a batch (then greedy speculative output is token-identical to target-only output)."""
-    target, _ = options.model_specs(model, None, False, ctx_size=512, ctx_size_draft=None,
-                                    n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=None, threads=threads,
-                                    threads_draft=None, batch_size=512, flash_attn=flash_attn)
+    target, _ = replace(models, ctx_size=512, batch_size=512).specs(use_draft=False)
     with Engine(target) as engine:
         m = engine.target
-        checks = batch_invariance(m)
+        checks = batch_invariance(engine.caches["target"])
         report = {
-            "llama_cpp_python": llama_cpp.__version__, "system_info": system_info(),
-            "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()), "model": target.name,
+            "llama_cpp_python": bindings_version(), "system_info": system_info(),
+            "gpu_offload": gpu_offload(), "model": target.name,
             "n_gpu_layers": m.n_gpu_layers, "threads": m.n_threads, "flash_attn": m.flash_attn,
             "batch_variant_kernels": m.kernels, "checks": [c.to_dict() for c in checks],
             "batch_invariant": all(c.max_abs_diff == 0.0 for c in checks),

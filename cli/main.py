@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
@@ -18,6 +18,7 @@ from speculative import interrupt
 from speculative.chat import check_jinja2_version
 from speculative.errors import SpeculateError, UsageError
 from speculative.prompt_cache import check_writable
+from speculative.settings import SamplerSettings, SpecSettings
 
 from . import models as models_cli
 from . import options
@@ -67,21 +68,12 @@ P, O = "Prompt", "Output"
 
 
 @app.callback()
+@options.with_options(options.MODELS, options.SAMPLING, options.SPECULATION)
 def run(
     ctx: typer.Context,
-    model: Optional[str] = options.MODEL,
-    model_draft: Optional[str] = options.MODEL_DRAFT,
-    ctx_size: int = options.CTX_SIZE,
-    ctx_size_draft: Optional[int] = options.CTX_SIZE_DRAFT,
-    n_gpu_layers: int = options.N_GPU_LAYERS,
-    n_gpu_layers_draft: Optional[int] = options.N_GPU_LAYERS_DRAFT,
-    threads: Optional[int] = options.THREADS,
-    threads_draft: Optional[int] = options.THREADS_DRAFT,
-    batch_size: int = options.BATCH_SIZE,
-    flash_attn: str = options.FLASH_ATTN,
-    lora: Optional[List[str]] = options.LORA,
-    lora_scaled: Optional[List[str]] = options.LORA_SCALED,
-    lora_draft: Optional[List[str]] = options.LORA_DRAFT,
+    models: options.ModelOptions,
+    sampling: SamplerSettings,
+    spec: SpecSettings,
     prompt: Optional[str] = typer.Option(
         None, "-p", "--prompt", rich_help_panel=P, help="The prompt; '-' reads it from standard input."),
     file: Optional[str] = typer.Option(
@@ -102,35 +94,6 @@ def run(
              "or settings is ignored with a notice; a file that is not a prompt cache is never overwritten."),
     prompt_cache_ro: bool = typer.Option(
         False, "--prompt-cache-ro", rich_help_panel=P, help="Use --prompt-cache FILE, but never write it."),
-    n_predict: int = options.N_PREDICT,
-    temp: float = options.TEMP,
-    top_k: int = options.TOP_K,
-    top_p: float = options.TOP_P,
-    min_p: float = options.MIN_P,
-    typical_p: float = options.TYPICAL,
-    repeat_penalty: float = options.REPEAT_PENALTY,
-    repeat_last_n: int = options.REPEAT_LAST_N,
-    presence_penalty: float = options.PRESENCE_PENALTY,
-    frequency_penalty: float = options.FREQUENCY_PENALTY,
-    seed: int = options.SEED,
-    sampling_seq: str = options.SAMPLING_SEQ,
-    ignore_eos: bool = options.IGNORE_EOS,
-    spec_type: Optional[str] = options.SPEC_TYPE,
-    draft_max: Optional[int] = options.DRAFT_MAX,
-    draft_min: int = options.DRAFT_MIN,
-    draft_p_min: float = options.DRAFT_P_MIN,
-    spec_accept: str = options.SPEC_ACCEPT,
-    parallel: int = options.PARALLEL,
-    draft_p_split: float = options.DRAFT_P_SPLIT,
-    ngram_n: Optional[int] = options.NGRAM_N,
-    ngram_m: Optional[int] = options.NGRAM_M,
-    ngram_min_hits: Optional[int] = options.NGRAM_MIN_HITS,
-    simple_n: Optional[int] = options.SIMPLE_N,
-    simple_m: Optional[int] = options.SIMPLE_M,
-    simple_hits: Optional[int] = options.SIMPLE_HITS,
-    map_n: Optional[int] = options.MAP_N,
-    map_m: Optional[int] = options.MAP_M,
-    map_hits: Optional[int] = options.MAP_HITS,
     color: bool = typer.Option(
         False, "--color", rich_help_panel=O,
         help="Colour accepted draft tokens (green) apart from the target's own (NO_COLOR disables)."),
@@ -141,15 +104,7 @@ def run(
     """Generate text from a prompt, with speculative decoding."""
     if ctx.invoked_subcommand is not None:
         return
-    sampling = options.sampler_settings(
-        temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p, repeat_penalty=repeat_penalty,
-        repeat_last_n=repeat_last_n, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-        sampling_seq=sampling_seq, seed=seed)
-    spec = options.spec_settings(
-        spec_type, draft_max, draft_min, draft_p_min, spec_accept, branches=parallel, p_split=draft_p_split,
-        ngram=(ngram_n, ngram_m, ngram_min_hits), simple=(simple_n, simple_m, simple_hits),
-        map_k=(map_n, map_m, map_hits), n_predict=n_predict, ignore_eos=ignore_eos)
-    use_draft = options.uses_draft_model(spec, options.draft_available(model, model_draft))
+    use_draft = models.uses_draft(spec)
     text = read_prompt(prompt, file, escape)
     if prompt_cache_ro and prompt_cache is None:
         raise UsageError("--prompt-cache-ro needs --prompt-cache FILE")
@@ -158,11 +113,7 @@ def run(
     if system_prompt is not None and escape:
         system_prompt = process_escapes(system_prompt)
 
-    target, draft = options.model_specs(
-        model, model_draft, use_draft, ctx_size=ctx_size, ctx_size_draft=ctx_size_draft,
-        n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, threads=threads,
-        threads_draft=threads_draft, batch_size=batch_size, flash_attn=flash_attn,
-        lora=lora, lora_scaled=lora_scaled, lora_draft=lora_draft, branches=spec.branches)
+    target, draft = models.specs(use_draft, spec.branches)
     code = run_and_render(
         target, draft, text, sampling, spec, use_chat=use_chat, system=system_prompt,
         color=color and not os.environ.get("NO_COLOR"), json_output=json_output,

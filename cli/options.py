@@ -3,20 +3,21 @@ models, how they run, how speculation drafts, and how tokens are sampled."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import typer
 
 from speculative.engine import ModelSpec
 from speculative.errors import UsageError
 from speculative.llamacpp import FLASH_ATTN_MODES
-from speculative.loop import (DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, NGRAM_N_AUTO, NGRAM_N_FIXED, NgramSettings,
-                              SpecSettings)
 from speculative.registry import Registry, check_gguf_file
-from speculative.sampling import DEFAULT_SEQUENCE, SamplerSettings
+from speculative.settings import (DEFAULT_SEQUENCE, DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, NGRAM_N_AUTO, NGRAM_N_FIXED,
+                                  NgramSettings, SamplerSettings, SpecSettings)
 
 from .models import resolve_models
 
@@ -99,18 +100,17 @@ NGRAM_M = typer.Option(
 NGRAM_MIN_HITS = typer.Option(
     None, "--spec-ngram-min-hits", rich_help_panel=D,
     help=f"N-gram drafters: earlier occurrences needed [default: {NgramSettings.min_hits}].")
-SIMPLE_N = typer.Option(None, "--spec-ngram-simple-size-n", rich_help_panel=D,
-                        help="ngram-simple only: as --spec-ngram-size-n.")
-SIMPLE_M = typer.Option(None, "--spec-ngram-simple-size-m", rich_help_panel=D,
-                        help="ngram-simple only: as --spec-ngram-size-m.")
-SIMPLE_HITS = typer.Option(None, "--spec-ngram-simple-min-hits", rich_help_panel=D,
-                           help="ngram-simple only: as --spec-ngram-min-hits.")
-MAP_N = typer.Option(None, "--spec-ngram-map-k-size-n", rich_help_panel=D,
-                     help="ngram-map-k only: as --spec-ngram-size-n.")
-MAP_M = typer.Option(None, "--spec-ngram-map-k-size-m", rich_help_panel=D,
-                     help="ngram-map-k only: as --spec-ngram-size-m.")
-MAP_HITS = typer.Option(None, "--spec-ngram-map-k-min-hits", rich_help_panel=D,
-                        help="ngram-map-k only: as --spec-ngram-min-hits.")
+
+
+def _own_ngram_flags(kind: str) -> tuple:
+    """--spec-ngram-KIND-size-n, -size-m and -min-hits: one n-gram type's own values."""
+    return tuple(typer.Option(None, f"--spec-ngram-{kind}-{flag}", rich_help_panel=D,
+                              help=f"ngram-{kind} only: as --spec-ngram-{flag}.")
+                 for flag in ("size-n", "size-m", "min-hits"))
+
+
+SIMPLE_N, SIMPLE_M, SIMPLE_HITS = _own_ngram_flags("simple")
+MAP_N, MAP_M, MAP_HITS = _own_ngram_flags("map-k")
 
 N_PREDICT = typer.Option(
     -1, "-n", "--n-predict", "--predict", rich_help_panel=S,
@@ -150,23 +150,27 @@ def sampler_settings(*, temp: float, top_k: int, top_p: float, min_p: float, typ
     return sampling
 
 
-def spec_settings(spec_type: Optional[str], draft_max: Optional[int], draft_min: int, draft_p_min: float,
-                  spec_accept: str, *, branches: int, p_split: float, ngram: Ngram, simple: Ngram, map_k: Ngram,
-                  n_predict: int = -1, ignore_eos: bool = False) -> SpecSettings:
+def spec_settings(*, spec_type: Optional[str], draft_max: Optional[int], draft_min: int, draft_p_min: float,
+                  spec_accept: str, branches: int, draft_p_split: float, ngram_n: Optional[int],
+                  ngram_m: Optional[int], ngram_min_hits: Optional[int], simple_n: Optional[int],
+                  simple_m: Optional[int], simple_hits: Optional[int], map_n: Optional[int],
+                  map_m: Optional[int], map_hits: Optional[int], n_predict: int = -1,
+                  ignore_eos: bool = False) -> SpecSettings:
     """The speculation flags as validated settings. An n-gram type's own flag wins over the
     common --spec-ngram-* one, which wins over the default."""
     types = tuple(t.strip() for t in (spec_type if spec_type is not None else "auto").split(","))
+    common = (ngram_n, ngram_m, ngram_min_hits)
 
     def one(own: Ngram) -> NgramSettings:
-        n, m, hits = (_first(mine, common, default) for mine, common, default in
-                      zip(own, ngram, (NgramSettings.n, NgramSettings.m, NgramSettings.min_hits)))
+        n, m, hits = (_first(mine, shared, default) for mine, shared, default in
+                      zip(own, common, (NgramSettings.n, NgramSettings.m, NgramSettings.min_hits)))
         return NgramSettings(n, m, hits)
 
     spec = SpecSettings(
         types=types, draft_min=draft_min, draft_p_min=draft_p_min, n_predict=n_predict,
         draft_max=draft_max if draft_max is not None else DRAFT_MAX_AUTO if "auto" in types else DRAFT_MAX_FIXED,
-        ignore_eos=ignore_eos, accept=spec_accept, branches=branches, p_split=p_split,
-        ngram_simple=one(simple), ngram_map_k=one(map_k))
+        ignore_eos=ignore_eos, accept=spec_accept, branches=branches, p_split=draft_p_split,
+        ngram_simple=one((simple_n, simple_m, simple_hits)), ngram_map_k=one((map_n, map_m, map_hits)))
     spec.validate()
     return spec
 
@@ -175,34 +179,62 @@ def _first(*values):
     return next((v for v in values if v is not None), None)
 
 
-def model_specs(model: Optional[str], model_draft: Optional[str], use_draft: bool, *, ctx_size: int,
-                ctx_size_draft: Optional[int], n_gpu_layers: int, n_gpu_layers_draft: Optional[int],
-                threads: Optional[int], threads_draft: Optional[int], batch_size: int, flash_attn: str,
-                lora: Optional[List[str]] = None, lora_scaled: Optional[List[str]] = None,
-                lora_draft: Optional[List[str]] = None, branches: int = 1) -> tuple[ModelSpec, ModelSpec | None]:
-    """Validate the model options, resolve -m/-md (pulling registry models as needed)."""
-    for flag, value, least in (("-c/--ctx-size", ctx_size, 0), ("-b/--batch-size", batch_size, 1),
-                               ("-cd/--ctx-size-draft", ctx_size_draft, 0),
-                               ("-t/--threads", threads, 1), ("-td/--threads-draft", threads_draft, 1)):
-        if value is not None and value < least:
-            raise UsageError(f"{flag} must be >= {least}, got {value}")
-    for flag, value in (("-ngl/--n-gpu-layers", n_gpu_layers), ("-ngld/--n-gpu-layers-draft", n_gpu_layers_draft)):
-        if value is not None and value < -1:
-            raise UsageError(f"{flag} must be -1 (all) or >= 0, got {value}")
-    if flash_attn not in FLASH_ATTN_MODES:
-        raise UsageError(f"-fa/--flash-attn: expected one of {', '.join(FLASH_ATTN_MODES)}, got {flash_attn!r}")
-    if lora_draft and not use_draft:
-        raise UsageError("--lora-draft is for the draft model, which this run does not load")
-    loras = ([(name, 1.0) for name in _names(lora, "--lora")] + _scaled(lora_scaled),
-             [(name, 1.0) for name in _names(lora_draft, "--lora-draft")])
-    target, draft = resolve_models(Registry.load(), model, model_draft, use_draft,
-                                   ctx=(ctx_size, ctx_size_draft), ngl=(n_gpu_layers, n_gpu_layers_draft),
-                                   threads=(threads, threads_draft), n_batch=batch_size, flash_attn=flash_attn,
-                                   loras=tuple(_adapters(names) for names in loras))
-    if branches <= 1:
-        return target, draft
-    # Both models get a KV-cache sequence per draft-tree branch (-np).
-    return replace(target, n_seq=branches), None if draft is None else replace(draft, n_seq=branches)
+@dataclass(frozen=True)
+class ModelOptions:
+    """The model flags as given; `specs` checks them and resolves -m/-md into files."""
+    model: Optional[str] = None
+    model_draft: Optional[str] = None
+    ctx_size: int = 4096
+    ctx_size_draft: Optional[int] = None
+    n_gpu_layers: int = -1
+    n_gpu_layers_draft: Optional[int] = None
+    threads: Optional[int] = None
+    threads_draft: Optional[int] = None
+    batch_size: int = 2048
+    flash_attn: str = "auto"
+    lora: Optional[List[str]] = None
+    lora_scaled: Optional[List[str]] = None
+    lora_draft: Optional[List[str]] = None
+
+    @property
+    def draft_available(self) -> bool:
+        """A draft model is at hand: -md, or the registry's default pair when -m is not given."""
+        return self.model_draft is not None or self.model is None
+
+    def uses_draft(self, spec: SpecSettings) -> bool:
+        """Whether a draft model is loaded: named in --spec-type, or auto with one at hand."""
+        if "draft" in spec.drafters:
+            if not self.draft_available:
+                raise UsageError("--spec-type draft needs a draft model: give -md PATH|NAME")
+            return True
+        return spec.auto and not spec.drafters and self.draft_available
+
+    def specs(self, use_draft: bool, branches: int = 1) -> tuple[ModelSpec, ModelSpec | None]:
+        """Validate the model options, resolve -m/-md (pulling registry models as needed)."""
+        for flag, value, least in (("-c/--ctx-size", self.ctx_size, 0), ("-b/--batch-size", self.batch_size, 1),
+                                   ("-cd/--ctx-size-draft", self.ctx_size_draft, 0),
+                                   ("-t/--threads", self.threads, 1), ("-td/--threads-draft", self.threads_draft, 1)):
+            if value is not None and value < least:
+                raise UsageError(f"{flag} must be >= {least}, got {value}")
+        for flag, value in (("-ngl/--n-gpu-layers", self.n_gpu_layers),
+                            ("-ngld/--n-gpu-layers-draft", self.n_gpu_layers_draft)):
+            if value is not None and value < -1:
+                raise UsageError(f"{flag} must be -1 (all) or >= 0, got {value}")
+        if self.flash_attn not in FLASH_ATTN_MODES:
+            raise UsageError(f"-fa/--flash-attn: expected one of {', '.join(FLASH_ATTN_MODES)}, "
+                             f"got {self.flash_attn!r}")
+        if self.lora_draft and not use_draft:
+            raise UsageError("--lora-draft is for the draft model, which this run does not load")
+        loras = ([(name, 1.0) for name in _names(self.lora, "--lora")] + _scaled(self.lora_scaled),
+                 [(name, 1.0) for name in _names(self.lora_draft, "--lora-draft")])
+        target, draft = resolve_models(
+            Registry.load(), self.model, self.model_draft, use_draft, ctx=(self.ctx_size, self.ctx_size_draft),
+            ngl=(self.n_gpu_layers, self.n_gpu_layers_draft), threads=(self.threads, self.threads_draft),
+            n_batch=self.batch_size, flash_attn=self.flash_attn, loras=tuple(_adapters(names) for names in loras))
+        if branches <= 1:
+            return target, draft
+        # Both models get a KV-cache sequence per draft-tree branch (-np).
+        return replace(target, n_seq=branches), None if draft is None else replace(draft, n_seq=branches)
 
 
 def _names(values: Optional[List[str]], flag: str) -> list[str]:
@@ -236,15 +268,73 @@ def _adapters(loras: list[tuple[str, float]]) -> tuple[tuple[Path, float], ...]:
     return adapters
 
 
-def draft_available(model: Optional[str], model_draft: Optional[str]) -> bool:
-    """A draft model is at hand: -md, or the registry's default pair when -m is not given."""
-    return model_draft is not None or model is None
+# -- option groups: declared once, attached to every command that takes them --------
 
 
-def uses_draft_model(spec: SpecSettings, available: bool) -> bool:
-    """Whether a draft model is loaded: named in --spec-type, or auto with one at hand."""
-    if "draft" in spec.drafters:
-        if not available:
-            raise UsageError("--spec-type draft needs a draft model: give -md PATH|NAME")
-        return True
-    return spec.auto and not spec.drafters and available
+@dataclass(frozen=True)
+class Group:
+    """Flags that travel together. A command given the group (see `with_options`) takes
+    every flag in it and receives, under `name`, what `build` makes of their values."""
+    name: str
+    options: tuple[tuple[str, object, object], ...]  # (parameter, type, typer.Option)
+    build: Callable[..., object]
+
+    def only(self, *names: str) -> "Group":
+        return replace(self, options=tuple(o for o in self.options if o[0] in names))
+
+    def but(self, **changes: tuple[object, object] | None) -> "Group":
+        """Some options swapped for (type, typer.Option), or dropped (None)."""
+        options = ((name, *(changes.get(name) or (kind, option))) for name, kind, option in self.options
+                   if name not in changes or changes[name] is not None)
+        return replace(self, options=tuple(options))
+
+
+MODELS = Group("models", (
+    ("model", Optional[str], MODEL), ("model_draft", Optional[str], MODEL_DRAFT),
+    ("ctx_size", int, CTX_SIZE), ("ctx_size_draft", Optional[int], CTX_SIZE_DRAFT),
+    ("n_gpu_layers", int, N_GPU_LAYERS), ("n_gpu_layers_draft", Optional[int], N_GPU_LAYERS_DRAFT),
+    ("threads", Optional[int], THREADS), ("threads_draft", Optional[int], THREADS_DRAFT),
+    ("batch_size", int, BATCH_SIZE), ("flash_attn", str, FLASH_ATTN), ("lora", Optional[List[str]], LORA),
+    ("lora_scaled", Optional[List[str]], LORA_SCALED), ("lora_draft", Optional[List[str]], LORA_DRAFT),
+), ModelOptions)
+
+SAMPLING = Group("sampling", (
+    ("temp", float, TEMP), ("top_k", int, TOP_K), ("top_p", float, TOP_P), ("min_p", float, MIN_P),
+    ("typical_p", float, TYPICAL), ("repeat_penalty", float, REPEAT_PENALTY),
+    ("repeat_last_n", int, REPEAT_LAST_N), ("presence_penalty", float, PRESENCE_PENALTY),
+    ("frequency_penalty", float, FREQUENCY_PENALTY), ("seed", int, SEED), ("sampling_seq", str, SAMPLING_SEQ),
+), sampler_settings)
+
+SPECULATION = Group("spec", (
+    ("n_predict", int, N_PREDICT), ("ignore_eos", bool, IGNORE_EOS),  # in the Sampling panel, as llama.cpp has them
+    ("spec_type", Optional[str], SPEC_TYPE), ("draft_max", Optional[int], DRAFT_MAX),
+    ("draft_min", int, DRAFT_MIN), ("draft_p_min", float, DRAFT_P_MIN), ("spec_accept", str, SPEC_ACCEPT),
+    ("branches", int, PARALLEL), ("draft_p_split", float, DRAFT_P_SPLIT),
+    ("ngram_n", Optional[int], NGRAM_N), ("ngram_m", Optional[int], NGRAM_M),
+    ("ngram_min_hits", Optional[int], NGRAM_MIN_HITS), ("simple_n", Optional[int], SIMPLE_N),
+    ("simple_m", Optional[int], SIMPLE_M), ("simple_hits", Optional[int], SIMPLE_HITS),
+    ("map_n", Optional[int], MAP_N), ("map_m", Optional[int], MAP_M), ("map_hits", Optional[int], MAP_HITS),
+), spec_settings)
+
+
+def with_options(*groups: Group):
+    """Attach option groups to a Typer command: their flags join the command's own (Typer
+    reads the signature), and the command is called with each group's built value in
+    place of its flags."""
+
+    def attach(command: Callable) -> Callable:
+        signature = inspect.signature(command)
+        flags = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind)
+                 for group in groups for name, kind, option in group.options]
+        own = [p for p in signature.parameters.values() if p.name not in {g.name for g in groups}]
+
+        @functools.wraps(command)
+        def run(**values):
+            for group in groups:
+                values[group.name] = group.build(**{name: values.pop(name) for name, _, _ in group.options})
+            return command(**values)
+
+        run.__signature__ = signature.replace(parameters=[*own, *flags])
+        return run
+
+    return attach

@@ -12,10 +12,9 @@ from pathlib import Path
 from rich.console import Console
 
 from speculative.engine import Engine, ModelSpec
-from speculative.loop import SpecSettings, Token
-from speculative.sampling import SamplerSettings
+from speculative.settings import SamplerSettings, SpecSettings
 from speculative.stats import Stats
-from speculative.text import TextStream
+from speculative.stream import Stream
 
 GREEN, RESET = "\x1b[32m", "\x1b[0m"
 EXIT_INTERRUPTED = 130
@@ -74,47 +73,27 @@ def run_and_render(target: ModelSpec, draft: ModelSpec | None, text: str, sampli
                 prompt_cache_file=prompt_cache, prompt_cache_ro=prompt_cache_ro) as engine:
         prompt = engine.prompt_tokens(text, use_chat, system)
         out = _Stdout(color)
-        stream = TextStream(engine.target.token_bytes)
-        pieces: list[str] = []
-        tokens: list[int] = []
-        code = 0
-        finish = None
-        events = engine.run(prompt, sampling, spec, seed)
+        stream = Stream(engine, prompt, sampling, spec, seed,
+                        should_stop=lambda: "output closed" if out.closed else None)
+        interrupted = False
         try:
-            for event in events:
-                if isinstance(event, Token):
-                    tokens.append(event.id)
-                    piece = stream.push(event.id)
-                    pieces.append(piece)
-                    if not json_output:
-                        out.write(piece, event.from_draft)
-                        if out.closed:
-                            finish = "output closed"
-                            break
+            for piece in stream:
+                for part, from_draft in piece.parts if not json_output else ():
+                    out.write(part, from_draft)
         except KeyboardInterrupt:
-            finish = "interrupted"
-            code = EXIT_INTERRUPTED
-        events.close()
-        stats = engine.stats
-        stats.finish_reason = finish or stats.finish_reason
-        tail = stream.flush()
-        pieces.append(tail)
+            interrupted = True
+        final = stream.end("interrupted" if interrupted else None)
         if json_output:
-            result = {"text": "".join(pieces), "tokens": tokens, **stats.to_dict(),
+            result = {"text": final.text, "tokens": final.tokens, **final.stats.to_dict(),
                       "target": _model_info(target, engine.target),
                       "draft": _model_info(draft, engine.draft) if draft else None,
                       "settings": _settings(sampling, spec, seed, use_chat, engine),
-                      "notes": _notes(engine)}
+                      "notes": final.notes}
             out.write(json.dumps(result, ensure_ascii=False) + "\n")
         else:
-            out.write(tail + "\n")
-            print_stats(stats, spec, seed, target, draft, color, _notes(engine))
-    return code
-
-
-def _notes(engine: Engine) -> list[str]:
-    summary = getattr(engine.drafter, "summary", None)
-    return summary() if summary else []
+            out.write(final.tail + "\n")
+            print_stats(final.stats, spec, seed, target, draft, color, final.notes)
+    return EXIT_INTERRUPTED if interrupted else 0
 
 
 def print_stats(stats: Stats, spec: SpecSettings, seed: int, target: ModelSpec, draft: ModelSpec | None,

@@ -2,8 +2,9 @@
 
 A Backend is one loaded model and its KV cache. The real one lives in
 `llamacpp.py` (the only module that imports llama_cpp); tests use a fake one.
-Positions are explicit: the caller says where a batch goes, and rolls the cache
-back with `trim`, so the KV bookkeeping is visible in the loop, not hidden here.
+Positions are explicit and the backend keeps no record of what its cache holds:
+cache.py's Cache, the one owner of that record, is the only caller of the
+cache-changing methods below.
 
 Between steps the cache is one sequence (id 0). Draft trees (tree.py) use
 sequences 1..n_seq-1 for their other branches within a step, and fold the
@@ -25,6 +26,7 @@ class Backend(Protocol):
     n_ctx: int      # positions 0..n_ctx-1 exist
     n_batch: int    # most tokens one `decode` call scores with outputs="all"
     n_seq: int      # sequences (draft-tree branches) the cache can hold
+    rollback_limit: int | None  # latest tokens `trim` can remove (None: any number)
 
     def tokenize(self, text: str, add_special: bool) -> list[int]:
         """Tokens of `text`; special-token text is parsed (as llama.cpp does)."""
@@ -70,4 +72,13 @@ class Backend(Protocol):
     def keep_branch(self, seq: int, n_keep: int) -> None:
         """Keep sequence seq's positions 0..n_keep-1 as the cache (sequence 0); drop
         everything else."""
+        ...
+
+    def save_state(self) -> bytes:
+        """Sequence 0's cache, serialised (for the prompt cache file)."""
+        ...
+
+    def load_state(self, data: bytes, n_tokens: int) -> bool:
+        """Replace sequence 0's cache with `data` from save_state, which must hold exactly
+        positions 0..n_tokens-1; on failure the cache is left empty and False returned."""
         ...

@@ -28,9 +28,8 @@ from typing import BinaryIO, Callable, Iterator, Union
 from .chat import prompt_or_messages
 from .engine import Engine
 from .errors import SpeculateError, UsageError
-from .loop import SpecSettings, Token
-from .sampling import SamplerSettings
-from .text import StopFilter, TextStream
+from .settings import SamplerSettings, SpecSettings
+from .stream import complete
 
 try:
     import fcntl
@@ -430,30 +429,10 @@ def run_request(engine: Engine, request: Request) -> dict:
     try:
         prompt = (engine.chat_tokens(request.messages) if request.messages is not None
                   else engine.prompt_tokens(request.prompt))
-        text, finish = _generate(engine, prompt, request, seed)
+        final = complete(engine, prompt, request.sampling, request.spec, seed, request.stop)
     except SpeculateError as e:
         return error_record(request, str(e))
-    stats = engine.stats.to_dict()
+    stats = final.stats.to_dict()
     del stats["finish_reason"]
-    return {"id": request.id, "line": request.line, "text": text, "finish_reason": finish, "seed": seed,
-            "stats": stats}
-
-
-def _generate(engine: Engine, prompt: list[int], request: Request, seed: int) -> tuple[str, str]:
-    stream = TextStream(engine.target.token_bytes)
-    stops = StopFilter(request.stop)
-    pieces = []
-    events = engine.run(prompt, request.sampling, request.spec, seed)
-    try:
-        for event in events:
-            if isinstance(event, Token):
-                pieces.append(stops.push(stream.push(event.id)))
-                if stops.stopped:
-                    break
-    finally:
-        events.close()
-    if not stops.stopped:
-        pieces += [stops.push(stream.flush()), stops.flush()]
-    if stops.stopped:
-        engine.stats.finish_reason = "stop"
-    return "".join(pieces), engine.stats.finish_reason
+    return {"id": request.id, "line": request.line, "text": final.text, "finish_reason": final.reason,
+            "seed": seed, "stats": stats}

@@ -26,8 +26,8 @@ from .chat import prompt_or_messages
 from .engine import Engine
 from .errors import UsageError
 from .drafters import NgramSimple
-from .loop import DRAFT_MAX_AUTO, NGRAM_N_AUTO, SpecSettings
-from .sampling import SamplerSettings
+from .settings import DRAFT_MAX_AUTO, NGRAM_N_AUTO, SamplerSettings, SpecSettings, acceptance
+from .stream import complete
 
 BASELINE = "target only"
 BASELINE_EVERY = 2  # configurations between two target-only runs
@@ -81,6 +81,7 @@ class Run:
     mismatch: dict | None = None
     baseline_drift: float | None = None  # target only: fastest of its runs over the slowest
     ngram_bound: float | None = None     # target only: the best any n-gram plan could do (see below)
+    tokens: list[int] = field(default_factory=list)  # the output, to compare runs and builds
 
 
 def load_prompts(path: Path) -> list[BenchPrompt]:
@@ -187,7 +188,7 @@ def run_bench(engine: Engine, prompts: list[BenchPrompt], configs: list[Config],
             speeds = [b.decode_tps for b in bases]
             first.decode_tps, first.speedup = statistics.mean(speeds), 1.0
             first.baseline_drift = max(speeds) / min(speeds)
-            first.ngram_bound = ngram_bound(tokens, base_tokens, engine.costs(engine.target, DRAFT_MAX_AUTO + 1))
+            first.ngram_bound = ngram_bound(tokens, base_tokens, engine.costs("target", DRAFT_MAX_AUTO + 1))
             runs.append(first)
     return runs
 
@@ -198,24 +199,26 @@ def _tokens(engine: Engine, prompt: BenchPrompt) -> list[int]:
 
 def _warm_up(engine: Engine, prompt: BenchPrompt, baseline: Config, sampling: SamplerSettings, seed: int) -> None:
     """An untimed run first: the first pass over memory-mapped weights pays for page faults."""
-    engine.run_all(_tokens(engine, prompt), sampling, replace(baseline.spec, n_predict=16), seed)
+    complete(engine, _tokens(engine, prompt), sampling, replace(baseline.spec, n_predict=16), seed)
 
 
 def _run(engine: Engine, tokens: list[int], config: Config, sampling: SamplerSettings, seed: int,
          prompt: BenchPrompt, repeat: int) -> tuple[list[int], Run]:
-    out, stats = engine.run_all(tokens, sampling, config.spec, seed)
-    return out, Run(
+    final = complete(engine, tokens, sampling, config.spec, seed)
+    stats = final.stats
+    return final.tokens, Run(
         prompt=prompt.id, category=prompt.category, config=config.label, repeat=repeat,
         n_predict=stats.n_predict, decode_tps=stats.decode_tps, accept_rate=stats.accept_rate,
         mean_accepted_length=stats.mean_accepted_length, n_drafted=stats.n_drafted, n_accept=stats.n_accept,
         t_draft_s=stats.t_draft, t_verify_s=stats.t_verify, t_decode_s=stats.t_decode,
         python_share=stats.python_share,
-        plans=[{"drafter": d, "k": k, "steps": n} for (d, k), n in sorted(stats.plans.items())])
+        plans=[{"drafter": d, "k": k, "steps": n} for (d, k), n in sorted(stats.plans.items())],
+        tokens=final.tokens)
 
 
 def expects_identity(spec: SpecSettings, sampling: SamplerSettings) -> bool:
     """Whether a run must reproduce the baseline's tokens exactly (on an invariant build)."""
-    return sampling.greedy or spec.accept == "match"
+    return acceptance(sampling, spec) != "rejection"
 
 
 def _mismatch(engine: Engine, prompt: list[int], expected: list[int], got: list[int]) -> dict:

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from .backend import Backend
+from .cache import Cache
 from .files import write_atomic
 from .registry import home
 
@@ -32,49 +32,50 @@ def cache_path() -> Path:
     return home() / "calibration.json"
 
 
-def batch_costs(model: Backend, max_batch: int, identity: dict, notify: Callable[[str], None] | None = None,
+def batch_costs(cache: Cache, max_batch: int, identity: dict, notify: Callable[[str], None] | None = None,
                 path: Path | None = None) -> list[float]:
     """v(1..max_batch) in seconds, from the cache or measured now (and cached)."""
     path = path or cache_path()
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
-    cache = _load(path)
-    known = cache.get(key, {}).get("seconds", [])
+    stored = _load(path)
+    known = stored.get(key, {}).get("seconds", [])
     if len(known) >= max_batch:
         return known[:max_batch]
     if notify:
         notify(f"calibrating {identity.get('name', 'the model')}: verify cost of batches of 1-{max_batch} "
                f"tokens (once for this model, threads and build; cached in {path})")
     t0 = time.perf_counter()
-    costs = measure(model, max_batch)
+    costs = measure(cache, max_batch)
     if notify:
         notify("calibrated in {:.1f} s: {}".format(
             time.perf_counter() - t0, " ".join(f"{b}:{1000 * c:.0f}ms" for b, c in enumerate(costs, 1))))
-    cache[key] = {"identity": identity, "seconds": costs}
-    _store(path, cache)
+    stored[key] = {"identity": identity, "seconds": costs}
+    _store(path, stored)
     return costs
 
 
-def measure(model: Backend, max_batch: int) -> list[float]:
+def measure(cache: Cache, max_batch: int) -> list[float]:
     """v(1..max_batch): one decode of b tokens after FILLER_TOKENS of context is timed
     for every b up to DENSE_UP_TO, and for every SPARSE_STEP-th b beyond, where costs
-    change slowly; the sizes between are interpolated. It keeps calibration to seconds."""
+    change slowly; the sizes between are interpolated. It keeps calibration to seconds.
+    The cache is left empty."""
+    model = cache.model
     n_fill = max(0, min(FILLER_TOKENS, model.n_ctx - max_batch))  # a tiny -c still calibrates
     filler = [(1000 + i) % model.n_vocab for i in range(n_fill)]
     sizes = sorted({*range(1, min(max_batch, DENSE_UP_TO) + 1),
                     *range(DENSE_UP_TO, max_batch + 1, SPARSE_STEP), max_batch})
-    model.trim(0)
-    model.decode(filler, 0, "none")
+    cache.sync(filler)
     timed = []
     for b in sizes:
         batch = [(2000 + i) % model.n_vocab for i in range(b)]
         best = float("inf")
         for _ in range(QUICK_REPEATS if b <= 2 else 1):
             t0 = time.perf_counter()
-            model.decode(batch, n_fill, "all")
+            cache.extend(batch, "all")
             best = min(best, time.perf_counter() - t0)
-            model.trim(n_fill)
+            cache.rollback(n_fill)
         timed.append(best)
-    model.trim(0)
+    cache.forget()
     return [float(c) for c in np.interp(np.arange(1, max_batch + 1), sizes, timed)]
 
 
@@ -86,9 +87,9 @@ def _load(path: Path) -> dict:
         return {}  # no cache yet, or a damaged one: measure again
 
 
-def _store(path: Path, cache: dict) -> None:
+def _store(path: Path, stored: dict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, [json.dumps(cache, indent=1).encode()])
+        write_atomic(path, [json.dumps(stored, indent=1).encode()])
     except OSError:
         pass  # a read-only home only costs a new calibration next time

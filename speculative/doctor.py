@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .backend import Backend
+from .cache import Cache
 
 BATCHES = range(2, 17)
 DEPTHS = (16, 300)
@@ -31,20 +31,21 @@ class Check:
         return asdict(self)
 
 
-def batch_invariance(model: Backend, batches=BATCHES, depths=DEPTHS, seed: int = 0) -> list[Check]:
+def batch_invariance(cache: Cache, batches=BATCHES, depths=DEPTHS, seed: int = 0) -> list[Check]:
     """Score one position alone and inside each batch, at each cache depth that fits."""
+    model = cache.model
     rng = np.random.default_rng(seed)
     checks = []
     for cached in depths:
         if cached + max(batches) > model.n_ctx:
             continue
         tokens = rng.integers(100, model.n_vocab - 100, cached + max(batches)).tolist()
-        model.trim(0)
-        model.decode(tokens[:cached], 0, "none")
-        alone = model.decode([tokens[cached]], cached, "last")[0].copy()
+        cache.forget()
+        cache.extend(tokens[:cached])
+        alone = cache.extend([tokens[cached]], "last")[0].copy()
         for b in batches:
-            model.trim(cached)
-            (row, *_) = model.decode(tokens[cached : cached + b], cached, "all")
+            cache.rollback(cached)
+            (row, *_) = cache.extend(tokens[cached : cached + b], "all")
             checks.append(Check(cached, b, float(np.abs(row - alone).max())))
-    model.trim(0)
+    cache.forget()
     return checks

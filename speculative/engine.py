@@ -3,8 +3,8 @@
 This is what the command line, `bench`, `batch` and `serve` build on: it checks
 the pair's vocabularies before loading any weights, loads both models, turns a
 prompt into tokens (optionally through the model's chat template), and runs the
-loop. Between runs the caches keep what they hold: a prompt that starts like the
-previous conversation (the same system prompt, document, or chat so far) only
+loop. Between runs the caches (cache.py) keep what they hold: a prompt that starts
+like the previous conversation (the same system prompt, document, or chat so far) only
 processes what is new. With a prompt cache file (--prompt-cache), the first run
 starts from the caches a previous process saved there, and every run saves its
 prompt's caches for the next process.
@@ -21,12 +21,14 @@ import numpy as np
 
 from . import calibrate, chat, prompt_cache
 from .auto import Auto
+from .cache import Cache
 from .drafters import Chain, Drafter, ModelDrafter, NgramMapK, NgramSimple
 from .errors import GenerationError, ModelError, UsageError
+from .events import Event, Prefilled, PromptCache
 from .llamacpp import LlamaModel
-from .loop import Event, Prefilled, SpecSettings, Token, check_prompt, generate
-from .sampling import Sampler, SamplerSettings
-from .stats import Stats
+from .loop import generate
+from .sampling import Sampler
+from .settings import SamplerSettings, SpecSettings, acceptance, check_prompt
 from .vocab import check_compatible, read_vocab
 
 
@@ -66,14 +68,11 @@ class Engine:
             self.target.close()
             raise
         self.t_load = time.perf_counter() - t0
+        # Each model's cache, kept between runs: a prompt that starts like the last one keeps that prefix.
+        self.caches = {"target": Cache(self.target), **({"draft": Cache(self.draft)} if self.draft else {})}
         self.notify = notify
         self.drafter: Drafter | None = None  # the drafter of the latest run
-        self.stats = Stats(t_load=self.t_load)  # the statistics of the latest run
-        self._costs: dict[int, list[float]] = {}  # id(model) -> v(1..)
-        # What each cache holds, from position 0: the prefix a next run may keep. The draft's
-        # list is the draft model drafter's own, kept across runs and updated in place.
-        self._target_held: list[int] = []
-        self._draft_held: list[int] = []
+        self._costs: dict[str, list[float]] = {}  # role -> v(1..)
         self.prompt_cache_file = prompt_cache_file
         self.prompt_cache_ro = prompt_cache_ro
         self._restore_pending = prompt_cache_file is not None  # the first run restores it
@@ -97,10 +96,7 @@ class Engine:
 
     def top2(self, context: list[int]) -> tuple[tuple[int, float], tuple[int, float]]:
         """The target's two best next tokens after `context`, with their logits."""
-        self.target.trim(0)
-        self._target_held = []
-        (row,) = self.target.decode(context, 0, "last")
-        self._target_held = list(context)
+        (row,) = self.caches["target"].sync(context, "last")
         second, first = np.argpartition(row, -2)[-2:]
         if row[second] > row[first]:
             first, second = second, first
@@ -108,48 +104,30 @@ class Engine:
 
     def run(self, prompt: list[int], sampling: SamplerSettings, spec: SpecSettings,
             seed: int) -> Iterator[Event]:
-        """Generate from `prompt`, yielding the loop's events while `self.stats` counts
-        them (also when the consumer stops early). The longest prefix of the prompt that
-        the caches still hold from the previous run is not processed again."""
+        """Generate from `prompt`: the loop's events, and PromptCache after Prefilled when a
+        prompt cache file is used. The longest prefix of the prompt that the caches still
+        hold from the previous run is not processed again (stream.py turns this into text
+        and statistics)."""
         check_prompt(prompt, self.target.n_ctx, spec.n_predict)  # before any calibration
+        rule = acceptance(sampling, spec)
         banned = self.target.eog_tokens() if spec.ignore_eos else None
-        draft_sampler = None  # a draft model samples its drafts for speculative sampling
-        if self.draft is not None and spec.accept == "rejection":
+        draft_sampler = None  # the draft model samples its drafts for speculative sampling
+        if self.draft is not None and rule == "rejection":
             draft_sampler = Sampler(sampling, (seed + DRAFT_SEED_OFFSET) % 2**32,
                                     self.draft.eog_tokens() if spec.ignore_eos else None)
         self.drafter = self.make_drafter(spec, draft_sampler)  # may calibrate, which uses the caches
         restored = self._restore_pending
         t_restore = self._restore_prompt_cache() if restored else 0.0
-        n_cached = self._keep_prefix(prompt)
-        stats = self.stats = Stats(t_load=self.t_load, t_restore=t_restore)
-        started = None  # (wall clock, time inside llama.cpp) when the prompt was in
-        tokens = list(prompt)
-        try:
-            for event in generate(self.target, prompt, Sampler(sampling, seed, banned), spec, self.drafter,
-                                  n_cached):
-                stats.add(event)
-                if isinstance(event, Prefilled):
-                    if restored:  # the caches held nothing else before
-                        stats.n_restored = event.n_cached
-                    stats.t_save = self._save_prompt_cache(prompt)
-                    started = (time.perf_counter(), self.busy_seconds())
-                elif isinstance(event, Token):
-                    tokens.append(event.id)
-                yield event
-        finally:
-            if started is not None:
-                # The loop's cache holds every token but the last (and maybe rejected drafts
-                # after them, which the next run's trim drops).
-                self._target_held = tokens[:-1]
-                stats.t_llama = self.busy_seconds() - started[1]
-                if stats.finish_reason is None:  # interrupted, or the consumer stopped
-                    stats.t_decode = time.perf_counter() - started[0]
+        for event in generate(self.caches["target"], prompt, Sampler(sampling, seed, banned), spec, self.drafter):
+            yield event
+            if isinstance(event, Prefilled) and self.prompt_cache_file is not None:
+                # restored: the caches held nothing else before
+                yield PromptCache(event.n_cached if restored else 0, t_restore, self._save_prompt_cache(prompt))
 
-    def run_all(self, prompt: list[int], sampling: SamplerSettings, spec: SpecSettings,
-                seed: int) -> tuple[list[int], Stats]:
-        """Generate to the end: the tokens and the statistics."""
-        tokens = [e.id for e in self.run(prompt, sampling, spec, seed) if isinstance(e, Token)]
-        return tokens, self.stats
+    def notes(self) -> list[str]:
+        """What the latest run's drafter has to say about it (why auto declined a drafter)."""
+        summary = getattr(self.drafter, "summary", None)
+        return summary() if summary else []
 
     def make_drafter(self, spec: SpecSettings, draft_sampler: Sampler | None = None) -> Drafter | None:
         """The drafter --spec-type asks for: one, a chain, or auto over several.
@@ -161,10 +139,10 @@ class Engine:
         if spec.auto:
             draft_costs, catchup_costs = {}, {}
             if "draft" in names:  # a token alone, and a token within a batch of CATCHUP_BATCH
-                draft = self.costs(self.draft, CATCHUP_BATCH)
+                draft = self.costs("draft", CATCHUP_BATCH)
                 draft_costs["draft"], catchup_costs["draft"] = draft[0], draft[-1] / len(draft)
             k_max = min(spec.draft_max, _largest_batch(self.target) - 1)
-            return Auto(drafters, self.costs(self.target, k_max + 1), k_max, draft_costs, catchup_costs)
+            return Auto(drafters, self.costs("target", k_max + 1), k_max, draft_costs, catchup_costs)
         return drafters[0] if len(drafters) == 1 else Chain(drafters)
 
     def _drafter(self, name: str, spec: SpecSettings, draft_sampler: Sampler | None) -> Drafter:
@@ -174,56 +152,30 @@ class Engine:
             if spec.branches > min(self.draft.n_seq, self.target.n_seq):
                 raise UsageError(f"{spec.branches} draft branches: the models were loaded for "
                                  f"{min(self.draft.n_seq, self.target.n_seq)} branches")
-            return ModelDrafter(self.draft, p_min=spec.draft_p_min, sampler=draft_sampler,
-                                cached=self._draft_held, branches=spec.branches, p_split=spec.p_split)
+            return ModelDrafter(self.caches["draft"], p_min=spec.draft_p_min, sampler=draft_sampler,
+                                branches=spec.branches, p_split=spec.p_split)
         ngram = spec.ngram_simple if name == "ngram-simple" else spec.ngram_map_k
         kind = NgramSimple if name == "ngram-simple" else NgramMapK
         return kind(ngram.size(spec.auto), ngram.m, ngram.min_hits)
 
-    def costs(self, model: LlamaModel, max_batch: int) -> list[float]:
-        """The model's measured decode cost for batches of 1..max_batch tokens."""
-        max_batch = min(max_batch, _largest_batch(model))
-        known = self._costs.get(id(model), [])
+    def costs(self, role: str, max_batch: int) -> list[float]:
+        """The measured decode cost of a model ("target" or "draft") for batches of 1..max_batch tokens."""
+        cache = self.caches[role]
+        max_batch = min(max_batch, _largest_batch(cache.model))
+        known = self._costs.get(role, [])
         if len(known) < max_batch:
-            self._forget(model)  # measuring decodes filler into the cache
-            known = self._costs[id(model)] = calibrate.batch_costs(
-                model, max_batch, model.identity(), self.notify)
+            known = self._costs[role] = calibrate.batch_costs(cache, max_batch, cache.model.identity(),
+                                                              self.notify)
         return known[:max_batch]
-
-    def _keep_prefix(self, prompt: list[int]) -> int:
-        """Roll the target cache back to the longest prefix it shares with the prompt (all
-        but the prompt's last token, which the first step decodes); return its length."""
-        held, limit = self._target_held, len(prompt) - 1
-        n = 0
-        while n < min(len(held), limit) and held[n] == prompt[n]:
-            n += 1
-        self.target.trim(n)
-        self._target_held = list(prompt[:n])  # until the run ends, only this is certain
-        return n
-
-    def _forget(self, model: LlamaModel) -> None:
-        """The model's cache is about to hold something else: keep nothing from it."""
-        model.trim(0)
-        self._set_held(model, [])
-
-    def _set_held(self, model: LlamaModel, tokens: list[int]) -> None:
-        if model is self.target:
-            self._target_held = list(tokens)
-        if model is self.draft:
-            self._draft_held[:] = tokens  # in place: a draft model drafter holds this list
-
-    def _roles(self) -> dict[str, LlamaModel]:
-        return {"target": self.target, **({"draft": self.draft} if self.draft is not None else {})}
 
     def _restore_prompt_cache(self) -> float:
         """Load every part of the prompt cache file that these models can use; the seconds
         it took. What cannot be used is left out with a notice, never an error."""
         self._restore_pending = False
         t0 = time.perf_counter()
-        roles = self._roles()
         try:
-            parts, notices = prompt_cache.read(self.prompt_cache_file,
-                                               {role: m.cache_identity() for role, m in roles.items()})
+            parts, notices = prompt_cache.read(self.prompt_cache_file, {
+                role: cache.model.cache_identity() for role, cache in self.caches.items()})
         except FileNotFoundError:
             if self.prompt_cache_ro:
                 self._notice("does not exist; nothing restored")
@@ -234,9 +186,7 @@ class Engine:
         for notice in notices:
             self._notice(notice)
         for part in parts:
-            model = roles[part.role]
-            if model.load_state(part.state, len(part.tokens)):
-                self._set_held(model, list(part.tokens))
+            if self.caches[part.role].restore(part.state, part.tokens):
                 self._file_holds[part.role] = part.tokens
             else:
                 self._notice(f"llama.cpp could not load the {part.role} part (-c smaller than "
@@ -246,17 +196,15 @@ class Engine:
     def _save_prompt_cache(self, prompt: list[int]) -> float:
         """Write the caches for the prompt just processed (the target holds all of it but its
         last token) to the prompt cache file, unless it holds them already; the seconds it took."""
-        if self.prompt_cache_file is None or self.prompt_cache_ro:
+        if self.prompt_cache_ro:
             return 0.0
         t0 = time.perf_counter()
-        roles = self._roles()
-        holds = {"target": tuple(prompt[:-1]), "draft": tuple(self._draft_held)}
-        holds = {role: holds[role] for role in roles if holds[role]}
+        holds = {role: cache.tokens() for role, cache in self.caches.items() if len(cache)}
         if holds == self._file_holds:
             return 0.0
         try:
             prompt_cache.write(self.prompt_cache_file, [
-                prompt_cache.Part(role, roles[role].cache_identity(), tokens, roles[role].save_state())
+                prompt_cache.Part(role, self.caches[role].model.cache_identity(), tokens, self.caches[role].save())
                 for role, tokens in holds.items()])
         except (OSError, UsageError, GenerationError) as e:  # a cache problem never fails the run
             self._notice(f"not written: {getattr(e, 'strerror', None) or e}")

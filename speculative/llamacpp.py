@@ -52,6 +52,16 @@ def system_info() -> str:
     return ll.llama_print_system_info().decode(errors="replace")
 
 
+def bindings_version() -> str:
+    """The llama-cpp-python version."""
+    return ll.__version__
+
+
+def gpu_offload() -> bool:
+    """Whether this build can offload layers to a GPU (Metal, CUDA, ...)."""
+    return bool(ll.llama_supports_gpu_offload())
+
+
 def batch_variant_kernels() -> list[str]:
     """CPU kernels in this build that pick a different matmul path by batch size.
 
@@ -98,6 +108,8 @@ def _file_identity(path: Path) -> dict:
 class LlamaModel:
     """A GGUF model with one context: sequence 0 is its cache, and n_seq - 1 more hold draft-tree
     branches within a step (see backend.Backend)."""
+
+    rollback_limit: int | None = None  # an attention cache drops any suffix (recurrent models are refused)
 
     def __init__(
         self,

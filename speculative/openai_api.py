@@ -22,7 +22,7 @@ from typing import Annotated, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from .sampling import SamplerSettings
+from .settings import SamplerSettings
 from .stats import Stats
 
 MAX_STOPS = 16           # stop strings per request (OpenAI allows 4, llama-server any number)

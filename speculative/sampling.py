@@ -16,77 +16,11 @@ its own history. As in llama.cpp they apply with --temp 0 too.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from .errors import UsageError
-
-DEFAULT_SEQUENCE = "edskypmxt"
-ACTIVE_SAMPLERS = {"e": "penalties", "k": "top-k", "y": "typical", "p": "top-p", "m": "min-p",
-                   "t": "temperature"}
-NEUTRAL_SAMPLERS = {"d": "dry", "s": "top-n-sigma", "x": "xtc"}
-
-
-@dataclass(frozen=True)
-class SamplerSettings:
-    temp: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    typical_p: float = 1.0
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64     # -1: the whole context; 0: no penalties
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    sequence: str = DEFAULT_SEQUENCE
-    seed: int = -1  # -1: a random seed, reported so the run can be repeated
-
-    @property
-    def greedy(self) -> bool:
-        return self.temp <= 0.0
-
-    @property
-    def penalties(self) -> bool:
-        """Whether the penalties sampler changes anything (then tokens need their history)."""
-        return ("e" in self.sequence and self.repeat_last_n != 0 and
-                (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0))
-
-    def validate(self) -> None:
-        for letter in self.sequence:
-            if letter not in ACTIVE_SAMPLERS and letter not in NEUTRAL_SAMPLERS:
-                known = "".join([*NEUTRAL_SAMPLERS, *ACTIVE_SAMPLERS])
-                raise UsageError(
-                    f"--sampling-seq: unknown sampler letter {letter!r} (known letters: {known})"
-                )
-        if not self.temp >= 0.0:
-            raise UsageError(f"--temp must be >= 0 (0: greedy), got {self.temp}")
-        if self.top_k < 0:
-            raise UsageError(f"--top-k must be >= 0 (0: off), got {self.top_k}")
-        if not 0.0 <= self.top_p <= 1.0:
-            raise UsageError(f"--top-p must be in [0, 1], got {self.top_p}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise UsageError(f"--min-p must be in [0, 1], got {self.min_p}")
-        if not 0.0 < self.typical_p <= 1.0:
-            raise UsageError(f"--typical must be in (0, 1], got {self.typical_p}")
-        if not self.repeat_penalty > 0.0:
-            raise UsageError(f"--repeat-penalty must be > 0 (1.0: off), got {self.repeat_penalty}")
-        if self.repeat_last_n < -1:
-            raise UsageError(f"--repeat-last-n must be -1 (the whole context) or >= 0, got {self.repeat_last_n}")
-        for flag, v in (("--presence-penalty", self.presence_penalty), ("--frequency-penalty", self.frequency_penalty)):
-            if not np.isfinite(v):
-                raise UsageError(f"{flag} must be a number, got {v}")
-        if self.seed < -1 or self.seed >= 2**32:
-            raise UsageError(f"--seed must be -1 (random) or in [0, 2^32), got {self.seed}")
-
-    def resolved_seed(self) -> int:
-        """The seed actually used: the given one, or a fresh random one for -1."""
-        if self.seed >= 0:
-            return self.seed
-        return int.from_bytes(os.urandom(4), "little")
-
+from .settings import SamplerSettings
 
 Dist = tuple[np.ndarray, np.ndarray]  # token ids and their probabilities (summing to 1)
 

@@ -1,4 +1,4 @@
-"""The HTTP side of `speculate serve`: an OpenAI-compatible API on FastAPI.
+"""The HTTP side of `speculate serve`: an OpenAI-compatible API on FastAPI, run by uvicorn.
 
 Endpoints: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions
 (with "stream": true, server-sent events: one chunk per step, then `data: [DONE]`).
@@ -14,12 +14,16 @@ bytes. Errors are OpenAI error objects.
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import hmac
 import ipaddress
 import json
+import signal
+import socket
 import time
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.datastructures import Headers
@@ -28,7 +32,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from . import openai_api
 from .openai_api import ApiError, Busy, Reply
-from .serving import Failed, Finished, Job, Piece, Worker
+from .serving import Failed, Job, Worker
+from .stream import Final, Piece
 
 MAX_BODY = 8 << 20        # bytes: a full 128k-token context as JSON-escaped text fits
 RETRY_AFTER_SECONDS = 1   # what a refused client is told to wait
@@ -96,7 +101,7 @@ async def _generate(request: Request, worker: Worker, model: str, chat: bool):
             stream = EventStream(job, reply)
             return stream
         pieces = []
-        while not isinstance(output := await job.next(), Finished):
+        while not isinstance(output := await job.next(), Final):
             if isinstance(output, Failed):
                 raise _error(output)
             pieces.append(output.text)
@@ -131,7 +136,7 @@ class EventStream(StreamingResponse):
             output = await job.next()
             if isinstance(output, Piece):
                 yield _event(reply.chunk(output.text))
-            elif isinstance(output, Finished):
+            elif isinstance(output, Final):
                 yield _event(reply.last_chunk(output.reason, output.stats))
                 yield "data: [DONE]\n\n"
                 return
@@ -222,3 +227,51 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:  # a host name other than localhost: it could resolve anywhere
         return False
+
+
+# -- running it -----------------------------------------------------------------
+
+GRACE_SECONDS = 10  # on Ctrl-C or SIGTERM, how long the running generation may go on
+LAST_STEP_SECONDS = 5  # then the time its last step and response may take before uvicorn cancels it
+
+
+def run(app: FastAPI, worker: Worker, sock: socket.socket) -> None:
+    """Serve `app` on `sock` until Ctrl-C or SIGTERM (see _Uvicorn)."""
+    config = uvicorn.Config(app, log_config=_log_config(), server_header=False, lifespan="off",
+                            timeout_graceful_shutdown=GRACE_SECONDS + LAST_STEP_SECONDS)
+    _Uvicorn(config, worker).run_quietly(sock)
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn, which owns SIGINT and SIGTERM while it runs; on the first, waiting requests
+    are refused at once and the running generation ends within the grace period."""
+
+    def __init__(self, config: uvicorn.Config, worker: Worker):
+        super().__init__(config)
+        self.worker = worker
+
+    def handle_exit(self, sig, frame) -> None:
+        if not self.should_exit:  # a signal handler may interrupt the loop holding the worker's lock
+            asyncio.get_running_loop().call_soon_threadsafe(self.worker.drain, GRACE_SECONDS)
+        super().handle_exit(sig, frame)
+
+    def run_quietly(self, sock: socket.socket) -> None:
+        """Run until a signal stops it. uvicorn raises that signal again once it has shut
+        down, for the handler it found: in speculate's, it would become a KeyboardInterrupt
+        inside the closing event loop. So the signals are ignored until uvicorn takes them,
+        and speculate's handlers come back afterwards."""
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in handled}
+        try:
+            self.run(sockets=[sock])
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+
+def _log_config() -> dict:
+    """uvicorn's logging, with the per-request lines of speculate.serve in the same format.
+    Neither logs headers, so the API key never reaches a log."""
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    config["loggers"]["speculate"] = {"handlers": ["default"], "level": "INFO", "propagate": False}
+    return config

@@ -25,10 +25,9 @@ from typing import Callable, Iterator, Union
 from . import interrupt
 from .engine import Engine
 from .errors import ModelError
-from .loop import Done, SpecSettings, Step, Token
 from .openai_api import ApiError, Busy, Generation
-from .stats import Stats
-from .text import StopFilter, TextStream
+from .settings import SpecSettings
+from .stream import Final, Piece, Stream
 
 log = logging.getLogger("speculate.serve")
 
@@ -39,24 +38,11 @@ class Started:
 
 
 @dataclass(frozen=True)
-class Piece:
-    """Text of one step: its accepted drafted tokens and the target's own, as far as
-    complete characters and stop strings allow."""
-    text: str
-
-
-@dataclass(frozen=True)
-class Finished:
-    reason: str     # "stop" (end of generation or a stop string), "length", or "cancelled"
-    stats: Stats
-
-
-@dataclass(frozen=True)
 class Failed:
     error: Exception
 
 
-Output = Union[Started, Piece, Finished, Failed]
+Output = Union[Started, Piece, Final, Failed]  # Piece and Final: stream.py's
 
 
 def prompt_tokens(engine: Engine, generation: Generation) -> list[int]:
@@ -83,51 +69,25 @@ def prompt_tokens(engine: Engine, generation: Generation) -> list[int]:
 
 def generate(engine: Engine, generation: Generation, spec: SpecSettings,
              should_stop: Callable[[], str | None]) -> Iterator[Output]:
-    """Run one request: Started, one Piece per step that completes text, then Finished.
+    """Run one request: Started, one Piece per step that completes text, then Final.
     `should_stop` is asked after the prompt and after every step: a finish reason ends
     the run there."""
     tokens = prompt_tokens(engine, generation)
     spec = dataclasses.replace(spec, n_predict=generation.max_tokens or -1, ignore_eos=generation.ignore_eos)
     yield Started()
-    stream = TextStream(engine.target.token_bytes)
-    stops = StopFilter(generation.stops)
-    step: list[str] = []   # the text of the current step so far
-    left = 0               # its tokens still to come
-    reason = "length"
-    events = engine.run(tokens, generation.sampling, spec, generation.sampling.resolved_seed())
+    stream = Stream(engine, tokens, generation.sampling, spec, generation.sampling.resolved_seed(),
+                    generation.stops, should_stop)
+    reason = None
     try:
-        for event in events:
-            if isinstance(event, Step):
-                left = event.n_accepted + 1
-                continue
-            if isinstance(event, Token):
-                step.append(stream.push(event.id))
-                left -= 1
-                if left:
-                    continue
-                text = stops.push("".join(step))  # the step is complete: one piece
-                step.clear()
-                if text:
-                    yield Piece(text)
-                if stops.stopped:
-                    reason = "stop"
-                    break
-            elif isinstance(event, Done):
-                reason = event.reason
-                break
-            stop = should_stop()  # the prompt is in, or a step is complete
-            if stop:
-                reason = stop
-                break
+        for piece in stream:
+            if piece.text:
+                yield piece
     except interrupt.Cancelled:  # llama.cpp stopped in the middle of a batch (a long prompt)
         reason = should_stop() or "cancelled"
-    finally:
-        events.close()  # the engine's statistics are complete from here
-    # An end-of-generation token or the limit can come in the middle of a step.
-    text = stops.push("".join(step) + stream.flush()) + stops.flush()
-    if text:
-        yield Piece(text)
-    yield Finished("stop" if stops.stopped else reason, engine.stats)
+    final = stream.end(reason)
+    if final.tail:
+        yield Piece(((final.tail, False),))
+    yield final
 
 
 class Job:
@@ -202,7 +162,7 @@ class Worker:
             with interrupt.cancel_when(lambda: job.should_stop() is not None):  # also mid-prompt
                 for output in generate(self.engine, job.generation, self.spec, job.should_stop):
                     job.post(output)
-                    if isinstance(output, Finished):
+                    if isinstance(output, Final):
                         _log(job.generation, output)
         except ApiError as e:
             job.post(Failed(e))
@@ -241,9 +201,9 @@ class Worker:
         self.close()
 
 
-def _log(generation: Generation, finished: Finished) -> None:
-    s = finished.stats
+def _log(generation: Generation, final: Final) -> None:
+    s = final.stats
     log.info("%s: %d prompt tokens (%d cached), %d generated in %.2f s (%.1f t/s), "
              "%d of %d drafted tokens accepted, finish: %s",
              "chat" if generation.chat else "completion", s.n_prompt, s.n_cached, s.n_predict,
-             s.t_decode, s.decode_tps, s.n_accept, s.n_drafted, finished.reason)
+             s.t_decode, s.decode_tps, s.n_accept, s.n_drafted, final.reason)

@@ -1,11 +1,11 @@
-"""Counters and timings of one generation, built from the loop's events."""
+"""Counters and timings of one generation, built from its events (stream.py adds them up)."""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .loop import Done, Event, Prefilled, Step, Token
+from .events import Done, Event, Prefilled, PromptCache, Step, Token
 
 
 @dataclass
@@ -58,6 +58,10 @@ class Stats:
             self.n_prompt = event.n_prompt
             self.n_cached = event.n_cached
             self.t_encode = event.seconds
+        elif isinstance(event, PromptCache):
+            self.n_restored = event.n_restored
+            self.t_restore = event.t_restore
+            self.t_save = event.t_save
         elif isinstance(event, Done):
             self.finish_reason = event.reason
             self.t_decode = event.t_decode

@@ -36,6 +36,8 @@ class ToyModel:
 
 
 class FakeBackend:
+    rollback_limit: int | None = None  # set to test a cache that can undo only so much
+
     def __init__(self, model: ToyModel, n_ctx: int = 256, n_batch: int = 64, name: str = "fake", n_seq: int = 1):
         self.model = model
         self.name = name

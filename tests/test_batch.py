@@ -12,8 +12,7 @@ import pytest
 from speculative import batch
 from speculative.batch import Rejected, Request, Results
 from speculative.errors import UsageError
-from speculative.loop import SpecSettings
-from speculative.sampling import SamplerSettings
+from speculative.settings import SamplerSettings, SpecSettings
 from speculative.text import StopFilter
 from tests.conftest import SMOL, SPECULATE, speculate
 

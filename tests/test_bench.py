@@ -8,8 +8,7 @@ import pytest
 
 from speculative.bench import expects_identity, load_prompts, make_configs, parse_sweeps
 from speculative.errors import UsageError
-from speculative.loop import DRAFT_MAX_AUTO, SpecSettings
-from speculative.sampling import SamplerSettings
+from speculative.settings import DRAFT_MAX_AUTO, SamplerSettings, SpecSettings
 from tests.conftest import SMOL, speculate
 
 

@@ -6,11 +6,14 @@ import numpy as np
 import pytest
 
 from speculative.auto import Acceptance, Auto, best_plan, expected_tokens
+from speculative.cache import Cache
 from speculative.calibrate import batch_costs
 from speculative.drafters import Chain, Draft, ModelDrafter, NgramMapK, NgramSimple, Outcome
 from speculative.drafters.ngram import NgramIndex
-from speculative.loop import SpecSettings, Step, Token, generate
-from speculative.sampling import Sampler, SamplerSettings
+from speculative.events import Step, Token
+from speculative.loop import generate
+from speculative.sampling import Sampler
+from speculative.settings import SamplerSettings, SpecSettings
 from tests.fakes import FakeBackend, ToyModel, plain_decode
 
 GREEDY = SamplerSettings(temp=0.0)
@@ -55,7 +58,7 @@ def test_ngram_map_k_votes_for_the_most_frequent_continuation():
 
 def test_chain_uses_the_first_drafter_with_a_proposal():
     model = ToyModel(seed=1)
-    chain = Chain([NgramSimple(n=3, m=4), ModelDrafter(FakeBackend(model), p_min=0.0)])
+    chain = Chain([NgramSimple(n=3, m=4), ModelDrafter(Cache(FakeBackend(model)), p_min=0.0)])
     assert chain.name == "ngram-simple,draft"
     assert chain.propose([1, 2, 3, 4, 1, 2, 3], 2) == Draft([4, 1], "ngram-simple")
     fallback = chain.propose([1, 2, 3, 4, 5], 2)
@@ -93,7 +96,7 @@ def cyclic_model() -> ToyModel:
 
 
 def run_auto(model, drafters, verify_costs, n=60, draft_costs=None):
-    target = FakeBackend(model)
+    target = Cache(FakeBackend(model))
     auto = Auto(drafters, verify_costs, k_max=8, draft_costs=draft_costs)
     events = list(generate(target, [1, 2, 3], Sampler(GREEDY, 0), SpecSettings(n_predict=n, draft_max=8), auto))
     return events, auto
@@ -117,7 +120,7 @@ def test_auto_never_drafts_when_verification_costs_grow_linearly():
 
 def test_auto_declines_a_draft_model_that_cannot_pay_here():
     model = cyclic_model()
-    drafter = ModelDrafter(FakeBackend(model))
+    drafter = ModelDrafter(Cache(FakeBackend(model)))
     # a draft token costs as much as a target pass: even perfect acceptance loses
     events, auto = run_auto(model, [drafter], [1e-3] * 9, draft_costs={"draft": 1e-3})
     assert all(e.n_drafted == 0 for e in events if isinstance(e, Step))
@@ -137,29 +140,30 @@ def test_auto_learns_while_declining():
 
 def test_calibration_is_measured_once_and_cached(tmp_path):
     backend = FakeBackend(ToyModel(seed=0))
+    cache = Cache(backend)
     identity = {"name": "toy", "threads": 2}
     messages = []
-    first = batch_costs(backend, 5, identity, messages.append, path=tmp_path / "cal.json")
+    first = batch_costs(cache, 5, identity, messages.append, path=tmp_path / "cal.json")
     assert len(first) == 5 and all(c > 0 for c in first) and messages
-    assert backend.cache == []  # the cache is left empty
+    assert backend.cache == [] and len(cache) == 0  # the cache is left empty
     messages.clear()
-    assert batch_costs(backend, 4, identity, messages.append, path=tmp_path / "cal.json") == first[:4]
+    assert batch_costs(cache, 4, identity, messages.append, path=tmp_path / "cal.json") == first[:4]
     assert messages == []  # no new measurement
-    other = batch_costs(backend, 4, {**identity, "threads": 4}, messages.append, path=tmp_path / "cal.json")
+    other = batch_costs(cache, 4, {**identity, "threads": 4}, messages.append, path=tmp_path / "cal.json")
     assert messages and len(other) == 4
 
 
 def test_a_damaged_calibration_cache_is_measured_again(tmp_path):
     path = tmp_path / "cal.json"
     path.write_text("{not json")
-    assert len(batch_costs(FakeBackend(ToyModel()), 3, {"name": "toy"}, path=path)) == 3
+    assert len(batch_costs(Cache(FakeBackend(ToyModel())), 3, {"name": "toy"}, path=path)) == 3
 
 
 @pytest.mark.parametrize("cost", [1e-3])
 def test_auto_output_equals_plain_decoding_with_a_model_drafter(cost):
     model = ToyModel(seed=0, eog_bias=-40.0)
     draft = model.perturbed(0.3, seed=5)
-    drafters = [NgramSimple(n=3, m=8), ModelDrafter(FakeBackend(draft))]
+    drafters = [NgramSimple(n=3, m=8), ModelDrafter(Cache(FakeBackend(draft)))]
     events, _ = run_auto(model, drafters, [cost] * 9, draft_costs={"draft": cost / 20})
     assert [e.id for e in events if isinstance(e, Token)] == plain_decode(model, [1, 2, 3], 60, Sampler(GREEDY, 0))
     assert any(e.drafter == "draft" for e in events if isinstance(e, Step))

@@ -7,10 +7,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from speculative.cache import Cache
 from speculative.drafters import ModelDrafter, top_probability
 from speculative.errors import GenerationError
-from speculative.loop import Done, Prefilled, SpecSettings, Step, Token, generate
-from speculative.sampling import Sampler, SamplerSettings
+from speculative.events import Done, Prefilled, Step, Token
+from speculative.loop import generate
+from speculative.sampling import Sampler
+from speculative.settings import SamplerSettings, SpecSettings, check_prompt
 from tests.fakes import EOG, FakeBackend, ToyModel, plain_decode
 
 GREEDY = SamplerSettings(temp=0.0)
@@ -22,9 +25,9 @@ def run(target_model, draft_model=None, *, n=40, n_ctx=256, n_ctx_draft=None, sa
     target = FakeBackend(target_model, n_ctx=n_ctx, n_seq=branches)
     draft = FakeBackend(draft_model, n_ctx=n_ctx_draft or n_ctx, name="draft", n_seq=branches) if draft_model else None
     draft_sampler = Sampler(draft_sampling, seed + 1000) if draft_sampling else None
-    drafter = ModelDrafter(draft, p_min=p_min, sampler=draft_sampler, branches=branches,
+    drafter = ModelDrafter(Cache(draft), p_min=p_min, sampler=draft_sampler, branches=branches,
                            p_split=p_split) if draft else None
-    events = list(generate(target, prompt, Sampler(sampling, seed), SpecSettings(n_predict=n, **spec), drafter))
+    events = list(generate(Cache(target), prompt, Sampler(sampling, seed), SpecSettings(n_predict=n, **spec), drafter))
     return events, target, draft
 
 
@@ -215,9 +218,11 @@ def test_a_smaller_draft_context_stops_drafting_not_generation(model):
     assert drafted[0] == 4 and drafted[-1] == 0
 
 
-def test_prompt_that_fills_the_context_is_refused(model):
+def test_prompt_that_fills_the_context_is_refused():
     with pytest.raises(GenerationError, match="4 tokens but the context holds 4"):
-        run(model, None, n_ctx=4)
+        check_prompt(PROMPT, 4, -1)
+    with pytest.raises(GenerationError, match="empty"):
+        check_prompt([], 4, -1)
 
 
 def test_draft_min_discards_short_drafts(model):
@@ -263,24 +268,45 @@ def test_a_prefix_kept_in_the_caches_is_not_processed_again(model):
     older conversation that diverges after them. Output is unchanged; the fake backends
     fail on any decode that is not contiguous with what they hold."""
     target = FakeBackend(model)
-    target.decode(PROMPT[:3], 0, "none")
+    target_cache = Cache(target)
+    target_cache.extend(PROMPT[:3])
     draft = FakeBackend(model.perturbed(0.4, seed=7), name="draft")
-    stale = [*PROMPT[:2], 9, 9, 9]
-    draft.decode(stale, 0, "none")
-    drafter = ModelDrafter(draft, cached=list(stale))
-    events = list(generate(target, PROMPT, Sampler(GREEDY, 1), SpecSettings(n_predict=30, draft_max=4),
-                           drafter, n_cached=3))
+    draft_cache = Cache(draft)
+    draft_cache.extend([*PROMPT[:2], 9, 9, 9])
+    events = list(generate(target_cache, PROMPT, Sampler(GREEDY, 1), SpecSettings(n_predict=30, draft_max=4),
+                           ModelDrafter(draft_cache)))
     assert events[0] == Prefilled(len(PROMPT), events[0].seconds, n_cached=3)
     out = tokens_of(events)
     assert out == plain_decode(model, PROMPT, 30, Sampler(GREEDY, 1))
-    assert draft.cache == drafter.cached == (PROMPT + out)[: len(draft.cache)]
+    assert draft.cache == list(draft_cache.tokens()) == (PROMPT + out)[: len(draft.cache)]
+    assert target.cache == list(target_cache.tokens()) == (PROMPT + out)[:-1]
 
 
-@pytest.mark.parametrize("n_cached", [-1, len(PROMPT)])
-def test_n_cached_must_leave_the_last_prompt_token_to_decode(model, n_cached):
-    with pytest.raises(ValueError):
-        list(generate(FakeBackend(model), PROMPT, Sampler(GREEDY, 1), SpecSettings(n_predict=3),
-                      n_cached=n_cached))
+def test_the_last_prompt_token_is_always_scored_again(model):
+    """A cache holding the whole prompt and more keeps all of it but the last token, whose
+    logits the first step needs."""
+    target = Cache(FakeBackend(model))
+    target.extend([*PROMPT, 9, 9])
+    events = list(generate(target, PROMPT, Sampler(GREEDY, 1), SpecSettings(n_predict=10)))
+    assert events[0].n_cached == len(PROMPT) - 1
+    assert tokens_of(events) == plain_decode(model, PROMPT, 10, Sampler(GREEDY, 1))
+
+
+@pytest.mark.parametrize("limit", [0, 1, 3])
+def test_a_cache_that_cannot_undo_enough_replays_what_it_keeps(model, limit):
+    """A backend that can remove only the latest `limit` tokens (recurrent state) rolls
+    back by replaying: the output is unchanged, and the fake fails on any decode that
+    is not contiguous with what it holds."""
+    target, draft = FakeBackend(model), FakeBackend(model.perturbed(0.4, seed=7), name="draft")
+    target.rollback_limit = draft.rollback_limit = limit
+    trims = []
+    trim = target.trim
+    target.trim = lambda n: (trims.append(n), trim(n))
+    events = list(generate(Cache(target), PROMPT, Sampler(GREEDY, 1), SpecSettings(n_predict=30, draft_max=4),
+                           ModelDrafter(Cache(draft))))
+    assert tokens_of(events) == plain_decode(model, PROMPT, 30, Sampler(GREEDY, 1))
+    assert any(s.n_accepted < s.n_drafted for s in steps_of(events))  # rejected drafts were rolled back
+    assert 0 in trims  # by a replay from the start
 
 
 @pytest.mark.parametrize("draft_max", [2, 5, 8])

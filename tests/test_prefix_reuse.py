@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from speculative.engine import Engine, ModelSpec
-from speculative.loop import SpecSettings, Token
-from speculative.sampling import SamplerSettings
+from speculative.settings import SamplerSettings, SpecSettings
+from speculative.stream import Stream, complete
 from tests.conftest import SMOL
 
 pytestmark = pytest.mark.real
@@ -22,26 +22,31 @@ def specs(model_path):
     return ModelSpec(path, "target", n_ctx=1024), ModelSpec(path, "draft", n_ctx=1024)
 
 
+def run_all(engine: Engine, prompt: list[int]):
+    final = complete(engine, prompt, GREEDY, SPEC, seed=1)
+    return final.tokens, final.stats
+
+
 def test_a_conversation_reuses_its_history_and_decodes_the_same(specs, batch_invariant):
     with Engine(*specs) as engine:
         p1 = engine.prompt_tokens("The three primary colours are")
-        out1, stats = engine.run_all(p1, GREEDY, SPEC, seed=1)
+        out1, stats = run_all(engine, p1)
         assert stats.n_cached == 0
         p2 = [*p1, *out1, *engine.target.tokenize(" In short:", add_special=False)]
-        out2, stats = engine.run_all(p2, GREEDY, SPEC, seed=1)
+        out2, stats = run_all(engine, p2)
         assert stats.n_cached == len(p1) + len(out1) - 1  # all but the previous run's last token
         assert stats.to_dict()["n_cached"] == stats.n_cached
 
         # The first prompt again: its own prefix is still there.
-        again, stats = engine.run_all(p1, GREEDY, SPEC, seed=1)
+        again, stats = run_all(engine, p1)
         assert again == out1 and stats.n_cached == len(p1) - 1
 
         # A run stopped after 3 tokens leaves nothing stale behind.
-        run = engine.run(p2, GREEDY, SPEC, seed=1)
-        [e for _, e in zip(range(5), (e for e in run if isinstance(e, Token)))]
-        run.close()
-        resumed, stats = engine.run_all(p2, GREEDY, SPEC, seed=1)
+        stream = Stream(engine, p2, GREEDY, SPEC, seed=1)
+        next(iter(stream))
+        assert len(stream.end("stopped").tokens) < SPEC.n_predict
+        resumed, stats = run_all(engine, p2)
         assert resumed == out2 and stats.n_cached == len(p2) - 1
 
     with Engine(*specs) as fresh:
-        assert fresh.run_all(p2, GREEDY, SPEC, seed=1)[0] == out2
+        assert run_all(fresh, p2)[0] == out2

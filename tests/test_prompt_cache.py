@@ -11,9 +11,9 @@ import pytest
 from speculative import prompt_cache
 from speculative.engine import Engine, ModelSpec
 from speculative.errors import UsageError
-from speculative.loop import SpecSettings
 from speculative.prompt_cache import Part, Unusable
-from speculative.sampling import SamplerSettings
+from speculative.settings import SamplerSettings, SpecSettings
+from speculative.stream import complete
 from tests.conftest import SMOL, speculate, speculate_json
 from tests.gguf_builder import write_lora, write_tiny_llama
 
@@ -116,8 +116,8 @@ def specs(model_path):
 
 def ask(engine: Engine, question: str) -> tuple[list[int], list[int], object]:
     prompt = engine.prompt_tokens(DOCUMENT + "Question: " + question + " Answer:")
-    out, stats = engine.run_all(prompt, GREEDY, SPEC, seed=1)
-    return prompt, out, stats
+    final = complete(engine, prompt, GREEDY, SPEC, seed=1)
+    return prompt, final.tokens, final.stats
 
 
 @pytest.mark.real
@@ -212,7 +212,7 @@ def test_a_cache_saved_without_an_adapter_is_not_used_with_one(tmp_path):
         spec = ModelSpec(tiny, "tiny", n_ctx=64, loras=loras)
         notify = notices.append if notices is not None else None
         with Engine(spec, notify=notify, prompt_cache_file=path) as engine:
-            return engine.run_all(prompt, GREEDY, none, seed=1)[1]
+            return complete(engine, prompt, GREEDY, none, seed=1).stats
 
     assert run(()).n_restored == 0 and run(()).n_restored == len(prompt) - 1
     assert run(((lora, 0.0),)).n_restored == len(prompt) - 1  # scale 0: llama.cpp drops the adapter

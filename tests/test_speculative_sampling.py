@@ -17,10 +17,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from speculative.cache import Cache
 from speculative.drafters import ModelDrafter
 from speculative.llamacpp import LlamaModel
-from speculative.loop import SpecSettings, Step, Token, generate
-from speculative.sampling import Sampler, SamplerSettings
+from speculative.events import Step, Token
+from speculative.loop import generate
+from speculative.sampling import Sampler
+from speculative.settings import SamplerSettings, SpecSettings
 from tests.conftest import SMOL
 
 pytestmark = pytest.mark.real
@@ -48,11 +51,12 @@ def test_first_tokens_follow_target_only_probabilities(model_path):
         counts = dict.fromkeys(expected, 0)
         kept = drafted = 0
         spec = SpecSettings(types=("draft",), draft_max=1, n_predict=2, ignore_eos=True)
+        target_cache, draft_cache = Cache(target), Cache(draft)
         for seed in range(RUNS):
-            target.trim(0)
-            draft.trim(0)
-            drafter = ModelDrafter(draft, sampler=Sampler(DRAFT, seed + 10**6))
-            for event in generate(target, prompt, Sampler(TARGET, seed), spec, drafter):
+            target_cache.forget()
+            draft_cache.forget()
+            drafter = ModelDrafter(draft_cache, sampler=Sampler(DRAFT, seed + 10**6))
+            for event in generate(target_cache, prompt, Sampler(TARGET, seed), spec, drafter):
                 if isinstance(event, Step):  # the first step drafts one token
                     kept, drafted = kept + event.n_accepted, drafted + event.n_drafted
                 elif isinstance(event, Token):  # the first token is all this test needs

@@ -9,7 +9,8 @@ from cli.prompt import process_escapes
 from speculative.chat import conversation, render
 from speculative.errors import ModelError, UsageError
 from speculative.registry import Registry, looks_like_path
-from speculative.sampling import Sampler, SamplerSettings, min_p, penalize, top_k, top_p, typical
+from speculative.sampling import Sampler, min_p, penalize, top_k, top_p, typical
+from speculative.settings import SamplerSettings
 from speculative.text import StopFilter, TextStream
 from speculative.verify import sample_and_match
 

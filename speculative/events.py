@@ -1,0 +1,53 @@
+"""What a run reports, in order: Prefilled (and PromptCache when a prompt cache file is
+used), then per step a Step followed by its Token events, then Done. The loop
+(loop.py) and the engine (engine.py) yield them; stream.py and stats.py read them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    """The prompt is in both caches."""
+    n_prompt: int
+    seconds: float
+    n_cached: int = 0     # of n_prompt, tokens the target cache already held (not processed again)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One draft + verify step. Its tokens follow as Token events."""
+    index: int
+    drafter: str | None   # None: nothing was drafted (k = 0)
+    n_drafted: int
+    n_accepted: int
+    t_draft: float
+    t_verify: float
+    n_branches: int = 1   # branches of the draft tree (1: a chain)
+    branch: int = 0       # the branch the accepted path ran along (tree.py numbers them)
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    from_draft: bool      # an accepted drafted token; False: the target's own
+    step: int
+
+
+@dataclass(frozen=True)
+class Done:
+    reason: str           # "stop" (end-of-generation token) or "length" (-n or context)
+    t_decode: float       # wall time from the end of prefill to here
+
+
+@dataclass(frozen=True)
+class PromptCache:
+    """The prompt cache file's part in this run (after Prefilled)."""
+    n_restored: int       # of the prompt's cached tokens, those the file provided
+    t_restore: float      # reading and loading it (before the prompt was processed)
+    t_save: float         # writing this prompt's caches to it (after)
+
+
+Event = Union[Prefilled, PromptCache, Step, Token, Done]
