@@ -78,8 +78,9 @@ def run_and_render(target: ModelSpec, draft: ModelSpec | None, text: str, sampli
         interrupted = False
         try:
             for piece in stream:
-                for part, from_draft in piece.parts if not json_output else ():
-                    out.write(part, from_draft)
+                if not json_output:  # --json prints the whole text at the end
+                    for part, from_draft in piece.parts:
+                        out.write(part, from_draft)
         except KeyboardInterrupt:
             interrupted = True
         final = stream.end("interrupted" if interrupted else None)
