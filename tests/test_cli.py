@@ -10,6 +10,7 @@ import time
 import pytest
 
 from tests.conftest import QWEN, QWEN_DRAFT, SMOL, SPECULATE, speculate, speculate_json
+from tests.gguf_builder import write_chain_llama
 
 pytestmark = pytest.mark.real
 
@@ -164,10 +165,18 @@ def test_chat_template_renders_and_generates(model_path):
     assert r["settings"]["chat"] is True
 
 
-def test_eos_ends_generation_with_stop(model_path):
-    r = speculate_json("-m", str(model_path(SMOL)), "--chat", "-p", "Reply with the single word: yes",
-                       "-n", "200", "--temp", "0")
-    assert r["finish_reason"] == "stop" and r["n_predict"] < 200
+def test_eos_ends_generation_with_stop(tmp_path):
+    """On a model built to say "i hi" after "h", then EOS: whether a real model's greedy
+    answer ever reaches EOS depends on the CPU's kernels (SmolLM2 loops on some)."""
+    chain = str(write_chain_llama(tmp_path / "chain.gguf", {"\u2581": "h", "h": "i", "i": "\u2581hi"}))
+    common = ("-m", chain, "-p", "h", "--temp", "0")
+    r = speculate_json(*common, "-n", "200")
+    assert (r["finish_reason"], r["n_predict"], r["text"]) == ("stop", 2, "i hi")
+    # an EOS the draft proposed and the target accepted ends it at the same place
+    drafted = speculate_json(*common, "-n", "200", "-md", chain, "--spec-type", "draft")
+    assert (drafted["finish_reason"], drafted["tokens"]) == ("stop", r["tokens"])
+    assert drafted["n_accept"] > drafted["n_predict"]  # the EOS was one of the accepted drafted tokens
+    assert speculate_json(*common, "-n", "20", "--ignore-eos")["finish_reason"] == "length"
 
 
 def test_context_limit_ends_with_length(model_path):
