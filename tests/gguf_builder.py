@@ -222,6 +222,45 @@ def write_tiny_llama(path: Path, n_embd: int = 64, n_layer: int = 2, n_head: int
     return write_out(w, path)
 
 
+def write_chain_llama(path: Path, follows: dict[str, str], n_embd: int = 32) -> Path:
+    """A tiny llama whose next token depends only on the last one, by a wide margin:
+    `follows` maps a token of TOKENS to the one that comes after it (a token it does
+    not name is followed by "</s>"). Its greedy text is the same on every CPU, unlike a
+    real model's, whose near-ties the kernels decide.
+
+    How: every layer's weights are zero, so attention and feed-forward add nothing and
+    the last hidden state is the last token's embedding, a one-hot row; after the RMS
+    norm it is sqrt(n_embd) there, and output.weight holds a 1 for each (token, next)
+    pair: the next token's logit is sqrt(n_embd), every other one 0."""
+    ids = {text: i for i, text in enumerate(TOKENS)}
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(64)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(1)
+    w.add_feed_forward_length(n_embd)
+    w.add_head_count(2)
+    w.add_head_count_kv(1)
+    w.add_rope_dimension_count(n_embd // 2)
+    w.add_layer_norm_rms_eps(1e-5)
+    add_tiny_tokenizer(w)
+
+    def zeros(*shape: int) -> np.ndarray:  # numpy shape = ggml's ne reversed
+        return np.zeros(shape, dtype=np.float32)
+
+    output = zeros(len(TOKENS), n_embd)
+    for token in TOKENS:
+        output[ids[follows.get(token, "</s>")], ids[token]] = 1.0
+    w.add_tensor("token_embd.weight", np.eye(len(TOKENS), n_embd, dtype=np.float32))
+    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    w.add_tensor("output.weight", output)
+    for name, shape in (("attn_norm", (n_embd,)), ("attn_q", (n_embd, n_embd)), ("attn_k", (n_embd // 2, n_embd)),
+                        ("attn_v", (n_embd // 2, n_embd)), ("attn_output", (n_embd, n_embd)),
+                        ("ffn_norm", (n_embd,)), ("ffn_gate", (n_embd, n_embd)), ("ffn_down", (n_embd, n_embd)),
+                        ("ffn_up", (n_embd, n_embd))):
+        w.add_tensor(f"blk.0.{name}.weight", zeros(*shape))
+    return write_out(w, path)
+
+
 def add_tiny_tokenizer(w: gguf.GGUFWriter) -> None:
     """An 8-token SPM vocabulary (<unk> <s> </s>, a byte token, 'hi' pieces)."""
     T_ = gguf.TokenType
