@@ -40,7 +40,8 @@ class Cache:
         """How many leading tokens of `tokens` (at most `limit`) sequence 0 already holds."""
         held = self._seqs[0]
         n = min(len(held), len(tokens), len(tokens) if limit is None else limit)
-        if held[:n] == list(tokens[:n]):  # the usual case, compared at C speed
+        head = tokens[:n] if isinstance(tokens, list) else list(tokens[:n])  # no second copy per step
+        if held[:n] == head:  # the usual case, compared at C speed
             return n
         return next(i for i in range(n) if held[i] != tokens[i])
 
@@ -71,7 +72,7 @@ class Cache:
         """Hold positions 0..n-1 only, in every sequence."""
         self._settle()
         held = self._seqs[0]
-        if n >= len(held) and not any(len(s) > n for s in self._seqs.values()):
+        if all(len(s) <= n for s in self._seqs.values()):
             return
         if not self._can_undo(len(held) - n):
             self._replay(held[:n])

@@ -100,12 +100,10 @@ async def _generate(request: Request, worker: Worker, model: str, chat: bool):
         if generation.stream:
             stream = EventStream(job, reply)
             return stream
-        pieces = []
-        while not isinstance(output := await job.next(), Final):
+        while not isinstance(output := await job.next(), Final):  # Final carries the whole text
             if isinstance(output, Failed):
                 raise _error(output)
-            pieces.append(output.text)
-        return JSONResponse(reply.full("".join(pieces), output.reason, output.stats))
+        return JSONResponse(reply.full(output.text, output.reason, output.stats))
     finally:
         watcher.cancel()  # a streaming response watches for the client itself
         if stream is None:
