@@ -3,9 +3,10 @@
 Every architecture of ARCHS is written to a temporary directory and driven through
 llama-cpp-python's low-level bindings (as speculative/llamacpp.py does): it loads, llama.cpp
 classes it as the architecture should be (recurrent, hybrid, diffusion), and the generative
-ones decode greedily into varied, reproducible text. Hybrids that support it roll their
-recurrent state back (n_rs_seq), and the greedy text after a rollback is the text of a fresh
-decode.
+ones decode greedily into varied, reproducible text. Qwen3.5's NextN (MTP) layer loads and
+runs in an MTP context. Hybrids that support it roll their recurrent state back (n_rs_seq),
+and the greedy text after a rollback is the text of a fresh decode; a batch scores each
+position exactly as a lone token does.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import llama_cpp as ll
 from llama_cpp import llama_cpp_ext as ll_ext
 
 from scripts.tiny_model import ARCH_INFO, ARCHS, SPECIALS, tokenizer_vocab, write_model
+from speculative.llamacpp import _init_once
 
 pytestmark = pytest.mark.real
 
@@ -38,16 +40,7 @@ N_RS_SEQ = 8
 
 @pytest.fixture(scope="module", autouse=True)
 def _backend():
-    ll.llama_backend_init()
-    if not os.environ.get("SPECULATE_LLAMA_LOG"):  # quiet, as the CLI is by default
-        ll.llama_log_set(_quiet, None)
-    yield
-
-
-@ll.llama_log_callback
-def _quiet(level, text, user_data):
-    if level == 4:  # GGML_LOG_LEVEL_ERROR
-        sys.stderr.write(text.decode("utf-8", errors="replace"))
+    _init_once()  # the backend, and llama.cpp's log quiet unless SPECULATE_LLAMA_LOG is set
 
 
 @pytest.fixture(scope="module")
