@@ -30,7 +30,8 @@ def doctor_command(
             "llama_cpp_python": bindings_version(), "system_info": system_info(),
             "gpu_offload": gpu_offload(), "model": target.name,
             "n_gpu_layers": m.n_gpu_layers, "threads": m.n_threads, "flash_attn": m.flash_attn,
-            "batch_variant_kernels": m.kernels, "checks": [c.to_dict() for c in checks],
+            "batch_variant_kernels": m.kernels, "recurrent": m.recurrent, "architecture": m.arch,
+            "checks": [c.to_dict() for c in checks],
             "batch_invariant": all(c.max_abs_diff == 0.0 for c in checks),
         }
     with quiet_pipe():
@@ -45,8 +46,9 @@ def _print(report: dict, json_output: bool) -> None:
     out.print(f"llama-cpp-python {report['llama_cpp_python']}, GPU offload "
               f"{'supported' if report['gpu_offload'] else 'not built in'}")
     out.print(f"llama.cpp: {report['system_info'].strip()}")
-    out.print(f"model: {report['model']}, {report['threads']} threads, -ngl {report['n_gpu_layers']}, "
-              f"-fa {report['flash_attn']}")
+    out.print(f"model: {report['model']} ({report['architecture']}"
+              f"{', recurrent layers: probed at every position of a batch' if report['recurrent'] else ''}), "
+              f"{report['threads']} threads, -ngl {report['n_gpu_layers']}, -fa {report['flash_attn']}")
     out.print("kernels of this build and settings that may change with batch size: "
               f"{', '.join(report['batch_variant_kernels']) or 'none'} (measured below)")
     checks = report["checks"]
@@ -56,7 +58,7 @@ def _print(report: dict, json_output: bool) -> None:
         detail = ("bit-identical in every batch" if not differ else
                   f"differs in batches {', '.join(str(c['batch']) for c in differ)} "
                   f"(max |logit difference| {max(c['max_abs_diff'] for c in differ):.3g})")
-        out.print(f"a position after {cached} cached tokens, alone vs first of a batch of "
+        out.print(f"positions after {cached} cached tokens, one at a time vs in a batch of "
                   f"{row[0]['batch']}-{row[-1]['batch']}: {detail}")
     if report["batch_invariant"]:
         out.print("verdict: batch-invariant. Greedy speculative output is token-identical to "

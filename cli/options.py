@@ -209,8 +209,9 @@ class ModelOptions:
             return True
         return spec.auto and not spec.drafters and self.draft_available
 
-    def specs(self, use_draft: bool, branches: int = 1) -> tuple[ModelSpec, ModelSpec | None]:
-        """Validate the model options, resolve -m/-md (pulling registry models as needed)."""
+    def specs(self, use_draft: bool, branches: int = 1, longest_draft: int = 0) -> tuple[ModelSpec, ModelSpec | None]:
+        """Validate the model options, resolve -m/-md (pulling registry models as needed).
+        `longest_draft`: what a recurrent target keeps snapshots for (cache.py)."""
         for flag, value, least in (("-c/--ctx-size", self.ctx_size, 0), ("-b/--batch-size", self.batch_size, 1),
                                    ("-cd/--ctx-size-draft", self.ctx_size_draft, 0),
                                    ("-t/--threads", self.threads, 1), ("-td/--threads-draft", self.threads_draft, 1)):
@@ -231,6 +232,7 @@ class ModelOptions:
             Registry.load(), self.model, self.model_draft, use_draft, ctx=(self.ctx_size, self.ctx_size_draft),
             ngl=(self.n_gpu_layers, self.n_gpu_layers_draft), threads=(self.threads, self.threads_draft),
             n_batch=self.batch_size, flash_attn=self.flash_attn, loras=tuple(_adapters(names) for names in loras))
+        target = replace(target, n_rs_seq=longest_draft)
         if branches <= 1:
             return target, draft
         # Both models get a KV-cache sequence per draft-tree branch (-np).

@@ -273,9 +273,9 @@ def _write_llama_like(arch: str):
     return write
 
 
-def _write_mamba(w: gguf.GGUFWriter, t: _Weights, d: Dims, mtp: bool) -> None:
-    d_inner, d_conv, d_state = 2 * d.n_embd, 4, 16  # llama.cpp: d_inner == 2 * n_embd
-    dt_rank = -(-d.n_embd // 16)
+def _ssm_model(w: gguf.GGUFWriter, t: _Weights, d: Dims, d_inner: int, d_conv: int, d_state: int,
+               dt_rank: int) -> None:
+    """The keys and the outer tensors Mamba and Mamba-2 share."""
     w.add_context_length(CONTEXT_LENGTH)
     w.add_embedding_length(d.n_embd)
     w.add_block_count(d.n_layer)
@@ -286,6 +286,12 @@ def _write_mamba(w: gguf.GGUFWriter, t: _Weights, d: Dims, mtp: bool) -> None:
     w.add_layer_norm_rms_eps(1e-6)
     t.embeddings(d.n_embd, d.n_vocab, len(SPECIALS))
     t.norm("output_norm.weight", d.n_embd)
+
+
+def _write_mamba(w: gguf.GGUFWriter, t: _Weights, d: Dims, mtp: bool) -> None:
+    d_inner, d_conv, d_state = 2 * d.n_embd, 4, 16  # llama.cpp: d_inner == 2 * n_embd
+    dt_rank = -(-d.n_embd // 16)
+    _ssm_model(w, t, d, d_inner, d_conv, d_state, dt_rank)
     # S4D-real A = -(1..d_state) per channel; dt = softplus(dt_bias + W x) about 0.001..0.1
     a = -np.tile(np.arange(1, d_state + 1, dtype=np.float32), (d_inner, 1))  # numpy (d_inner, d_state)
     for i in range(d.n_layer):
@@ -320,17 +326,8 @@ def _mamba2_layer(t: _Weights, b: str, n_embd: int, d_inner: int, d_state: int, 
 def _write_mamba2(w: gguf.GGUFWriter, t: _Weights, d: Dims, mtp: bool) -> None:
     d_inner, d_conv, d_state, n_group = 2 * d.n_embd, 4, 16, 1
     n_head = d_inner // 16  # head_dim 16
-    w.add_context_length(CONTEXT_LENGTH)
-    w.add_embedding_length(d.n_embd)
-    w.add_block_count(d.n_layer)
-    w.add_ssm_conv_kernel(d_conv)
-    w.add_ssm_inner_size(d_inner)
-    w.add_ssm_state_size(d_state)
-    w.add_ssm_time_step_rank(n_head)
     w.add_ssm_group_count(n_group)
-    w.add_layer_norm_rms_eps(1e-6)
-    t.embeddings(d.n_embd, d.n_vocab, len(SPECIALS))
-    t.norm("output_norm.weight", d.n_embd)
+    _ssm_model(w, t, d, d_inner, d_conv, d_state, n_head)
     for i in range(d.n_layer):
         b = f"blk.{i}."
         t.norm(b + "attn_norm.weight", d.n_embd)

@@ -10,7 +10,10 @@ tokens is expected to yield
 
 where v(b) is the target's cost of verifying a batch of b tokens and c_draft the
 drafter's cost per drafted token. Each step runs the (drafter, k) with the
-largest E(k) / T(k); k = 0 is plain decoding at 1 / v(1).
+largest E(k) / T(k); k = 0 is plain decoding at 1 / v(1). A target whose recurrent
+state cannot undo k drafted tokens (cache.py) adds to T(k) what it pays for them:
+a checkpoint, and when more tokens than it can undo are rejected, a restore and
+the accepted ones decoded again (Rewind).
 
 Where the numbers come from:
   v(b)     a calibration of this model on this machine (speculative/calibrate.py),
@@ -32,7 +35,7 @@ Where the numbers come from:
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -92,14 +95,37 @@ def expected_tokens(rates: np.ndarray) -> np.ndarray:
     return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(rates))])
 
 
+@dataclass(frozen=True)
+class Rewind:
+    """What drafts cost a target that can undo at most `limit` tokens (a recurrent state
+    with that many snapshots): a checkpoint before verifying more (`save` seconds), and
+    when more than `limit` are rejected, a restore and the accepted ones decoded again."""
+    limit: int
+    save: float
+    restore: float
+
+    def costs(self, rates: np.ndarray, verify: np.ndarray, k_max: int) -> np.ndarray:
+        """The expected extra seconds of a step drafting k = 1..k_max tokens."""
+        accepted = np.concatenate([[1.0], np.cumprod(rates[:k_max])])  # the first a accepted, a = 0..k_max
+        extra = np.zeros(k_max)
+        for k in range(self.limit + 1, k_max + 1):
+            a = np.arange(k)  # exactly a accepted: a restore, then [last, d1..da] again
+            exactly = accepted[:k] - accepted[1 : k + 1]
+            extra[k - 1] = self.save + exactly[k - a > self.limit] @ (self.restore + verify[a[k - a > self.limit] + 1])
+        return extra
+
+
 def best_plan(rates: np.ndarray, verify: np.ndarray, draft_cost: float, k_max: int,
-              fixed_cost: float = 0.0) -> tuple[int, float]:
+              fixed_cost: float = 0.0, rewind: Rewind | None = None) -> tuple[int, float]:
     """(k, tokens per second) maximising E(k) / T(k) over k = 1..k_max; verify[b] is v(b)."""
     k_max = min(k_max, len(rates), len(verify) - 2)
     if k_max < 1:
         return 0, 0.0
     ks = np.arange(1, k_max + 1)
-    speed = expected_tokens(rates[:k_max])[1:] / (fixed_cost + ks * draft_cost + verify[2 : k_max + 2])
+    cost = fixed_cost + ks * draft_cost + verify[2 : k_max + 2]
+    if rewind is not None:
+        cost = cost + rewind.costs(rates, verify, k_max)
+    speed = expected_tokens(rates[:k_max])[1:] / cost
     i = int(np.argmax(speed))
     return int(ks[i]), float(speed[i])
 
@@ -110,8 +136,10 @@ class Auto(Drafter):
     name = "auto"
 
     def __init__(self, drafters: list[Drafter], verify_costs: Sequence[float], k_max: int,
-                 draft_costs: dict[str, float] | None = None, catchup_costs: dict[str, float] | None = None):
+                 draft_costs: dict[str, float] | None = None, catchup_costs: dict[str, float] | None = None,
+                 rewind: Rewind | None = None):
         self.drafters = drafters
+        self.rewind = rewind  # what drafting costs a target that cannot undo every draft
         self.k_max = k_max
         self.calibrated = np.array([np.inf, *verify_costs], dtype=float)  # v(b) at index b
         self.speed_factor = 1.0   # how much slower than at calibration the machine runs now
@@ -167,18 +195,19 @@ class Auto(Drafter):
         self._proposals[d.name] = draft
         if draft.tokens:
             self._pending.append([self.estimates(d, draft.kind), len(context), draft.tokens, 0])
-        return best_plan(self.estimates(d, draft.kind).rates(), verify, self.draft_cost[d.name], len(draft.tokens))
+        return best_plan(self.estimates(d, draft.kind).rates(), verify, self.draft_cost[d.name], len(draft.tokens),
+                         rewind=self.rewind)
 
     def _plan_model(self, d: Drafter, context: Sequence[int], k: int, verify: np.ndarray) -> tuple[int, float]:
         cost = self.draft_cost[d.name]
-        if best_plan(np.full(k, MODEL_ACCEPTANCE_CEILING), verify, cost, k)[1] <= 1.0 / verify[1]:
+        if best_plan(np.full(k, MODEL_ACCEPTANCE_CEILING), verify, cost, k, rewind=self.rewind)[1] <= 1.0 / verify[1]:
             self.declined[d.name] = (f"slower than the target alone on this hardware even at "
                                      f"{MODEL_ACCEPTANCE_CEILING:.0%} acceptance")
             return 0, 0.0
         self.declined.pop(d.name, None)
         # Unused, its estimates fade back to the prior, so it is tried again in time.
         self._catchup = self.catchup_cost[d.name] * d.behind(context)
-        return best_plan(self.estimates(d).rates(), verify, cost, k, self._catchup)
+        return best_plan(self.estimates(d).rates(), verify, cost, k, self._catchup, self.rewind)
 
     def _score_pending(self, context: Sequence[int]) -> None:
         """Score free proposals, token by token, against what really followed them."""
@@ -201,7 +230,8 @@ class Auto(Drafter):
     def accept(self, outcome: Outcome) -> None:
         drafted, m, source = outcome.draft.tokens, outcome.n_accepted, outcome.draft.source
         b = len(drafted) + 1
-        if b < len(self.calibrated):
+        checkpointed = self.rewind is not None and len(drafted) > self.rewind.limit  # not a plain verify
+        if b < len(self.calibrated) and not checkpointed:
             ratio = outcome.t_verify / self.calibrated[b]
             self.speed_factor += COST_EMA * (ratio - self.speed_factor)
         model = next((d for d in self.drafters if d.name == source and not d.free), None)

@@ -26,7 +26,9 @@ class Backend(Protocol):
     n_ctx: int      # positions 0..n_ctx-1 exist
     n_batch: int    # most tokens one `decode` call scores with outputs="all"
     n_seq: int      # sequences (draft-tree branches) the cache can hold
-    rollback_limit: int | None  # latest tokens `trim` can remove (None: any number)
+    rollback_limit: int | None  # None: `trim` removes any suffix; k: at most the latest k tokens
+                                # of the latest decode, never all of them, once (a recurrent
+                                # state's snapshots)
 
     def tokenize(self, text: str, add_special: bool) -> list[int]:
         """Tokens of `text`; special-token text is parsed (as llama.cpp does)."""
@@ -74,11 +76,13 @@ class Backend(Protocol):
         everything else."""
         ...
 
-    def save_state(self) -> bytes:
-        """Sequence 0's cache, serialised (for the prompt cache file)."""
+    def save_state(self, partial: bool = False) -> bytes:
+        """Sequence 0's cache, serialised (for the prompt cache file); `partial`: only a
+        recurrent model's state, a checkpoint for cache.py."""
         ...
 
-    def load_state(self, data: bytes, n_tokens: int) -> bool:
-        """Replace sequence 0's cache with `data` from save_state, which must hold exactly
-        positions 0..n_tokens-1; on failure the cache is left empty and False returned."""
+    def load_state(self, data: bytes, n_tokens: int, partial: bool = False) -> bool:
+        """Make sequence 0 hold exactly positions 0..n_tokens-1 from `data` (save_state's);
+        on failure the cache is left empty and False returned. `partial`: a checkpoint of
+        the recurrent state at n_tokens, over the attention cells kept up to there."""
         ...

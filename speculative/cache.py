@@ -8,9 +8,15 @@ into sequence 0, and save or restore it for the prompt cache file. Positions fol
 from what a sequence holds, so no caller computes one.
 
 What a model's cache can undo is decided here too. `Backend.rollback_limit` is None
-when any suffix can be removed (attention caches), k when only the latest k tokens
-can (recurrent state kept as k snapshots), 0 when nothing can. A rollback beyond it
-clears the cache and replays the kept tokens: slower, exact for any model.
+when any suffix can be removed (attention caches). A recurrent state (Mamba, RWKV,
+the recurrent layers of hybrids such as LFM2 or Qwen3.5) is one value per sequence,
+overwritten by every token: llama.cpp can undo at most the latest `rollback_limit`
+tokens of the latest decode, and not all of them, once (its n_rs_seq snapshots; 0
+where the architecture has none). Beyond that, a rollback goes back to a checkpoint (a copy of the
+recurrent state taken when the caller said drafted tokens were coming, see
+`checkpoint`) and decodes the kept tokens after it again; without one it clears the
+cache and decodes everything kept again. Slower, exact for any model: a recurrent
+state cannot be cut to any prefix, so what is exact is kept and the rest recomputed.
 """
 
 from __future__ import annotations
@@ -27,6 +33,10 @@ class Cache:
         self.model = model
         self._seqs: dict[int, list[int]] = {0: []}  # sequence -> its tokens from position 0
         self._dirty = False  # a decode was interrupted: cells past what _seqs lists may exist
+        # What a model with a rollback_limit can still undo: its snapshots are the states after
+        # each token of the latest decode but the last, not the state before that decode.
+        self._undoable = 0
+        self._checkpoint: tuple[int, bytes] | None = None  # (length, recurrent state at that length)
 
     def __len__(self) -> int:
         """Tokens sequence 0 holds."""
@@ -48,10 +58,16 @@ class Cache:
     # -- changing it ---------------------------------------------------------
 
     def keep_prefix(self, tokens: Sequence[int], limit: int | None = None) -> int:
-        """Roll back to the longest prefix shared with `tokens` (at most `limit`); its length."""
+        """Roll back to the longest prefix shared with `tokens` (at most `limit`), or to less
+        where a recurrent state cannot be cut there (the caller decodes the rest); the length
+        kept."""
         n = self.shared_prefix(tokens, limit)
-        self.rollback(n)
-        return n
+        self._settle()
+        if self._can_undo(len(self) - n):
+            self.rollback(n)
+        else:
+            self._rewind(n, redecode=False)
+        return len(self)
 
     def extend(self, tokens: Sequence[int], outputs: Outputs = "none") -> list[np.ndarray]:
         """Decode `tokens` after what sequence 0 holds (Backend.decode's rows)."""
@@ -60,7 +76,20 @@ class Cache:
         rows = self.model.decode(tokens, len(self._seqs[0]), outputs)
         self._dirty = False
         self._seqs[0].extend(tokens)
+        self._undoable = len(tokens) - 1
         return rows
+
+    def checkpoint(self, ahead: int | None = None) -> None:
+        """Drafted tokens are about to be decoded: make a later rollback to what sequence 0
+        holds now cheap. `ahead`: how many of them a rollback may drop, when they come in one
+        decode (None: several decodes). A model that cannot undo that many copies its
+        recurrent state here (Backend.save_state(partial=True)); attention caches need nothing."""
+        limit = self.model.rollback_limit
+        if limit is None or (ahead is not None and ahead <= limit):
+            return
+        self._settle()
+        if self._checkpoint is None or self._checkpoint[0] != len(self):
+            self._checkpoint = (len(self), self.model.save_state(partial=True))
 
     def sync(self, tokens: Sequence[int], outputs: Outputs = "none") -> list[np.ndarray]:
         """Make sequence 0 hold exactly `tokens`, decoding only what it does not share with
@@ -75,9 +104,10 @@ class Cache:
         if all(len(s) <= n for s in self._seqs.values()):
             return
         if not self._can_undo(len(held) - n):
-            self._replay(held[:n])
+            self._rewind(n)
             return
         self.model.trim(n)
+        self._undoable = 0  # llama.cpp's recurrent rollback is single-use
         for seq in self._seqs.values():
             del seq[n:]
 
@@ -102,6 +132,7 @@ class Cache:
         for token, ids in zip(tokens, seqs):
             for s in ids:
                 self._seqs.setdefault(s, []).append(token)
+        self._undoable = len(tokens) - 1
         return rows
 
     def fork(self, src: int, dst: int) -> None:
@@ -112,10 +143,10 @@ class Cache:
     def keep_branch(self, seq: int, n: int) -> None:
         """Sequence seq's first n tokens become sequence 0; every other branch is dropped."""
         self._settle()
-        kept = self._seqs[seq][:n]
-        if not self._can_undo(len(self._seqs[seq]) - n):
-            self._replay(kept)
+        if len(self._seqs) == 1:  # a chain: a rollback (which a recurrent state may need)
+            self.rollback(n)
             return
+        kept = self._seqs[seq][:n]
         self.model.keep_branch(seq, n)
         self._seqs = {0: kept}
 
@@ -131,6 +162,7 @@ class Cache:
         self._settle()
         loaded = self.model.load_state(state, len(tokens))
         self._seqs = {0: list(tokens) if loaded else []}
+        self._undoable, self._checkpoint = 0, None
         return loaded
 
     # -- keeping the bookkeeping true ------------------------------------------
@@ -141,15 +173,32 @@ class Cache:
         if self._dirty:
             self._dirty = False
             self._seqs = {0: self._seqs[0]}
-            self.model.keep_branch(0, len(self._seqs[0]))
+            if self.model.rollback_limit is None:
+                self.model.keep_branch(0, len(self._seqs[0]))
+            else:  # the recurrent state went past what is listed, by an unknown number of tokens
+                self._undoable = 0
+                self._rewind(len(self._seqs[0]))
 
     def _can_undo(self, n_tokens: int) -> bool:
         """Whether the model can drop its latest `n_tokens` (the one place this is decided)."""
         limit = self.model.rollback_limit
-        return n_tokens <= 0 or limit is None or n_tokens <= limit
+        return n_tokens <= 0 or limit is None or n_tokens <= min(limit, self._undoable)
 
-    def _replay(self, tokens: list[int]) -> None:
-        """Clear the cache and decode `tokens` again: the rollback every model can do."""
-        self.model.trim(0)
-        self._seqs = {0: []}
-        self.extend(tokens)
+    def _rewind(self, n: int, redecode: bool = True) -> None:
+        """Hold positions 0..n-1 where the model cannot simply drop the rest: from the
+        checkpoint when it lies at or before n, else from nothing; the kept tokens after
+        that point are decoded again (`redecode`), or left for the caller to decode."""
+        held = self._seqs[0]
+        kept = held[:n]
+        start = 0
+        if self._checkpoint is not None and self._checkpoint[0] <= n:
+            start = self._checkpoint[0]
+            if not self.model.load_state(self._checkpoint[1], start, partial=True):
+                start = 0
+        if start == 0:
+            self.model.trim(0)
+            self._checkpoint = None
+        self._seqs = {0: held[:start]}
+        self._undoable = 0
+        if redecode and n > start:
+            self.extend(kept[start:])

@@ -65,6 +65,7 @@ def measure(cache: Cache, max_batch: int) -> list[float]:
     sizes = sorted({*range(1, min(max_batch, DENSE_UP_TO) + 1),
                     *range(DENSE_UP_TO, max_batch + 1, SPARSE_STEP), max_batch})
     cache.sync(filler)
+    cache.checkpoint()  # a recurrent state comes back here after each batch
     timed = []
     for b in sizes:
         batch = [(2000 + i) % model.n_vocab for i in range(b)]
@@ -93,3 +94,26 @@ def _store(path: Path, stored: dict) -> None:
         write_atomic(path, [json.dumps(stored, indent=1).encode()])
     except OSError:
         pass  # a read-only home only costs a new calibration next time
+
+
+def checkpoint_costs(cache: Cache, repeats: int = QUICK_REPEATS) -> tuple[float, float]:
+    """Seconds to copy a recurrent state into a checkpoint and to restore it (cache.py), best
+    of a few after FILLER_TOKENS of context. Milliseconds to measure, so not kept. The cache
+    is left empty."""
+    model = cache.model
+    n_fill = max(1, min(FILLER_TOKENS, model.n_ctx // 2))
+    cache.sync([(1000 + i) % model.n_vocab for i in range(n_fill)])
+    save = restore = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        model.save_state(partial=True)  # what Cache.checkpoint does; it changes nothing
+        save = min(save, time.perf_counter() - t0)
+    cache.checkpoint()
+    past_limit = [(2000 + i) % model.n_vocab for i in range((model.rollback_limit or 0) + 1)]
+    for _ in range(repeats):
+        cache.extend(past_limit)
+        t0 = time.perf_counter()
+        cache.rollback(n_fill)  # past what the model can undo: from the checkpoint
+        restore = min(restore, time.perf_counter() - t0)
+    cache.forget()
+    return save, restore

@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from . import calibrate, chat, prompt_cache
-from .auto import Auto
+from .auto import Auto, Rewind
 from .cache import Cache
 from .drafters import Chain, Drafter, ModelDrafter, NgramMapK, NgramSimple
 from .errors import GenerationError, ModelError, UsageError
@@ -46,6 +46,7 @@ class ModelSpec:
     n_threads: int | None = None
     flash_attn: str = "auto"
     n_seq: int = 1  # KV-cache sequences: -np, the most draft-tree branches
+    n_rs_seq: int = 0  # a recurrent state's snapshots: the longest draft it can undo directly
     loras: tuple[tuple[Path, float], ...] = ()  # LoRA adapters and their scales
 
     def lora_info(self) -> list[dict]:
@@ -142,7 +143,8 @@ class Engine:
                 draft = self.costs("draft", CATCHUP_BATCH)
                 draft_costs["draft"], catchup_costs["draft"] = draft[0], draft[-1] / len(draft)
             k_max = min(spec.draft_max, _largest_batch(self.target) - 1)
-            return Auto(drafters, self.costs("target", k_max + 1), k_max, draft_costs, catchup_costs)
+            return Auto(drafters, self.costs("target", k_max + 1), k_max, draft_costs, catchup_costs,
+                        self._rewind(k_max))
         return drafters[0] if len(drafters) == 1 else Chain(drafters)
 
     def _drafter(self, name: str, spec: SpecSettings, draft_sampler: Sampler | None) -> Drafter:
@@ -167,6 +169,14 @@ class Engine:
             known = self._costs[role] = calibrate.batch_costs(cache, max_batch, cache.model.identity(),
                                                               self.notify)
         return known[:max_batch]
+
+    def _rewind(self, k_max: int) -> Rewind | None:
+        """What drafts of up to k_max tokens cost the target beyond its verify (auto.Rewind):
+        nothing for an attention cache, or a recurrent state whose snapshots cover them."""
+        limit = self.target.rollback_limit
+        if limit is None or limit >= k_max:
+            return None
+        return Rewind(limit, *calibrate.checkpoint_costs(self.caches["target"]))
 
     def _restore_prompt_cache(self) -> float:
         """Load every part of the prompt cache file that these models can use; the seconds
@@ -238,6 +248,11 @@ def _largest_batch(model: LlamaModel) -> int:
 
 
 def _load(spec: ModelSpec) -> LlamaModel:
-    return LlamaModel(spec.path, name=spec.name, n_ctx=spec.n_ctx, n_batch=spec.n_batch,
-                      n_gpu_layers=spec.n_gpu_layers, n_threads=spec.n_threads,
-                      flash_attn=spec.flash_attn, n_seq=spec.n_seq, loras=spec.loras)
+    model = LlamaModel(spec.path, name=spec.name, n_ctx=spec.n_ctx, n_batch=spec.n_batch,
+                       n_gpu_layers=spec.n_gpu_layers, n_threads=spec.n_threads,
+                       flash_attn=spec.flash_attn, n_seq=spec.n_seq, n_rs_seq=spec.n_rs_seq, loras=spec.loras)
+    if model.recurrent and spec.n_seq > 1:
+        model.close()
+        raise UsageError(f"{spec.n_seq} draft branches (-np): {spec.name} ({model.arch}) keeps a recurrent "
+                         "state, which cannot be forked into branches; draft chains only (-np 1)")
+    return model

@@ -5,6 +5,12 @@ for every call, logits read as zero-copy numpy views of llama.cpp's own buffer,
 and rollback with llama_memory_seq_rm. Sequence 0 is the cache; draft trees add
 sequences 1..n_seq-1 for their other branches (see backend.Backend). Sequence 0's
 cache can be saved and restored (llama_state_seq_*) for the prompt cache.
+
+Recurrent and hybrid models (Mamba, RWKV, LFM2, Qwen3.5, ...) keep a state per
+sequence instead of a token per cell. Where llama.cpp supports it (its
+llm_arch_supports_rs_rollback) the context keeps n_rs_seq snapshots of that state,
+so the latest decode can be undone by up to that many tokens; everything else goes
+through checkpoints of the recurrent state (cache.py).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import numpy as np
 from . import interrupt
 from .backend import Outputs
 from .errors import GenerationError, ModelError
-from .gguf_meta import preflight, preflight_adapter
+from .gguf_meta import preflight, preflight_adapter, read_metadata
 
 _initialised = False
 _abort = ll.ggml_abort_callback(interrupt.poll)  # Ctrl-C and SIGTERM stop a decode within a graph node
@@ -30,6 +36,8 @@ _no_abort = ll.ggml_abort_callback()  # NULL
 # only batches this large (prompt chunks, seconds to minutes on a CPU) are made abortable.
 # A draft step, at most a few hundred ms, finishes before the signal is handled.
 ABORTABLE_FROM = 64
+# Architectures whose GGUF is a drafting sidecar for another model, not a model on its own.
+SIDECARS = {"eagle3": "an EAGLE-3 drafter", "dflash": "a DFlash drafter"}
 
 
 @ll.llama_log_callback
@@ -109,7 +117,7 @@ class LlamaModel:
     """A GGUF model with one context: sequence 0 is its cache, and n_seq - 1 more hold draft-tree
     branches within a step (see backend.Backend)."""
 
-    rollback_limit: int | None = None  # an attention cache drops any suffix (recurrent models are refused)
+    rollback_limit: int | None = None  # an attention cache drops any suffix; see __init__ for recurrent ones
 
     def __init__(
         self,
@@ -122,9 +130,15 @@ class LlamaModel:
         n_threads: int | None = None,
         flash_attn: str = "auto",
         n_seq: int = 1,
+        n_rs_seq: int = 0,
         loras: Sequence[tuple[Path, float]] = (),
     ):
         preflight(path)  # hostile or corrupt GGUF headers never reach llama.cpp's parser
+        arch = read_metadata(path, ["general.architecture"]).get("general.architecture") or "unknown"
+        if arch in SIDECARS:
+            raise ModelError(f"{path}: {SIDECARS[arch]} ({arch}), not a model that generates on its own; "
+                             "a drafter is given with -md")
+        causal = read_metadata(path, [f"{arch}.attention.causal"]).get(f"{arch}.attention.causal", True)
         for lora, _ in loras:  # nor adapters, which are refused before the model loads
             preflight_adapter(lora, path)
         _init_once()
@@ -141,12 +155,17 @@ class LlamaModel:
         if not model:
             raise ModelError(f"{self.path}: llama.cpp could not load this model file")
         self._model = model
-        if ll.llama_model_is_recurrent(model) or ll.llama_model_is_hybrid(model):
+        self.arch = arch
+        cannot = ("a diffusion model (it denoises whole blocks)" if ll.llama_model_is_diffusion(model) else
+                  "an encoder-decoder model" if ll.llama_model_has_encoder(model) else
+                  "an embedding model (bidirectional attention)" if causal is False else None)
+        if cannot:
             self.close()
-            raise ModelError(
-                f"{self.path}: recurrent/hybrid model; its cache cannot be rolled back "
-                "token by token, so it cannot be used for speculative decoding"
-            )
+            raise ModelError(f"{self.path}: {cannot} ({arch}); speculate needs a model that generates "
+                             "one token after another")
+        # A recurrent state (Mamba, RWKV; the hybrids' recurrent layers) is one per sequence:
+        # it cannot be copied into draft-tree branches, and it rolls back only through snapshots.
+        self.recurrent = bool(ll.llama_model_is_recurrent(model) or ll.llama_model_is_hybrid(model))
 
         threads = n_threads or default_threads()
         cparams = ll.llama_context_default_params()
@@ -154,6 +173,7 @@ class LlamaModel:
         cparams.n_batch = n_batch
         cparams.n_ubatch = min(n_batch, 512)
         cparams.n_seq_max = n_seq
+        cparams.n_rs_seq = n_rs_seq if self.recurrent else 0  # llama.cpp clamps it to 0 where unsupported
         cparams.kv_unified = True  # branches share the prompt's cells: one cache, not n_seq slices
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
@@ -174,6 +194,8 @@ class LlamaModel:
         self.n_ctx = min(n_ctx, allocated) if n_ctx > 0 else allocated
         self.n_batch = ll.llama_n_batch(ctx)
         self.n_seq = n_seq
+        if self.recurrent:  # the latest decode's last n_rs_seq tokens can be undone, once
+            self.rollback_limit = ll.llama_n_rs_seq(ctx)
         self._vocab = ll.llama_model_get_vocab(model)
         self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
         self.n_threads = threads
@@ -362,7 +384,8 @@ class LlamaModel:
         return np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,))
 
     def trim(self, n_keep: int) -> None:
-        if not ll.llama_memory_seq_rm(self._mem, -1, n_keep, -1):  # -1: every sequence
+        # -1: every sequence (a recurrent state refuses -1 for anything but everything)
+        if not ll.llama_memory_seq_rm(self._mem, -1 if self.n_seq > 1 else 0, n_keep, -1):
             raise GenerationError(f"{self.name}: the KV cache refused to roll back to position {n_keep}")
 
     def copy_branch(self, src: int, dst: int) -> None:
@@ -377,23 +400,31 @@ class LlamaModel:
             ll.llama_memory_seq_cp(self._mem, seq, 0, -1, -1)
             ll.llama_memory_seq_keep(self._mem, 0)
 
-    def save_state(self) -> bytes:
-        """Sequence 0's cache (its cells and their keys and values) as llama.cpp serialises it."""
-        size = ll.llama_state_seq_get_size(self._ctx, 0)
+    def save_state(self, partial: bool = False) -> bytes:
+        """Sequence 0's cache (its cells and their keys and values) as llama.cpp serialises it;
+        `partial`: a recurrent model's state alone, without the attention cells (a checkpoint)."""
+        flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if partial else ll.LLAMA_STATE_SEQ_FLAGS_NONE
+        size = ll.llama_state_seq_get_size_ext(self._ctx, 0, flags)
         buf = (ctypes.c_uint8 * size)()
-        n = ll.llama_state_seq_get_data(self._ctx, buf, size, 0)
+        n = ll.llama_state_seq_get_data_ext(self._ctx, buf, size, 0, flags)
         if n == 0:
             raise GenerationError(f"{self.name}: llama.cpp could not copy the KV cache")
         return ctypes.string_at(buf, n)
 
-    def load_state(self, data: bytes, n_tokens: int) -> bool:
-        """Replace sequence 0's cache with `data` from save_state, which must hold exactly
-        positions 0..n_tokens-1; on any failure the cache is left empty and False returned."""
-        self.trim(0)
+    def load_state(self, data: bytes, n_tokens: int, partial: bool = False) -> bool:
+        """Make sequence 0 hold exactly positions 0..n_tokens-1 from `data` (save_state's); on
+        any failure the cache is left empty and False returned. `partial`: the recurrent state
+        of a checkpoint, over the attention cells kept up to n_tokens."""
+        flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if partial else ll.LLAMA_STATE_SEQ_FLAGS_NONE
+        if not partial:
+            self.trim(0)
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        loaded = ll.llama_state_seq_set_data(self._ctx, buf, len(data), 0) == len(data)
-        if loaded and n_tokens and (ll.llama_memory_seq_pos_min(self._mem, 0) != 0
-                                    or ll.llama_memory_seq_pos_max(self._mem, 0) != n_tokens - 1):
+        loaded = ll.llama_state_seq_set_data_ext(self._ctx, buf, len(data), 0, flags) == len(data)
+        if loaded and partial:
+            loaded = bool(ll.llama_memory_seq_rm(self._mem, 0, n_tokens, -1))  # the attention cells after it
+        # a recurrent state is one cell at the last position: only attention caches start at 0
+        if loaded and n_tokens and (ll.llama_memory_seq_pos_max(self._mem, 0) != n_tokens - 1 or
+                                    not self.recurrent and ll.llama_memory_seq_pos_min(self._mem, 0) != 0):
             loaded = False
         if not loaded or not n_tokens:
             self.trim(0)

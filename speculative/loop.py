@@ -75,6 +75,7 @@ def prefill(target: Cache, drafter: Drafter | None, context: list[int]) -> int:
     the first step scores. Returns how many of its tokens the target cache already held."""
     n_cached = target.keep_prefix(context, len(context) - 1)
     target.extend(context[n_cached:-1])
+    target.checkpoint()  # a recurrent state: the next run's prompt may share this one, not the output
     if drafter is not None:
         drafter.prefill(context)
     return n_cached
@@ -103,6 +104,8 @@ def score(target: Cache, last: int, draft: Draft, tree: Tree) -> list[np.ndarray
     each branch is a cache sequence of its own, so a token sees only its ancestors."""
     for b in range(1, tree.n_branches):  # every branch sees the cache so far
         target.fork(0, b)
+    if draft.tokens:  # a recurrent state may need a copy to come back to (cache.py)
+        target.checkpoint(len(draft.tokens))
     return target.decode_tree([last, *draft.tokens], [tuple(range(tree.n_branches)), *tree.seqs])
 
 

@@ -79,6 +79,11 @@ class SamplerSettings:
 
 
 SPEC_TYPES = ("none", "draft", "ngram-simple", "ngram-map-k", "auto")
+# llama.cpp's drafter types this build cannot drive, and why (README, the --spec-type table).
+UNAVAILABLE_TYPES = {
+    t: "llama-cpp-python 0.3.36 does not bind the C++ functions llama.cpp drives it with"
+    for t in ("draft-eagle3", "draft-dflash")
+}
 SPEC_ACCEPT = ("rejection", "match")  # speculative sampling, or the target samples and drafts must match
 DRAFT_MAX_FIXED = 3    # llama.cpp's default --draft-max
 DRAFT_MAX_AUTO = 16    # auto's cap: it picks k <= this each step
@@ -129,7 +134,15 @@ class SpecSettings:
     def auto(self) -> bool:
         return "auto" in self.types
 
+    @property
+    def longest_draft(self) -> int:
+        """The most drafted tokens one step may verify (and roll back)."""
+        return 0 if self.types == ("none",) else self.draft_max
+
     def validate(self) -> None:
+        for t in self.types:
+            if t in UNAVAILABLE_TYPES:
+                raise UsageError(f"--spec-type {t} is not available: {UNAVAILABLE_TYPES[t]}")
         unknown = [t for t in self.types if t not in SPEC_TYPES]
         if unknown or not self.types:
             raise UsageError(f"--spec-type: unknown type {', '.join(unknown) or '(empty)'} "

@@ -3,10 +3,15 @@
 ToyModel is a deterministic "language model" over a tiny vocabulary: the logits
 of the next token are a fixed random function of the last two tokens. The fake
 backend keeps a real list as its KV cache and fails loudly on any decode that is
-not contiguous with it, so a wrong rollback cannot go unnoticed.
+not contiguous with it, so a wrong rollback cannot go unnoticed. With a
+`rollback_limit` it behaves as llama.cpp's recurrent state does: a trim may drop at
+most that many of the latest decode's tokens but not all of them, once, or everything; checkpoints
+(save_state(partial=True)) restore only over the cells kept before them.
 """
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 
@@ -49,6 +54,8 @@ class FakeBackend:
         self.branches: dict[int, list[int]] = {}  # sequences 1..n_seq-1
         self.batches: list[int] = []   # sizes of the batches scored with all outputs
         self.max_pos = -1
+        self.undoable = 0  # with a rollback_limit: tokens of the latest decode a trim may drop
+        self.checkpoints = {"saved": 0, "restored": 0}
 
     def tokenize(self, text: str, add_special: bool) -> list[int]:
         return [1 + (b % (self.n_vocab - 1)) for b in text.encode()]
@@ -74,10 +81,16 @@ class FakeBackend:
             self.cache.append(t)
             rows.append(self.model.logits(self.cache))
         self.max_pos = max(self.max_pos, len(self.cache) - 1)
+        self.undoable = len(tokens) - 1  # the state before the decode is not kept
         return {"all": rows, "last": rows[-1:], "none": []}[outputs]
 
     def trim(self, n_keep: int) -> None:
         assert 0 <= n_keep <= len(self.cache)
+        if self.rollback_limit is not None and 0 < n_keep < len(self.cache):
+            drop = len(self.cache) - n_keep
+            assert drop <= min(self.rollback_limit, self.undoable), \
+                f"a recurrent state cannot drop {drop} tokens (limit {self.rollback_limit}, {self.undoable} undoable)"
+            self.undoable = 0
         for seq in (self.cache, *self.branches.values()):
             del seq[n_keep:]
 
@@ -97,11 +110,26 @@ class FakeBackend:
             for s in ss:
                 self._seq(s).append(token)
             self.max_pos = max(self.max_pos, pos)
+        self.undoable = len(tokens) - 1
         return rows
 
     def copy_branch(self, src: int, dst: int) -> None:
         assert dst != 0
         self._seq(dst)[:] = self._seq(src)
+
+    def save_state(self, partial: bool = False) -> bytes:
+        self.checkpoints["saved"] += partial
+        return json.dumps(self.cache).encode()
+
+    def load_state(self, data: bytes, n_tokens: int, partial: bool = False) -> bool:
+        tokens = json.loads(data)
+        assert len(tokens) == n_tokens
+        if partial:  # the attention cells before it were kept: they must be the same
+            assert self.cache[:n_tokens] == tokens, "a checkpoint restored over other tokens"
+            self.checkpoints["restored"] += 1
+        self.cache[:] = tokens
+        self.undoable = 0
+        return True
 
     def keep_branch(self, seq: int, n_keep: int) -> None:
         kept = self._seq(seq)[:n_keep]

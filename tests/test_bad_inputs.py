@@ -88,6 +88,8 @@ def test_a_model_with_a_hostile_template_exits_3(tmp_path):
     (("-f", "/nonexistent/prompt.txt"), "cannot read prompt file"),
     (("-f", "/"), "cannot read prompt file /: Is a directory"),
     (("-p", "x", "--spec-type", "eagle"), "unknown type eagle"),
+    (("-p", "x", "--spec-type", "draft-eagle3"), "--spec-type draft-eagle3 is not available: llama-cpp-python"),
+    (("-p", "x", "--spec-type", "ngram-simple,draft-dflash"), "--spec-type draft-dflash is not available"),
     (("-p", "x", "--spec-type", ""), "unknown type (empty)"),
     (("-p", "x", "--sampling-seq", "kpq"), "unknown sampler letter 'q'"),
     (("-p", "x", "-c", "-5"), "-c/--ctx-size must be >= 0"),

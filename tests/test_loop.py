@@ -292,21 +292,41 @@ def test_the_last_prompt_token_is_always_scored_again(model):
     assert tokens_of(events) == plain_decode(model, PROMPT, 10, Sampler(GREEDY, 1))
 
 
-@pytest.mark.parametrize("limit", [0, 1, 3])
-def test_a_cache_that_cannot_undo_enough_replays_what_it_keeps(model, limit):
-    """A backend that can remove only the latest `limit` tokens (recurrent state) rolls
-    back by replaying: the output is unchanged, and the fake fails on any decode that
-    is not contiguous with what it holds."""
+@pytest.mark.parametrize("draft_max", [1, 2, 4, 8])
+@pytest.mark.parametrize("limit", [0, 1, 3, 8])
+def test_a_recurrent_state_rolls_back_through_snapshots_or_checkpoints(model, limit, draft_max):
+    """Backends that undo only the latest `limit` tokens of their latest decode, once (a
+    recurrent state's snapshots, as llama.cpp's n_rs_seq) and fail on any other trim: the
+    output is unchanged at every draft length. A rollback the snapshots cannot do comes back
+    to a checkpoint; the draft model, which drafts one token per decode, always does."""
     target, draft = FakeBackend(model), FakeBackend(model.perturbed(0.4, seed=7), name="draft")
-    target.rollback_limit = draft.rollback_limit = limit
-    trims = []
-    trim = target.trim
-    target.trim = lambda n: (trims.append(n), trim(n))
-    events = list(generate(Cache(target), PROMPT, Sampler(GREEDY, 1), SpecSettings(n_predict=30, draft_max=4),
-                           ModelDrafter(Cache(draft))))
+    target.rollback_limit = limit
+    draft.rollback_limit = 0
+    events = list(generate(Cache(target), PROMPT, Sampler(GREEDY, 1),
+                           SpecSettings(n_predict=30, draft_max=draft_max), ModelDrafter(Cache(draft))))
     assert tokens_of(events) == plain_decode(model, PROMPT, 30, Sampler(GREEDY, 1))
-    assert any(s.n_accepted < s.n_drafted for s in steps_of(events))  # rejected drafts were rolled back
-    assert 0 in trims  # by a replay from the start
+    steps = steps_of(events)
+    assert any(s.n_accepted < s.n_drafted for s in steps)  # rejected drafts were rolled back
+    rejected_beyond_limit = any(s.n_drafted - s.n_accepted > limit for s in steps)
+    assert (target.checkpoints["restored"] > 0) == rejected_beyond_limit
+    if limit >= draft_max:  # the snapshots cover every draft: only the prompt's checkpoint
+        assert target.checkpoints["saved"] == 1
+    if draft_max > 1:
+        assert draft.checkpoints["restored"] > 0
+
+
+def test_a_recurrent_prefix_is_kept_where_exact_and_recomputed_past_it(model):
+    """A second run whose prompt shares the first one's prompt and part of its output: a
+    recurrent cache comes back to the prompt's checkpoint and decodes the rest, exactly."""
+    backend = FakeBackend(model)
+    backend.rollback_limit = 4
+    target = Cache(backend)
+    first = tokens_of(generate(target, PROMPT, Sampler(GREEDY, 1), SpecSettings(n_predict=12)))
+    follow_up = PROMPT + first[:6] + [5, 6]
+    events = list(generate(target, follow_up, Sampler(GREEDY, 1), SpecSettings(n_predict=12)))
+    assert events[0].n_cached == len(PROMPT) - 1  # the checkpoint lies after the prompt's last-but-one token
+    assert backend.checkpoints["restored"] == 1
+    assert tokens_of(events) == plain_decode(model, follow_up, 12, Sampler(GREEDY, 1))
 
 
 @pytest.mark.parametrize("draft_max", [2, 5, 8])

@@ -53,6 +53,7 @@ class ModelDrafter(Drafter):
         tree = _Growing()
         # Level by level: every branch's next token, then one decode for all of them.
         frontier = [(-1, self.cache.sync(context, "last")[-1])]  # (node, the draft's logits after it)
+        self.cache.checkpoint()  # drafts decoded one level at a time are undone next step
         while frontier:
             level = []
             for node, row in frontier:
