@@ -136,8 +136,8 @@ class LlamaModel:
         preflight(path)  # hostile or corrupt GGUF headers never reach llama.cpp's parser
         arch = read_metadata(path, ["general.architecture"]).get("general.architecture") or "unknown"
         if arch in SIDECARS:
-            raise ModelError(f"{path}: {SIDECARS[arch]} ({arch}), not a model that generates on its own; "
-                             "a drafter is given with -md")
+            raise ModelError(f"{path}: {SIDECARS[arch]} ({arch}): it drafts for another model and cannot "
+                             "generate on its own")
         causal = read_metadata(path, [f"{arch}.attention.causal"]).get(f"{arch}.attention.causal", True)
         for lora, _ in loras:  # nor adapters, which are refused before the model loads
             preflight_adapter(lora, path)

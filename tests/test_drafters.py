@@ -95,10 +95,37 @@ def cyclic_model() -> ToyModel:
     return model
 
 
+class Clock:
+    """Time that passes only while the fake target verifies, as long as the calibration says
+    (a verify of b tokens takes verify_costs[b - 1]): auto's timings are exact, whatever
+    else runs on the machine."""
+
+    def __init__(self, verify_costs):
+        self.now = 0.0
+        self.verify_costs = verify_costs
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def timed(self, backend: FakeBackend) -> FakeBackend:
+        decode_branches = backend.decode_branches
+
+        def verify(tokens, positions, seqs):
+            self.now += self.verify_costs[len(tokens) - 1]
+            return decode_branches(tokens, positions, seqs)
+
+        backend.decode_branches = verify
+        return backend
+
+
 def run_auto(model, drafters, verify_costs, n=60, draft_costs=None):
-    target = Cache(FakeBackend(model))
+    clock = Clock(verify_costs)
+    target = Cache(clock.timed(FakeBackend(model)))
     auto = Auto(drafters, verify_costs, k_max=8, draft_costs=draft_costs)
-    events = list(generate(target, [1, 2, 3], Sampler(GREEDY, 0), SpecSettings(n_predict=n, draft_max=8), auto))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("speculative.loop.time", clock)
+        patch.setattr("speculative.auto.time", clock)
+        events = list(generate(target, [1, 2, 3], Sampler(GREEDY, 0), SpecSettings(n_predict=n, draft_max=8), auto))
     return events, auto
 
 

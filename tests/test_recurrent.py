@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import gguf
+
 from scripts.tiny_model import ARCH_INFO, write_model
 from speculative.cache import Cache
 from speculative.doctor import batch_invariance
@@ -30,6 +32,8 @@ from speculative.sampling import Sampler
 from speculative.settings import SamplerSettings, SpecSettings
 
 from tests.conftest import speculate, speculate_json
+from tests.gguf_builder import write_out
+from tests.test_serve import start_server, stop_server
 
 pytestmark = pytest.mark.real
 
@@ -170,6 +174,18 @@ def test_a_seeded_sampled_run_repeats_and_prefix_reuse_equals_a_fresh_engine(tin
         assert tokens_of(reused) == tokens_of(fresh.run(follow_up, GREEDY, spec, seed=1))
 
 
+def test_a_drafting_sidecar_given_as_the_model_exits_3(tmp_path):
+    path = tmp_path / "eagle3.gguf"
+    w = gguf.GGUFWriter(str(path), "eagle3")
+    w.add_block_count(1)
+    w.add_tensor("fc.weight", np.zeros((4, 4), dtype=np.float32))
+    write_out(w, path)
+    proc = speculate("-m", str(path), "-p", "hi", "-n", "4", timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.splitlines() == [f"speculate: error: {path}: an EAGLE-3 drafter (eagle3): it drafts for "
+                                        "another model and cannot generate on its own"]
+
+
 def test_draft_trees_on_a_recurrent_target_exit_2(tiny):
     proc = speculate("-m", str(tiny("lfm2")), "-md", str(tiny("llama")), "--spec-type", "draft", "-np", "2",
                      "-p", "hi", "-n", "4", "-t", "1", timeout=120)
@@ -202,3 +218,26 @@ def test_doctor_probes_recurrent_layers(tiny):
     assert report["recurrent"] is True and report["architecture"] == "qwen35"
     assert len(report["checks"]) == 30 and all(np.isfinite(c["max_abs_diff"]) for c in report["checks"])
     assert report["batch_invariant"] == all(c["max_abs_diff"] == 0 for c in report["checks"])
+
+
+def test_serve_on_a_hybrid_model_keeps_the_conversation_where_exact(tiny, tmp_path, model_path):
+    """A second chat turn restores the hybrid state at the end of the first prompt (its
+    checkpoint) and answers as the one-shot command does."""
+    lfm2 = str(tiny("lfm2"))
+    server = start_server(model_path, tmp_path, "-t", "1", "--spec-type", "ngram-simple", model=lfm2)
+    try:
+        client = server.client()
+        turn = [{"role": "user", "content": "once upon a time there were a cat and a dog"}]
+        first = client.chat.completions.create(model="any", messages=turn, max_tokens=12, temperature=0)
+        turn += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "and then?"}]
+        second = client.chat.completions.create(model="any", messages=turn, max_tokens=12, temperature=0)
+        assert second.model_extra["timings"]["cache_n"] >= first.usage.prompt_tokens - 1
+        status, _, answer = server.request("POST", "/v1/completions", {
+            "prompt": PROMPT, "max_tokens": 16, "temperature": 0, "ignore_eos": True})
+        assert status == 200, answer
+    finally:
+        assert stop_server(server) == 0
+    one_shot = speculate_json("-m", lfm2, "-p", PROMPT, "--no-escape", "-n", "16", "--temp", "0", "--ignore-eos",
+                              "--spec-type", "ngram-simple", "-t", "1")
+    assert answer["choices"][0]["text"] == one_shot["text"]

@@ -1,0 +1,118 @@
+"""What rolling back a recurrent state costs, measured on tiny models made at a realistic width.
+
+    python scripts/bench_recurrent.py [--n-embd 1024] [--n-layer 12] [--threads 2] [--draft 8]
+
+For each architecture (LFM2 and Qwen3.5, whose rollback llama.cpp does with n_rs_seq
+snapshots; Mamba, whose state speculate copies into a checkpoint), on a random-weight model
+written by scripts/tiny_model.py: a target pass over 1 token and over a verify batch of
+--draft + 1, with and without the snapshots; the recurrent state's size; the memory llama.cpp
+allocates for it; and the checkpoint's copy and restore. Weights are random, so only the
+costs mean anything (no acceptance rates). Medians of --repeat runs, printed as a table and
+written as JSON with -o.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scripts.tiny_model import write_model  # noqa: E402
+from speculative.cache import Cache  # noqa: E402
+from speculative.calibrate import checkpoint_costs  # noqa: E402
+from speculative.llamacpp import LlamaModel  # noqa: E402
+
+CONTEXT = 256  # tokens in the cache before each measured pass
+
+
+def load(path: Path, threads: int, n_rs_seq: int) -> tuple[LlamaModel, float]:
+    """The model, and the MiB llama.cpp reports for its recurrent state buffers (its log)."""
+    log = tempfile.TemporaryFile()
+    saved = os.dup(2)
+    os.environ["SPECULATE_LLAMA_LOG"] = "1"
+    os.dup2(log.fileno(), 2)
+    try:
+        model = LlamaModel(path, name=path.stem, n_ctx=1024, n_threads=threads, n_rs_seq=n_rs_seq)
+    finally:
+        os.dup2(saved, 2)
+        os.environ.pop("SPECULATE_LLAMA_LOG")
+    log.seek(0)
+    text = log.read().decode(errors="replace")
+    mib = sum(float(m) for m in re.findall(r"RS buffer size =\s*([\d.]+) MiB", text))
+    return model, mib
+
+
+def pass_seconds(cache: Cache, batch: int, repeat: int) -> float:
+    """Median time of one decode of `batch` tokens after CONTEXT tokens, rolled back each time."""
+    vocab = cache.model.n_vocab
+    cache.forget()
+    cache.extend([(7 * i) % vocab for i in range(CONTEXT)])
+    cache.checkpoint()
+    times = []
+    for r in range(repeat):
+        tokens = [(11 * (i + r)) % vocab for i in range(batch)]
+        t0 = time.perf_counter()
+        cache.extend(tokens, "all")
+        times.append(time.perf_counter() - t0)
+        cache.rollback(CONTEXT)
+    cache.forget()
+    return statistics.median(times)
+
+
+def measure(arch: str, path: Path, args) -> dict:
+    row: dict = {"arch": arch}
+    for n_rs_seq in (0, args.draft):
+        model, mib = load(path, args.threads, n_rs_seq)
+        with model:
+            cache = Cache(model)
+            key = "snapshots" if n_rs_seq else "plain"
+            row[f"{key}_limit"] = model.rollback_limit
+            row[f"{key}_state_mib"] = mib
+            row[f"{key}_v1_ms"] = 1e3 * pass_seconds(cache, 1, args.repeat)
+            row[f"{key}_verify_ms"] = 1e3 * pass_seconds(cache, args.draft + 1, args.repeat)
+            if not n_rs_seq:
+                cache.extend([1] * CONTEXT)
+                row["checkpoint_kib"] = len(model.save_state(partial=True)) / 1024
+                cache.forget()
+                save, restore = checkpoint_costs(cache)
+                row["checkpoint_save_ms"], row["checkpoint_restore_ms"] = 1e3 * save, 1e3 * restore
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n-embd", type=int, default=1024)
+    parser.add_argument("--n-layer", type=int, default=12)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--draft", type=int, default=8, help="the verify batch holds this many drafted tokens")
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--arch", action="append", help="default: lfm2, qwen35, mamba")
+    parser.add_argument("-o", "--output", type=Path)
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for arch in args.arch or ["lfm2", "qwen35", "mamba"]:
+            path = write_model(arch, Path(folder) / f"{arch}.gguf", n_embd=args.n_embd, n_layer=args.n_layer)
+            rows.append(measure(arch, path, args))
+            path.unlink()
+            r = rows[-1]
+            print(f"{arch:8} state {r['plain_state_mib']:6.2f} MiB -> {r['snapshots_state_mib']:6.2f} MiB with "
+                  f"{args.draft} snapshots (limit {r['snapshots_limit']}); 1 token {r['plain_v1_ms']:.1f} ms; "
+                  f"verify of {args.draft + 1}: {r['plain_verify_ms']:.1f} ms plain, {r['snapshots_verify_ms']:.1f} ms "
+                  f"with snapshots; checkpoint {r['checkpoint_kib']:.0f} KiB, copy {r['checkpoint_save_ms']:.2f} ms, "
+                  f"restore {r['checkpoint_restore_ms']:.2f} ms", flush=True)
+    if args.output:
+        args.output.write_text(json.dumps({"args": vars(args) | {"output": str(args.output)}, "rows": rows},
+                                          indent=1))
+
+
+if __name__ == "__main__":
+    main()
