@@ -21,8 +21,8 @@ import numpy as np
 
 from . import calibrate, chat, prompt_cache
 from .auto import Auto, Rewind
-from .cache import Cache
-from .drafters import Chain, Drafter, ModelDrafter, NgramMapK, NgramSimple
+from .cache import Cache, MtpCache
+from .drafters import Chain, Drafter, ModelDrafter, MtpDrafter, NgramMapK, NgramSimple
 from .errors import GenerationError, ModelError, UsageError
 from .events import Event, Prefilled, PromptCache
 from .llamacpp import LlamaModel
@@ -48,6 +48,7 @@ class ModelSpec:
     n_seq: int = 1  # KV-cache sequences: -np, the most draft-tree branches
     n_rs_seq: int = 0  # a recurrent state's snapshots: the longest draft it can undo directly
     loras: tuple[tuple[Path, float], ...] = ()  # LoRA adapters and their scales
+    mtp: bool = False  # load its NextN (MTP) layers, where it has them, to draft with (draft-mtp)
 
     def lora_info(self) -> list[dict]:
         """The adapters, for JSON output."""
@@ -71,6 +72,8 @@ class Engine:
         self.t_load = time.perf_counter() - t0
         # Each model's cache, kept between runs: a prompt that starts like the last one keeps that prefix.
         self.caches = {"target": Cache(self.target), **({"draft": Cache(self.draft)} if self.draft else {})}
+        # The target's MTP head, where it drafts for itself: its cache, kept between runs too.
+        self.mtp = MtpCache(self.target.mtp_head()) if self.target.nextn_layers else None
         self.notify = notify
         self.drafter: Drafter | None = None  # the drafter of the latest run
         self._costs: dict[str, list[float]] = {}  # role -> v(1..)
@@ -112,10 +115,10 @@ class Engine:
         check_prompt(prompt, self.target.n_ctx, spec.n_predict)  # before any calibration
         rule = acceptance(sampling, spec)
         banned = self.target.eog_tokens() if spec.ignore_eos else None
-        draft_sampler = None  # the draft model samples its drafts for speculative sampling
-        if self.draft is not None and rule == "rejection":
+        draft_sampler = None  # the draft model or MTP head samples its drafts for speculative sampling
+        if (self.draft is not None or self.mtp is not None) and rule == "rejection":
             draft_sampler = Sampler(sampling, (seed + DRAFT_SEED_OFFSET) % 2**32,
-                                    self.draft.eog_tokens() if spec.ignore_eos else None)
+                                    (self.draft or self.target).eog_tokens() if spec.ignore_eos else None)
         self.drafter = self.make_drafter(spec, draft_sampler)  # may calibrate, which uses the caches
         restored = self._restore_pending
         t_restore = self._restore_prompt_cache() if restored else 0.0
@@ -133,15 +136,17 @@ class Engine:
     def make_drafter(self, spec: SpecSettings, draft_sampler: Sampler | None = None) -> Drafter | None:
         """The drafter --spec-type asks for: one, a chain, or auto over several.
         `draft_sampler`: the draft model samples with it (else it drafts greedily)."""
-        names = spec.drafters or (("ngram-simple", "draft") if self.draft else ("ngram-simple",))
+        names = spec.drafters or ("ngram-simple", *(("draft",) if self.draft else ()),
+                                  *(("draft-mtp",) if self.mtp else ()))
         if not spec.auto and not spec.drafters:
             return None
         drafters = [self._drafter(name, spec, draft_sampler) for name in names]
         if spec.auto:
             draft_costs, catchup_costs = {}, {}
-            if "draft" in names:  # a token alone, and a token within a batch of CATCHUP_BATCH
-                draft = self.costs("draft", CATCHUP_BATCH)
-                draft_costs["draft"], catchup_costs["draft"] = draft[0], draft[-1] / len(draft)
+            for name, role in (("draft", "draft"), ("draft-mtp", "mtp")):
+                if name in names:  # a token alone, and a token within a batch of CATCHUP_BATCH
+                    costs = self.costs(role, CATCHUP_BATCH)
+                    draft_costs[name], catchup_costs[name] = costs[0], costs[-1] / len(costs)
             k_max = min(spec.draft_max, _largest_batch(self.target) - 1)
             return Auto(drafters, self.costs("target", k_max + 1), k_max, draft_costs, catchup_costs,
                         self._rewind(k_max))
@@ -156,18 +161,28 @@ class Engine:
                                  f"{min(self.draft.n_seq, self.target.n_seq)} branches")
             return ModelDrafter(self.caches["draft"], p_min=spec.draft_p_min, sampler=draft_sampler,
                                 branches=spec.branches, p_split=spec.p_split)
+        if name == "draft-mtp":
+            if self.mtp is None:
+                raise UsageError(no_mtp_layers(self.target.name))
+            return MtpDrafter(self.mtp, self.target.is_eog, p_min=spec.draft_p_min, sampler=draft_sampler)
         ngram = spec.ngram_simple if name == "ngram-simple" else spec.ngram_map_k
         kind = NgramSimple if name == "ngram-simple" else NgramMapK
         return kind(ngram.size(spec.auto), ngram.m, ngram.min_hits)
 
     def costs(self, role: str, max_batch: int) -> list[float]:
-        """The measured decode cost of a model ("target" or "draft") for batches of 1..max_batch tokens."""
-        cache = self.caches[role]
-        max_batch = min(max_batch, _largest_batch(cache.model))
+        """The measured decode cost of a model ("target", "draft", or "mtp": the target's MTP
+        head) for batches of 1..max_batch tokens."""
+        if role == "mtp":
+            cache, model, measure = self.mtp, self.mtp.head, calibrate.measure_mtp
+            identity = {**self.target.identity(), "name": model.name, "mtp": True}
+        else:
+            cache, measure = self.caches[role], calibrate.measure
+            model, identity = cache.model, cache.model.identity()
+        max_batch = min(max_batch, _largest_batch(model))
         known = self._costs.get(role, [])
         if len(known) < max_batch:
-            known = self._costs[role] = calibrate.batch_costs(cache, max_batch, cache.model.identity(),
-                                                              self.notify)
+            known = self._costs[role] = calibrate.batch_costs(cache, max_batch, identity, self.notify,
+                                                              measured_by=measure)
         return known[:max_batch]
 
     def _rewind(self, k_max: int) -> Rewind | None:
@@ -228,7 +243,8 @@ class Engine:
 
     def busy_seconds(self) -> float:
         """Seconds both models have spent inside llama.cpp so far."""
-        return sum(m.busy_seconds for m in (self.target, self.draft) if m is not None)
+        heads = (self.mtp.head,) if self.mtp is not None else ()
+        return sum(m.busy_seconds for m in (self.target, self.draft, *heads) if m is not None)
 
     def close(self) -> None:
         for model in (self.draft, self.target):
@@ -242,6 +258,10 @@ class Engine:
         self.close()
 
 
+def no_mtp_layers(name: str) -> str:
+    return f"--spec-type draft-mtp: {name} has no NextN (MTP) layers to draft with"
+
+
 def _largest_batch(model: LlamaModel) -> int:
     """The largest batch a step can send: -b, and the context less the prompt's first token."""
     return max(1, min(model.n_batch, model.n_ctx - 1))
@@ -250,7 +270,8 @@ def _largest_batch(model: LlamaModel) -> int:
 def _load(spec: ModelSpec) -> LlamaModel:
     model = LlamaModel(spec.path, name=spec.name, n_ctx=spec.n_ctx, n_batch=spec.n_batch,
                        n_gpu_layers=spec.n_gpu_layers, n_threads=spec.n_threads,
-                       flash_attn=spec.flash_attn, n_seq=spec.n_seq, n_rs_seq=spec.n_rs_seq, loras=spec.loras)
+                       flash_attn=spec.flash_attn, n_seq=spec.n_seq, n_rs_seq=spec.n_rs_seq, loras=spec.loras,
+                       load_mtp=spec.mtp)
     if model.recurrent and spec.n_seq > 1:
         model.close()
         raise UsageError(f"{spec.n_seq} draft branches (-np): {spec.name} ({model.arch}) keeps a recurrent "
