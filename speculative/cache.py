@@ -213,8 +213,9 @@ class MtpCache:
     one run to the next as far as the context still starts with them (`sync`). Drafted
     entries, each with the head's own row of the entry before, come after them and go at
     the next sync. Where the target's rows for the entries it lacks are not known (its
-    cache came from a prompt cache file, or was forked into draft branches), the head
-    cannot follow the target exactly: it keeps what it has, and sync says so.
+    cache came from a prompt cache file written without them, or was forked into draft
+    branches), the head cannot follow the target exactly: it keeps what it has, and sync
+    says so.
     """
 
     def __init__(self, head: MtpBackend):

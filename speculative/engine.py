@@ -32,6 +32,7 @@ from .settings import SamplerSettings, SpecSettings, acceptance, check_prompt
 from .vocab import check_compatible, read_vocab
 
 
+NEXTN_ROLE = "target-nextn"  # the prompt cache part of the target's NextN rows (draft-mtp)
 CATCHUP_BATCH = 16  # a draft model catching up decodes about this many tokens at once
 DRAFT_SEED_OFFSET = 0x9E3779B9  # the draft samples from its own random stream, derived from --seed
 
@@ -199,8 +200,7 @@ class Engine:
         self._restore_pending = False
         t0 = time.perf_counter()
         try:
-            parts, notices = prompt_cache.read(self.prompt_cache_file, {
-                role: cache.model.cache_identity() for role, cache in self.caches.items()})
+            parts, notices = prompt_cache.read(self.prompt_cache_file, self._cache_identities())
         except FileNotFoundError:
             if self.prompt_cache_ro:
                 self._notice("does not exist; nothing restored")
@@ -211,12 +211,24 @@ class Engine:
         for notice in notices:
             self._notice(notice)
         for part in parts:
-            if self.caches[part.role].restore(part.state, part.tokens):
+            if part.role == NEXTN_ROLE:  # the rows of the tokens the target part restored
+                loaded = (self.caches["target"].tokens() == part.tokens and
+                          self.target.load_nextn_state(part.state, len(part.tokens)))
+            else:
+                loaded = self.caches[part.role].restore(part.state, part.tokens)
+            if loaded:
                 self._file_holds[part.role] = part.tokens
             else:
-                self._notice(f"llama.cpp could not load the {part.role} part (-c smaller than "
-                             f"its {len(part.tokens)} tokens?); ignored")
+                self._notice(f"could not load the {part.role} part (-c smaller than its {len(part.tokens)} "
+                             "tokens?); ignored")
         return time.perf_counter() - t0
+
+    def _cache_identities(self) -> dict[str, dict]:
+        """What produced each part the prompt cache file may hold (LlamaModel.cache_identity)."""
+        identities = {role: cache.model.cache_identity() for role, cache in self.caches.items()}
+        if self.mtp is not None:
+            identities[NEXTN_ROLE] = {**identities["target"], "nextn_rows": self.mtp.head.n_embd}
+        return identities
 
     def _save_prompt_cache(self, prompt: list[int]) -> float:
         """Write the caches for the prompt just processed (the target holds all of it but its
@@ -224,13 +236,17 @@ class Engine:
         if self.prompt_cache_ro:
             return 0.0
         t0 = time.perf_counter()
-        holds = {role: cache.tokens() for role, cache in self.caches.items() if len(cache)}
+        states = {role: (cache.tokens(), cache.save) for role, cache in self.caches.items() if len(cache)}
+        rows = self.target.nextn_state(len(self.caches["target"])) if "target" in states else None
+        if rows is not None:  # an MTP head follows a restored target from these
+            states[NEXTN_ROLE] = (states["target"][0], lambda: rows)
+        holds = {role: tokens for role, (tokens, _) in states.items()}
         if holds == self._file_holds:
             return 0.0
+        identities = self._cache_identities()
         try:
             prompt_cache.write(self.prompt_cache_file, [
-                prompt_cache.Part(role, self.caches[role].model.cache_identity(), tokens, self.caches[role].save())
-                for role, tokens in holds.items()])
+                prompt_cache.Part(role, identities[role], tokens, state()) for role, (tokens, state) in states.items()])
         except (OSError, UsageError, GenerationError) as e:  # a cache problem never fails the run
             self._notice(f"not written: {getattr(e, 'strerror', None) or e}")
             return 0.0

@@ -482,6 +482,21 @@ class LlamaModel:
             self._mtp = MtpHead(self, self._nextn)
         return self._mtp
 
+    def nextn_state(self, n_tokens: int) -> bytes | None:
+        """The NextN rows of positions 0..n_tokens-1, for the prompt cache file; None when not
+        all are known."""
+        rows = self._nextn.get(0, n_tokens) if self._mtp is not None else None
+        return None if rows is None else rows.tobytes()
+
+    def load_nextn_state(self, data: bytes, n_tokens: int) -> bool:
+        """Rows that nextn_state gave, for a cache that holds those n_tokens again (restored)."""
+        rows = np.frombuffer(data, dtype=np.float32)
+        if self._mtp is None or rows.size != n_tokens * self._nextn.n_embd:
+            return False
+        self._nextn.cut(0)
+        self._nextn.put(0, rows.reshape(n_tokens, self._nextn.n_embd))
+        return True
+
     # -- lifetime --------------------------------------------------------
 
     def close(self) -> None:

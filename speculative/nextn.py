@@ -8,7 +8,7 @@ each one (llamacpp.LlamaModel); cache.MtpCache reads them when it brings the MTP
 to date. A row stays valid while the target's cache still holds the tokens it was
 computed from, so every change to that cache goes through here too: a decode at p
 replaces the rows from p on, a rollback to n drops those from n on, a restored cache
-(the prompt cache file) drops them all.
+drops them all, unless the prompt cache file held them too (engine.NEXTN_ROLE).
 """
 
 from __future__ import annotations

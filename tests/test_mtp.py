@@ -340,12 +340,20 @@ def test_auto_plans_with_the_mtp_head(tiny, tmp_path):
 
 
 @real
-def test_prompt_cache_restore_keeps_the_output(tiny, tmp_path, batch_invariant):
-    """The restored target comes without NextN rows: draft-mtp drafts nothing for that prefix
-    (and says so), the text is the same."""
-    args = ("-m", str(tiny["mtp"]), "-p", PROMPT, "-n", "24", "--temp", "0", "--ignore-eos", "-t", "1",
-            "--spec-type", "draft-mtp,ngram-simple", "--prompt-cache", str(tmp_path / "p.cache"))
-    first = speculate_json(*args)
-    second = speculate_json(*args)
+def test_the_prompt_cache_keeps_the_targets_nextn_rows(tiny, tmp_path, batch_invariant):
+    """The file holds the target's NextN rows next to its cache, so the head catches up on the
+    restored prompt and drafts as without the file. A file written without them (by a run that
+    did not load the NextN layers) restores the target alone: then the head cannot follow that
+    prefix and drafts nothing, and says so; the text is the same either way."""
+    args = ("-m", str(tiny["mtp"]), "-p", PROMPT, "-n", "24", "--temp", "0", "--ignore-eos", "-t", "1")
+    cache = str(tmp_path / "p.cache")
+    first = speculate_json(*args, "--spec-type", "draft-mtp", "--prompt-cache", cache)
+    second = speculate_json(*args, "--spec-type", "draft-mtp", "--prompt-cache", cache)
     assert second["n_restored"] > 0 and second["tokens"] == first["tokens"]
-    assert first["n_drafted"] > 0
+    assert second["n_drafted"] == first["n_drafted"] > 0 and second["n_accept"] == first["n_accept"]
+    assert not second["notes"]
+    without = str(tmp_path / "without-rows.cache")
+    speculate_json(*args, "--spec-type", "ngram-simple", "--prompt-cache", without)
+    restored = speculate_json(*args, "--spec-type", "draft-mtp", "--prompt-cache", without)
+    assert restored["n_restored"] > 0 and restored["tokens"] == first["tokens"]
+    assert restored["n_drafted"] == 0 and "draft-mtp drafted nothing" in restored["notes"][0]

@@ -63,7 +63,7 @@ class MtpDrafter(Drafter):
         if not self.lost:
             return []
         return [f"{self.name} drafted nothing in {self.lost} steps: the target's NextN hidden states for the "
-                "start of the context were not known (its cache came from a prompt cache file)"]
+                "start of the context were not known (its cache came from a prompt cache file written without them)"]
 
     def behind(self, context: Sequence[int]) -> int:
         """Entries to decode before drafting: the tokens the head has not followed yet."""
