@@ -67,14 +67,14 @@ class Engine:
         self.draft = None
         try:
             self.draft = _load(draft) if draft is not None else None
+            # The target's MTP head, where it drafts for itself: its cache, kept between runs too.
+            self.mtp = MtpCache(self.target.mtp_head()) if self.target.nextn_layers else None
         except BaseException:
-            self.target.close()
+            self.close()
             raise
         self.t_load = time.perf_counter() - t0
         # Each model's cache, kept between runs: a prompt that starts like the last one keeps that prefix.
         self.caches = {"target": Cache(self.target), **({"draft": Cache(self.draft)} if self.draft else {})}
-        # The target's MTP head, where it drafts for itself: its cache, kept between runs too.
-        self.mtp = MtpCache(self.target.mtp_head()) if self.target.nextn_layers else None
         self.notify = notify
         self.drafter: Drafter | None = None  # the drafter of the latest run
         self._costs: dict[str, list[float]] = {}  # role -> v(1..)

@@ -244,6 +244,15 @@ def test_fake_auto_plans_with_the_mtp_head():
     assert slow.summary() and "draft-mtp" in slow.summary()[0]
 
 
+def test_draft_mtp_settings():
+    assert SpecSettings(types=("draft-mtp",)).mtp == "named"
+    assert SpecSettings(types=("auto",)).mtp == "auto"
+    assert SpecSettings(types=("auto", "ngram-simple")).mtp is None
+    assert SpecSettings(types=("draft", "ngram-simple")).mtp is None
+    with pytest.raises(UsageError, match="draft-mtp draft chains only"):
+        SpecSettings(types=("draft", "draft-mtp"), branches=2).validate()
+
+
 # -- the tiny Qwen3.5 with a NextN layer ------------------------------------------------
 
 THREADS = 1
