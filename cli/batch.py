@@ -49,7 +49,7 @@ def batch_command(
         todo = batch.pending(items, results)
         engine = None
         if any(isinstance(item, batch.Request) for item in todo):  # else no model is needed
-            engine = Engine(*models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft),
+            engine = Engine(*models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft, spec.mtp),
                             notify=_notice)
         _notice(f"batch: {len(items)} requests in {requests}, {len(items) - len(todo)} already in {output}, "
                 f"{len(todo)} to run")

@@ -65,8 +65,10 @@ def bench_command(
     sampling = SamplerSettings(temp=temp, seed=seed)
     sampling.validate()
 
+    mtp = {c.spec.mtp for c in configs}
     target, draft = models.specs(uses_draft, max(c.spec.branches for c in configs),
-                                  max(c.spec.longest_draft for c in configs))
+                                  max(c.spec.longest_draft for c in configs),
+                                  "named" if "named" in mtp else "auto" if "auto" in mtp else None)
     rest = len(configs) - 1
     total = len(prompts_) * repeat * (len(configs) + (rest + bench.BASELINE_EVERY - 1) // bench.BASELINE_EVERY)
     stderr.print(f"bench: {len(prompts_)} prompts x {len(configs)} configurations x {repeat}, target-only "

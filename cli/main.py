@@ -113,7 +113,7 @@ def run(
     if system_prompt is not None and escape:
         system_prompt = process_escapes(system_prompt)
 
-    target, draft = models.specs(use_draft, spec.branches, spec.longest_draft)
+    target, draft = models.specs(use_draft, spec.branches, spec.longest_draft, spec.mtp)
     code = run_and_render(
         target, draft, text, sampling, spec, use_chat=use_chat, system=system_prompt,
         color=color and not os.environ.get("NO_COLOR"), json_output=json_output,

@@ -12,8 +12,9 @@ from typing import Callable, List, Optional
 
 import typer
 
-from speculative.engine import ModelSpec
+from speculative.engine import ModelSpec, no_mtp_layers
 from speculative.errors import UsageError
+from speculative.gguf_meta import has_nextn_layers
 from speculative.llamacpp import FLASH_ATTN_MODES
 from speculative.registry import Registry, check_gguf_file
 from speculative.settings import (DEFAULT_SEQUENCE, DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, NGRAM_N_AUTO, NGRAM_N_FIXED,
@@ -64,9 +65,9 @@ LORA_DRAFT = typer.Option(
 
 SPEC_TYPE = typer.Option(
     None, "--spec-type", rich_help_panel=D, metavar="TYPES",
-    help="Comma-separated, tried in order: draft (the -md model), ngram-simple, ngram-map-k; "
-         "auto (the default): choose drafter and k each step by measured cost, k = 0 included; "
-         "none: target only, same code path.")
+    help="Comma-separated, tried in order: draft (the -md model), draft-mtp (the target's own NextN/MTP "
+         "layers), ngram-simple, ngram-map-k; auto (the default): choose drafter and k each step by "
+         "measured cost, k = 0 included; none: target only, same code path.")
 DRAFT_MAX = typer.Option(
     None, "--draft-max", "--draft", "--spec-draft-n-max", rich_help_panel=D,
     help=f"Most tokens drafted per step [default: {DRAFT_MAX_FIXED}; auto: up to {DRAFT_MAX_AUTO}].")
@@ -209,9 +210,11 @@ class ModelOptions:
             return True
         return spec.auto and not spec.drafters and self.draft_available
 
-    def specs(self, use_draft: bool, branches: int = 1, longest_draft: int = 0) -> tuple[ModelSpec, ModelSpec | None]:
+    def specs(self, use_draft: bool, branches: int = 1, longest_draft: int = 0,
+              mtp: str | None = None) -> tuple[ModelSpec, ModelSpec | None]:
         """Validate the model options, resolve -m/-md (pulling registry models as needed).
-        `longest_draft`: what a recurrent target keeps snapshots for (cache.py)."""
+        `longest_draft`: what a recurrent target keeps snapshots for (cache.py); `mtp`:
+        SpecSettings.mtp, whether the target's NextN layers are loaded to draft with."""
         for flag, value, least in (("-c/--ctx-size", self.ctx_size, 0), ("-b/--batch-size", self.batch_size, 1),
                                    ("-cd/--ctx-size-draft", self.ctx_size_draft, 0),
                                    ("-t/--threads", self.threads, 1), ("-td/--threads-draft", self.threads_draft, 1)):
@@ -232,7 +235,9 @@ class ModelOptions:
             Registry.load(), self.model, self.model_draft, use_draft, ctx=(self.ctx_size, self.ctx_size_draft),
             ngl=(self.n_gpu_layers, self.n_gpu_layers_draft), threads=(self.threads, self.threads_draft),
             n_batch=self.batch_size, flash_attn=self.flash_attn, loras=tuple(_adapters(names) for names in loras))
-        target = replace(target, n_rs_seq=longest_draft)
+        if mtp == "named" and not has_nextn_layers(target.path):
+            raise UsageError(no_mtp_layers(target.name))
+        target = replace(target, n_rs_seq=longest_draft, mtp=mtp is not None)
         if branches <= 1:
             return target, draft
         # Both models get a KV-cache sequence per draft-tree branch (-np).

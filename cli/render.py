@@ -157,7 +157,8 @@ def cached_note(stats: Stats) -> str:
 
 def _model_info(spec: ModelSpec, model) -> dict:
     return {"name": spec.name, "path": str(spec.path), "n_ctx": model.n_ctx,
-            "n_gpu_layers": spec.n_gpu_layers, "n_threads": model.n_threads, "loras": spec.lora_info()}
+            "n_gpu_layers": spec.n_gpu_layers, "n_threads": model.n_threads, "loras": spec.lora_info(),
+            "nextn_layers": model.nextn_layers}  # NextN (MTP) layers loaded to draft with (draft-mtp)
 
 
 def _settings(sampling: SamplerSettings, spec: SpecSettings, seed: int, use_chat: bool, engine: Engine) -> dict:

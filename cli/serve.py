@@ -50,7 +50,7 @@ def serve_command(
                          "(SPECULATE_API_KEY or --api-key), or listen on 127.0.0.1")
     if not 0 <= port <= 65535 or parallel < 0 or not timeout > 0:
         raise UsageError("--port must be in [0, 65535], --parallel >= 0 and --timeout > 0")
-    target, draft = models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft)
+    target, draft = models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft, spec.mtp)
     sock = _bind(host, port)  # before loading: a taken port fails at once, not after the models load
     with sock, Engine(target, draft, notify=lambda message: print(message, file=sys.stderr)) as engine:
         engine.make_drafter(spec)  # auto measures its costs now rather than in the first request

@@ -68,6 +68,7 @@ ARCHS: tuple[str, ...] = tuple(ARCH_INFO)
 CONTEXT_LENGTH = 4096
 LOGIT_STD = 3.0  # standard deviation of the (non-special) logits
 CHAIN = 1.5  # strength of the successor bias (see _Weights.embeddings); 0: none
+NEXTN_HIDDEN = 0.3  # how much of the trunk's hidden state the NextN projection mixes in
 RESIDUAL_GAIN = 1.0  # the scale of what each layer adds to the residual stream, times 1/sqrt(n_layer)
 
 # -- the tokenizer ---------------------------------------------------------------
@@ -475,10 +476,20 @@ def _write_qwen35(w: gguf.GGUFWriter, t: _Weights, d: Dims, mtp: bool) -> None:
             t.out(b + "ssm_out.weight", value_dim, d.n_embd)
         _ffn(t, b, d, norm=None)
         if i >= d.n_layer:
-            t.linear(b + "nextn.eh_proj.weight", 2 * d.n_embd, d.n_embd)
+            _nextn_projection(t, b, d)
             t.norm(b + "nextn.enorm.weight", d.n_embd)
             t.norm(b + "nextn.hnorm.weight", d.n_embd)
             t.norm(b + "nextn.shared_head_norm.weight", d.n_embd)
+
+
+def _nextn_projection(t: _Weights, b: str, d: Dims) -> None:
+    """The NextN block's input projection of [embedding of token p+1, trunk's hidden state at p]:
+    the embedding passes straight through (plus a little of the hidden state), so the head,
+    through the shared output projection, favours that token's successor as the trunk does
+    (see _Weights.embeddings). Its drafts are then accepted about as often as the trunk
+    follows the successor chain: some, not all."""
+    hidden = t.normal((d.n_embd, d.n_embd), NEXTN_HIDDEN / np.sqrt(d.n_embd))
+    t.add(b + "nextn.eh_proj.weight", np.concatenate([np.eye(d.n_embd, dtype=np.float32), hidden], axis=1))
 
 
 def _qwen35_attention(t: _Weights, b: str, d: Dims) -> None:

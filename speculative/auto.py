@@ -148,6 +148,8 @@ class Auto(Drafter):
         self.catchup_cost = {d.name: (catchup_costs or {}).get(d.name, 0.0) for d in drafters}
         self.acceptance: dict[tuple[str, int], Acceptance] = {}  # (drafter, draft kind) -> estimates
         self.declined: dict[str, str] = {}          # drafter -> why auto never tried it
+        self.best_ratio: dict[str, float] = {}      # model drafter -> its best plan's speed / plain decoding's
+        self.chosen: set[str] = set()               # drafters that drafted at least once
         self._pending: list[list] = []              # [estimates, where, proposal, scored]
         self._proposals: dict[str, Draft] = {}      # this step's free proposals
         self._catchup = 0.0                         # this step's planned catch-up cost
@@ -183,6 +185,7 @@ class Auto(Drafter):
         _, chosen, plan_k = best
         if chosen is None:
             return self.nothing()
+        self.chosen.add(chosen.name)
         if chosen.free:
             draft = self._proposals[chosen.name]
             return replace(draft.head(plan_k), source=chosen.name)
@@ -200,6 +203,8 @@ class Auto(Drafter):
 
     def _plan_model(self, d: Drafter, context: Sequence[int], k: int, verify: np.ndarray) -> tuple[int, float]:
         cost = self.draft_cost[d.name]
+        if not d.can_draft(context):
+            return 0, 0.0
         if best_plan(np.full(k, MODEL_ACCEPTANCE_CEILING), verify, cost, k, rewind=self.rewind)[1] <= 1.0 / verify[1]:
             self.declined[d.name] = (f"slower than the target alone on this hardware even at "
                                      f"{MODEL_ACCEPTANCE_CEILING:.0%} acceptance")
@@ -207,7 +212,9 @@ class Auto(Drafter):
         self.declined.pop(d.name, None)
         # Unused, its estimates fade back to the prior, so it is tried again in time.
         self._catchup = self.catchup_cost[d.name] * d.behind(context)
-        return best_plan(self.estimates(d).rates(), verify, cost, k, self._catchup, self.rewind)
+        plan = best_plan(self.estimates(d).rates(), verify, cost, k, self._catchup, self.rewind)
+        self.best_ratio[d.name] = max(self.best_ratio.get(d.name, 0.0), plan[1] * verify[1])
+        return plan
 
     def _score_pending(self, context: Sequence[int]) -> None:
         """Score free proposals, token by token, against what really followed them."""
@@ -243,5 +250,8 @@ class Auto(Drafter):
             d.accept(outcome)
 
     def summary(self) -> list[str]:
-        """Why auto never tried a drafter, if it did not."""
-        return [f"auto declined {name}: {why}" for name, why in self.declined.items()]
+        """Why auto never tried a drafter (a model's, not a free one), if it did not."""
+        never = [f"auto never chose {name}: at best it was expected at {ratio:.2f}x the target alone's speed"
+                 for name, ratio in self.best_ratio.items() if name not in self.chosen and name not in self.declined]
+        return [*(f"auto declined {name}: {why}" for name, why in self.declined.items()), *never,
+                *(note for d in self.drafters for note in d.summary())]

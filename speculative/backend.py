@@ -86,3 +86,29 @@ class Backend(Protocol):
         on failure the cache is left empty and False returned. `partial`: a checkpoint of
         the recurrent state at n_tokens, over the attention cells kept up to there."""
         ...
+
+
+class MtpBackend(Protocol):
+    """A model's NextN (MTP) layers in a context of their own (llamacpp.MtpHead): entry p is
+    the token at p with a hidden row, and predicts the token at p + 1. cache.MtpCache is the
+    only caller of `decode` and `trim`."""
+    name: str
+    n_embd: int     # the width of a hidden row
+    n_vocab: int
+    n_ctx: int      # positions 0..n_ctx-1 exist
+    n_batch: int
+
+    def target_rows(self, start: int, end: int) -> np.ndarray | None:
+        """The target's NextN hidden rows for positions start..end-1 of what its cache holds
+        (-1: zeros), or None when any is not known (nextn.py)."""
+        ...
+
+    def decode(self, tokens: Sequence[int], pos: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Entries for tokens[i] with rows[i] at positions pos, pos+1, ... (the cache holds
+        exactly 0..pos-1): the last one's logits and NextN row (views valid until the next
+        decode), or None when the decode failed."""
+        ...
+
+    def trim(self, n_keep: int) -> None:
+        """Hold positions 0..n_keep-1 only."""
+        ...

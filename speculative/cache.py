@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .backend import Backend, Outputs
+from .backend import Backend, MtpBackend, Outputs
 
 
 class Cache:
@@ -202,3 +202,75 @@ class Cache:
         self._undoable = 0
         if redecode and n > start:
             self.extend(kept[start:])
+
+
+class MtpCache:
+    """An MTP head's KV cache (llama.cpp's draft-mtp) and what it holds: its one owner.
+
+    Position p holds the head's entry for the token at p and a hidden row (MtpBackend).
+    Entries made from the target's NextN rows are exact: the one at p depends on the
+    tokens up to p only, so, like the target's cache, they are kept from one step and
+    one run to the next as far as the context still starts with them (`sync`). Drafted
+    entries, each with the head's own row of the entry before, come after them and go at
+    the next sync. Where the target's rows for the entries it lacks are not known (its
+    cache came from a prompt cache file written without them, or was forked into draft
+    branches), the head cannot follow the target exactly: it keeps what it has, and sync
+    says so.
+    """
+
+    def __init__(self, head: MtpBackend):
+        self.head = head
+        self._held: list[int] = []  # the token of each entry, from position 0
+        self._exact = 0  # leading entries made from the target's rows
+
+    def shared_prefix(self, tokens: Sequence[int]) -> int:
+        """How many leading tokens of `tokens` it holds exact entries for."""
+        n = min(self._exact, len(tokens))
+        if self._held[:n] == list(tokens[:n]):  # the usual case, compared at C speed
+            return n
+        return next(i for i in range(n) if self._held[i] != tokens[i])
+
+    def can_follow(self, tokens: Sequence[int]) -> bool:
+        """Whether `sync(tokens)` has the target's rows it needs."""
+        return self.head.target_rows(self._kept(tokens, True) - 1, len(tokens) - 1) is not None
+
+    def sync(self, tokens: Sequence[int], last: bool = True) -> tuple[np.ndarray, np.ndarray] | None:
+        """Hold exact entries for `tokens`, of which the target's cache holds all but the last,
+        decoding those it lacks (with `last`, at least the last one, whose outputs are wanted):
+        the last entry's logits and NextN row, or None when nothing was decoded or the target's
+        rows for them are not known."""
+        n = self._kept(tokens, last)
+        self.rollback(n)
+        rows = self.head.target_rows(n - 1, len(tokens) - 1)
+        if n == len(tokens) or rows is None:
+            return None
+        out = self.extend(tokens[n:], rows)
+        if out is not None:
+            self._exact = len(self._held)
+        return out
+
+    def _kept(self, tokens: Sequence[int], last: bool) -> int:
+        """The entries sync keeps: those it shares with `tokens`, less the last one for `last`."""
+        return max(0, min(self.shared_prefix(tokens), len(tokens) - 1 if last else len(tokens)))
+
+    def extend(self, tokens: Sequence[int], rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Entries for `tokens` with `rows` after what it holds (drafted ones, unless sync makes
+        them): the last one's logits and NextN row, or None (and nothing held) when the head
+        fails."""
+        out = self.head.decode(tokens, len(self._held), rows)
+        if out is None:  # the head may hold some of them: start again from nothing
+            self.head.trim(0)
+            self._held, self._exact = [], 0
+            return None
+        self._held.extend(tokens)
+        return out
+
+    def rollback(self, n: int) -> None:
+        """Hold positions 0..n-1 only."""
+        if len(self._held) > n:
+            self.head.trim(n)
+            del self._held[n:]
+        self._exact = min(self._exact, n)
+
+    def forget(self) -> None:
+        self.rollback(0)

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from .cache import Cache
+from .cache import Cache, MtpCache
 from .files import write_atomic
 from .registry import home
 
@@ -32,9 +32,10 @@ def cache_path() -> Path:
     return home() / "calibration.json"
 
 
-def batch_costs(cache: Cache, max_batch: int, identity: dict, notify: Callable[[str], None] | None = None,
-                path: Path | None = None) -> list[float]:
-    """v(1..max_batch) in seconds, from the cache or measured now (and cached)."""
+def batch_costs(cache: Cache | MtpCache, max_batch: int, identity: dict, notify: Callable[[str], None] | None = None,
+                path: Path | None = None, measured_by: Callable[..., list[float]] | None = None) -> list[float]:
+    """v(1..max_batch) in seconds, from the cache or measured now (and cached) by
+    `measured_by`: `measure` (the default) or `measure_mtp`."""
     path = path or cache_path()
     key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
     stored = _load(path)
@@ -45,7 +46,7 @@ def batch_costs(cache: Cache, max_batch: int, identity: dict, notify: Callable[[
         notify(f"calibrating {identity.get('name', 'the model')}: verify cost of batches of 1-{max_batch} "
                f"tokens (once for this model, threads and build; cached in {path})")
     t0 = time.perf_counter()
-    costs = measure(cache, max_batch)
+    costs = (measured_by or measure)(cache, max_batch)
     if notify:
         notify("calibrated in {:.1f} s: {}".format(
             time.perf_counter() - t0, " ".join(f"{b}:{1000 * c:.0f}ms" for b, c in enumerate(costs, 1))))
@@ -61,22 +62,49 @@ def measure(cache: Cache, max_batch: int) -> list[float]:
     The cache is left empty."""
     model = cache.model
     n_fill = max(0, min(FILLER_TOKENS, model.n_ctx - max_batch))  # a tiny -c still calibrates
-    filler = [(1000 + i) % model.n_vocab for i in range(n_fill)]
+    cache.sync(_tokens(1000, n_fill, model.n_vocab))
+    cache.checkpoint()  # a recurrent state comes back here after each batch
+    costs = _timed(max_batch, model.n_vocab, lambda batch: cache.extend(batch, "all"), lambda: cache.rollback(n_fill))
+    cache.forget()
+    return costs
+
+
+def measure_mtp(mtp: MtpCache, max_batch: int) -> list[float]:
+    """An MTP head's v(1..max_batch), measured as `measure` does: entries decoded after
+    FILLER_TOKENS of its own, on rows of zeros (what a row holds does not change the cost).
+    The head is left empty."""
+    head = mtp.head
+    n_fill = max(0, min(FILLER_TOKENS, head.n_ctx - max_batch))
+    rows = np.zeros((n_fill + max_batch, head.n_embd), dtype=np.float32)
+    mtp.forget()
+    if n_fill:
+        mtp.extend(_tokens(1000, n_fill, head.n_vocab), rows[:n_fill])
+    costs = _timed(max_batch, head.n_vocab, lambda batch: mtp.extend(batch, rows[: len(batch)]),
+                   lambda: mtp.rollback(n_fill))
+    mtp.forget()
+    return costs
+
+
+def _tokens(first: int, n: int, n_vocab: int) -> list[int]:
+    return [(first + i) % n_vocab for i in range(n)]
+
+
+def _timed(max_batch: int, n_vocab: int, decode: Callable[[list[int]], object],
+           undo: Callable[[], None]) -> list[float]:
+    """Seconds `decode` takes for batches of 1..max_batch tokens, `undo` after each: every size
+    up to DENSE_UP_TO, every SPARSE_STEP-th beyond, the ones between interpolated."""
     sizes = sorted({*range(1, min(max_batch, DENSE_UP_TO) + 1),
                     *range(DENSE_UP_TO, max_batch + 1, SPARSE_STEP), max_batch})
-    cache.sync(filler)
-    cache.checkpoint()  # a recurrent state comes back here after each batch
     timed = []
     for b in sizes:
-        batch = [(2000 + i) % model.n_vocab for i in range(b)]
+        batch = _tokens(2000, b, n_vocab)
         best = float("inf")
         for _ in range(QUICK_REPEATS if b <= 2 else 1):
             t0 = time.perf_counter()
-            cache.extend(batch, "all")
+            decode(batch)
             best = min(best, time.perf_counter() - t0)
-            cache.rollback(n_fill)
+            undo()
         timed.append(best)
-    cache.forget()
     return [float(c) for c in np.interp(np.arange(1, max_batch + 1), sizes, timed)]
 
 
@@ -102,14 +130,14 @@ def checkpoint_costs(cache: Cache, repeats: int = QUICK_REPEATS) -> tuple[float,
     is left empty."""
     model = cache.model
     n_fill = max(1, min(FILLER_TOKENS, model.n_ctx // 2))
-    cache.sync([(1000 + i) % model.n_vocab for i in range(n_fill)])
+    cache.sync(_tokens(1000, n_fill, model.n_vocab))
     save = restore = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
         model.save_state(partial=True)  # what Cache.checkpoint does; it changes nothing
         save = min(save, time.perf_counter() - t0)
     cache.checkpoint()
-    past_limit = [(2000 + i) % model.n_vocab for i in range((model.rollback_limit or 0) + 1)]
+    past_limit = _tokens(2000, (model.rollback_limit or 0) + 1, model.n_vocab)
     for _ in range(repeats):
         cache.extend(past_limit)
         t0 = time.perf_counter()

@@ -21,8 +21,8 @@ import numpy as np
 
 from . import calibrate, chat, prompt_cache
 from .auto import Auto, Rewind
-from .cache import Cache
-from .drafters import Chain, Drafter, ModelDrafter, NgramMapK, NgramSimple
+from .cache import Cache, MtpCache
+from .drafters import Chain, Drafter, ModelDrafter, MtpDrafter, NgramMapK, NgramSimple
 from .errors import GenerationError, ModelError, UsageError
 from .events import Event, Prefilled, PromptCache
 from .llamacpp import LlamaModel
@@ -32,6 +32,7 @@ from .settings import SamplerSettings, SpecSettings, acceptance, check_prompt
 from .vocab import check_compatible, read_vocab
 
 
+NEXTN_ROLE = "target-nextn"  # the prompt cache part of the target's NextN rows (draft-mtp)
 CATCHUP_BATCH = 16  # a draft model catching up decodes about this many tokens at once
 DRAFT_SEED_OFFSET = 0x9E3779B9  # the draft samples from its own random stream, derived from --seed
 
@@ -48,6 +49,7 @@ class ModelSpec:
     n_seq: int = 1  # KV-cache sequences: -np, the most draft-tree branches
     n_rs_seq: int = 0  # a recurrent state's snapshots: the longest draft it can undo directly
     loras: tuple[tuple[Path, float], ...] = ()  # LoRA adapters and their scales
+    mtp: bool = False  # load its NextN (MTP) layers, where it has them, to draft with (draft-mtp)
 
     def lora_info(self) -> list[dict]:
         """The adapters, for JSON output."""
@@ -65,8 +67,10 @@ class Engine:
         self.draft = None
         try:
             self.draft = _load(draft) if draft is not None else None
+            # The target's MTP head, where it drafts for itself: its cache, kept between runs too.
+            self.mtp = MtpCache(self.target.mtp_head()) if self.target.nextn_layers else None
         except BaseException:
-            self.target.close()
+            self.close()
             raise
         self.t_load = time.perf_counter() - t0
         # Each model's cache, kept between runs: a prompt that starts like the last one keeps that prefix.
@@ -112,10 +116,10 @@ class Engine:
         check_prompt(prompt, self.target.n_ctx, spec.n_predict)  # before any calibration
         rule = acceptance(sampling, spec)
         banned = self.target.eog_tokens() if spec.ignore_eos else None
-        draft_sampler = None  # the draft model samples its drafts for speculative sampling
-        if self.draft is not None and rule == "rejection":
+        draft_sampler = None  # the draft model or MTP head samples its drafts for speculative sampling
+        if (self.draft is not None or self.mtp is not None) and rule == "rejection":
             draft_sampler = Sampler(sampling, (seed + DRAFT_SEED_OFFSET) % 2**32,
-                                    self.draft.eog_tokens() if spec.ignore_eos else None)
+                                    (self.draft or self.target).eog_tokens() if spec.ignore_eos else None)
         self.drafter = self.make_drafter(spec, draft_sampler)  # may calibrate, which uses the caches
         restored = self._restore_pending
         t_restore = self._restore_prompt_cache() if restored else 0.0
@@ -133,15 +137,17 @@ class Engine:
     def make_drafter(self, spec: SpecSettings, draft_sampler: Sampler | None = None) -> Drafter | None:
         """The drafter --spec-type asks for: one, a chain, or auto over several.
         `draft_sampler`: the draft model samples with it (else it drafts greedily)."""
-        names = spec.drafters or (("ngram-simple", "draft") if self.draft else ("ngram-simple",))
+        names = spec.drafters or ("ngram-simple", *(("draft",) if self.draft else ()),
+                                  *(("draft-mtp",) if self.mtp else ()))
         if not spec.auto and not spec.drafters:
             return None
         drafters = [self._drafter(name, spec, draft_sampler) for name in names]
         if spec.auto:
             draft_costs, catchup_costs = {}, {}
-            if "draft" in names:  # a token alone, and a token within a batch of CATCHUP_BATCH
-                draft = self.costs("draft", CATCHUP_BATCH)
-                draft_costs["draft"], catchup_costs["draft"] = draft[0], draft[-1] / len(draft)
+            for name, role in (("draft", "draft"), ("draft-mtp", "mtp")):
+                if name in names:  # a token alone, and a token within a batch of CATCHUP_BATCH
+                    costs = self.costs(role, CATCHUP_BATCH)
+                    draft_costs[name], catchup_costs[name] = costs[0], costs[-1] / len(costs)
             k_max = min(spec.draft_max, _largest_batch(self.target) - 1)
             return Auto(drafters, self.costs("target", k_max + 1), k_max, draft_costs, catchup_costs,
                         self._rewind(k_max))
@@ -156,18 +162,28 @@ class Engine:
                                  f"{min(self.draft.n_seq, self.target.n_seq)} branches")
             return ModelDrafter(self.caches["draft"], p_min=spec.draft_p_min, sampler=draft_sampler,
                                 branches=spec.branches, p_split=spec.p_split)
+        if name == "draft-mtp":
+            if self.mtp is None:
+                raise UsageError(no_mtp_layers(self.target.name))
+            return MtpDrafter(self.mtp, self.target.is_eog, p_min=spec.draft_p_min, sampler=draft_sampler)
         ngram = spec.ngram_simple if name == "ngram-simple" else spec.ngram_map_k
         kind = NgramSimple if name == "ngram-simple" else NgramMapK
         return kind(ngram.size(spec.auto), ngram.m, ngram.min_hits)
 
     def costs(self, role: str, max_batch: int) -> list[float]:
-        """The measured decode cost of a model ("target" or "draft") for batches of 1..max_batch tokens."""
-        cache = self.caches[role]
-        max_batch = min(max_batch, _largest_batch(cache.model))
+        """The measured decode cost of a model ("target", "draft", or "mtp": the target's MTP
+        head) for batches of 1..max_batch tokens."""
+        if role == "mtp":
+            cache, model, measure = self.mtp, self.mtp.head, calibrate.measure_mtp
+            identity = {**self.target.identity(), "name": model.name, "mtp": True}
+        else:
+            cache, measure = self.caches[role], calibrate.measure
+            model, identity = cache.model, cache.model.identity()
+        max_batch = min(max_batch, _largest_batch(model))
         known = self._costs.get(role, [])
         if len(known) < max_batch:
-            known = self._costs[role] = calibrate.batch_costs(cache, max_batch, cache.model.identity(),
-                                                              self.notify)
+            known = self._costs[role] = calibrate.batch_costs(cache, max_batch, identity, self.notify,
+                                                              measured_by=measure)
         return known[:max_batch]
 
     def _rewind(self, k_max: int) -> Rewind | None:
@@ -184,8 +200,7 @@ class Engine:
         self._restore_pending = False
         t0 = time.perf_counter()
         try:
-            parts, notices = prompt_cache.read(self.prompt_cache_file, {
-                role: cache.model.cache_identity() for role, cache in self.caches.items()})
+            parts, notices = prompt_cache.read(self.prompt_cache_file, self._cache_identities())
         except FileNotFoundError:
             if self.prompt_cache_ro:
                 self._notice("does not exist; nothing restored")
@@ -196,12 +211,24 @@ class Engine:
         for notice in notices:
             self._notice(notice)
         for part in parts:
-            if self.caches[part.role].restore(part.state, part.tokens):
+            if part.role == NEXTN_ROLE:  # the rows of the tokens the target part restored
+                loaded = (self.caches["target"].tokens() == part.tokens and
+                          self.target.load_nextn_state(part.state, len(part.tokens)))
+            else:
+                loaded = self.caches[part.role].restore(part.state, part.tokens)
+            if loaded:
                 self._file_holds[part.role] = part.tokens
             else:
-                self._notice(f"llama.cpp could not load the {part.role} part (-c smaller than "
-                             f"its {len(part.tokens)} tokens?); ignored")
+                self._notice(f"could not load the {part.role} part (-c smaller than its {len(part.tokens)} "
+                             "tokens?); ignored")
         return time.perf_counter() - t0
+
+    def _cache_identities(self) -> dict[str, dict]:
+        """What produced each part the prompt cache file may hold (LlamaModel.cache_identity)."""
+        identities = {role: cache.model.cache_identity() for role, cache in self.caches.items()}
+        if self.mtp is not None:
+            identities[NEXTN_ROLE] = {**identities["target"], "nextn_rows": self.mtp.head.n_embd}
+        return identities
 
     def _save_prompt_cache(self, prompt: list[int]) -> float:
         """Write the caches for the prompt just processed (the target holds all of it but its
@@ -209,13 +236,17 @@ class Engine:
         if self.prompt_cache_ro:
             return 0.0
         t0 = time.perf_counter()
-        holds = {role: cache.tokens() for role, cache in self.caches.items() if len(cache)}
+        states = {role: (cache.tokens(), cache.save) for role, cache in self.caches.items() if len(cache)}
+        rows = self.target.nextn_state(len(self.caches["target"])) if "target" in states else None
+        if rows is not None:  # an MTP head follows a restored target from these
+            states[NEXTN_ROLE] = (states["target"][0], lambda: rows)
+        holds = {role: tokens for role, (tokens, _) in states.items()}
         if holds == self._file_holds:
             return 0.0
+        identities = self._cache_identities()
         try:
             prompt_cache.write(self.prompt_cache_file, [
-                prompt_cache.Part(role, self.caches[role].model.cache_identity(), tokens, self.caches[role].save())
-                for role, tokens in holds.items()])
+                prompt_cache.Part(role, identities[role], tokens, state()) for role, (tokens, state) in states.items()])
         except (OSError, UsageError, GenerationError) as e:  # a cache problem never fails the run
             self._notice(f"not written: {getattr(e, 'strerror', None) or e}")
             return 0.0
@@ -228,7 +259,8 @@ class Engine:
 
     def busy_seconds(self) -> float:
         """Seconds both models have spent inside llama.cpp so far."""
-        return sum(m.busy_seconds for m in (self.target, self.draft) if m is not None)
+        heads = (self.mtp.head,) if self.mtp is not None else ()
+        return sum(m.busy_seconds for m in (self.target, self.draft, *heads) if m is not None)
 
     def close(self) -> None:
         for model in (self.draft, self.target):
@@ -242,6 +274,10 @@ class Engine:
         self.close()
 
 
+def no_mtp_layers(name: str) -> str:
+    return f"--spec-type draft-mtp: {name} has no NextN (MTP) layers to draft with"
+
+
 def _largest_batch(model: LlamaModel) -> int:
     """The largest batch a step can send: -b, and the context less the prompt's first token."""
     return max(1, min(model.n_batch, model.n_ctx - 1))
@@ -250,7 +286,8 @@ def _largest_batch(model: LlamaModel) -> int:
 def _load(spec: ModelSpec) -> LlamaModel:
     model = LlamaModel(spec.path, name=spec.name, n_ctx=spec.n_ctx, n_batch=spec.n_batch,
                        n_gpu_layers=spec.n_gpu_layers, n_threads=spec.n_threads,
-                       flash_attn=spec.flash_attn, n_seq=spec.n_seq, n_rs_seq=spec.n_rs_seq, loras=spec.loras)
+                       flash_attn=spec.flash_attn, n_seq=spec.n_seq, n_rs_seq=spec.n_rs_seq, loras=spec.loras,
+                       load_mtp=spec.mtp)
     if model.recurrent and spec.n_seq > 1:
         model.close()
         raise UsageError(f"{spec.n_seq} draft branches (-np): {spec.name} ({model.arch}) keeps a recurrent "

@@ -194,6 +194,18 @@ def read_metadata(path: Path, keys: Iterable[str]) -> dict[str, Any]:
     return _mapped(Path(path), "invalid GGUF metadata", lambda cur: _read(cur, wanted))
 
 
+def has_nextn_layers(path: Path) -> bool:
+    """Whether a (pre-flighted) model carries NextN (multi-token prediction) layers that can
+    draft for it, as llama.cpp tells (common_speculative_types_from_gguf): a tensor
+    blk.{block_count - 1}.nextn.eh_proj.weight."""
+    arch = read_metadata(path, ["general.architecture"]).get("general.architecture")
+    count = read_metadata(path, [f"{arch}.block_count"]).get(f"{arch}.block_count") if isinstance(arch, str) else None
+    if type(count) is not int or count < 1:
+        return False
+    name = f"blk.{count - 1}.nextn.eh_proj.weight"
+    return name in _model_tensors(Path(path), {name})[1]
+
+
 def _mapped(path: Path, kind: str, walk):
     """`walk(cursor)` over a memory map of the GGUF file at `path`; a path that is not
     a readable, non-empty regular file is a one-line ModelError (a FIFO is never opened)."""

@@ -11,6 +11,10 @@ sequence instead of a token per cell. Where llama.cpp supports it (its
 llm_arch_supports_rs_rollback) the context keeps n_rs_seq snapshots of that state,
 so the latest decode can be undone by up to that many tokens; everything else goes
 through checkpoints of the recurrent state (cache.py).
+
+A model with NextN (MTP) layers, loaded with load_mtp, drafts for itself: `mtp_head()`
+gives the MtpHead, a second context on the same weights that runs only those layers, and
+from then on the model copies its NextN hidden rows after every decode (nextn.py).
 """
 
 from __future__ import annotations
@@ -23,11 +27,13 @@ from typing import Sequence
 
 import llama_cpp as ll
 import numpy as np
+from llama_cpp import llama_cpp_ext as ll_ext
 
 from . import interrupt
 from .backend import Outputs
 from .errors import GenerationError, ModelError
-from .gguf_meta import preflight, preflight_adapter, read_metadata
+from .gguf_meta import has_nextn_layers, preflight, preflight_adapter, read_metadata
+from .nextn import NextnRows
 
 _initialised = False
 _abort = ll.ggml_abort_callback(interrupt.poll)  # Ctrl-C and SIGTERM stop a decode within a graph node
@@ -108,6 +114,22 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def _context_params(n_ctx: int, n_batch: int, threads: int, fa_type: int, n_seq: int = 1):
+    """llama.cpp's context parameters as speculate sets them for every context."""
+    cparams = ll.llama_context_default_params()
+    cparams.n_ctx = n_ctx
+    cparams.n_batch = n_batch
+    cparams.n_ubatch = min(n_batch, 512)
+    cparams.n_seq_max = n_seq
+    cparams.kv_unified = True  # branches share the prompt's cells: one cache, not n_seq slices
+    cparams.n_threads = threads
+    cparams.n_threads_batch = threads
+    cparams.swa_full = True  # sliding-window caches keep everything, so rollback is exact
+    cparams.no_perf = True
+    cparams.flash_attn_type = fa_type
+    return cparams
+
+
 def _file_identity(path: Path) -> dict:
     stat = path.stat()
     return {"file": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
@@ -132,6 +154,7 @@ class LlamaModel:
         n_seq: int = 1,
         n_rs_seq: int = 0,
         loras: Sequence[tuple[Path, float]] = (),
+        load_mtp: bool = False,
     ):
         preflight(path)  # hostile or corrupt GGUF headers never reach llama.cpp's parser
         arch = read_metadata(path, ["general.architecture"]).get("general.architecture") or "unknown"
@@ -147,10 +170,14 @@ class LlamaModel:
         self.loras = tuple((Path(lora), float(scale)) for lora, scale in loras)
         self._model = self._ctx = None
         self._batch = None
+        self._mtp: MtpHead | None = None
+        self._adapters = None  # the LoRA adapters and their scales, as llama.cpp takes them
 
         mparams = ll.llama_model_default_params()
         if n_gpu_layers >= 0:
             mparams.n_gpu_layers = n_gpu_layers
+        # NextN (MTP) layers cost memory and load time: loaded only where they may draft
+        mparams.load_mtp = load_mtp and has_nextn_layers(self.path)
         model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:
             raise ModelError(f"{self.path}: llama.cpp could not load this model file")
@@ -167,20 +194,11 @@ class LlamaModel:
         # it cannot be copied into draft-tree branches, and it rolls back only through snapshots.
         self.recurrent = bool(ll.llama_model_is_recurrent(model) or ll.llama_model_is_hybrid(model))
 
+        self.nextn_layers = ll.llama_model_n_layer_nextn(model) if mparams.load_mtp else 0
         threads = n_threads or default_threads()
-        cparams = ll.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = n_batch
-        cparams.n_ubatch = min(n_batch, 512)
-        cparams.n_seq_max = n_seq
-        cparams.n_rs_seq = n_rs_seq if self.recurrent else 0  # llama.cpp clamps it to 0 where unsupported
-        cparams.kv_unified = True  # branches share the prompt's cells: one cache, not n_seq slices
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
-        cparams.swa_full = True  # sliding-window caches keep everything, so rollback is exact
-        cparams.no_perf = True
         on_cpu = n_gpu_layers == 0 or not ll.llama_supports_gpu_offload()
-        cparams.flash_attn_type = flash_attn_type(flash_attn, on_cpu)
+        cparams = _context_params(n_ctx, n_batch, threads, flash_attn_type(flash_attn, on_cpu), n_seq)
+        cparams.n_rs_seq = n_rs_seq if self.recurrent else 0  # llama.cpp clamps it to 0 where unsupported
         ctx = ll.llama_init_from_model(model, cparams)
         if not ctx:
             self.close()
@@ -211,6 +229,7 @@ class LlamaModel:
         self._pieces: dict[int, bytes] = {}
         self._eog_cache: dict[int, bool] = {}
         self._eog_tokens: np.ndarray | None = None
+        self._nextn = NextnRows(ll.llama_model_n_embd(model))  # filled once an MTP head drafts
 
         self._batch = ll.llama_batch_init(self.n_batch, 0, n_seq)
         for i in range(self.n_batch):
@@ -235,7 +254,13 @@ class LlamaModel:
                 raise ModelError(f"{lora}: llama.cpp could not load this LoRA adapter for {self.path.name}")
             adapters[i] = adapter
         scales = (ctypes.c_float * len(self.loras))(*(scale for _, scale in self.loras))
-        ll.llama_set_adapters_lora(self._ctx, adapters, len(self.loras), scales)
+        self._adapters = (adapters, scales)
+        self._set_loras(self._ctx)
+
+    def _set_loras(self, ctx) -> None:
+        """Set the adapters on a context of this model (the target's, its MTP head's)."""
+        if self._adapters is not None:
+            ll.llama_set_adapters_lora(ctx, self._adapters[0], len(self.loras), self._adapters[1])
 
     def _warm_up(self) -> None:
         """One throw-away decode, as llama.cpp's tools do: the first decode allocates
@@ -340,6 +365,7 @@ class LlamaModel:
             elif outputs == "last" and start + n == len(tokens):
                 self._out[n - 1] = 1
             self._run(n, pos + start)
+            self._keep_nextn(pos + start, n)
         if outputs == "all":
             rows = [self._logits(i) for i in range(len(tokens))]
         elif outputs == "last" and tokens:
@@ -357,6 +383,10 @@ class LlamaModel:
         self._set_seqs(seqs)
         self._n_branched = max(self._n_branched, n)
         self._run(n, min(positions, default=0))
+        if all(len(ids) == 1 and ids[0] == 0 for ids in seqs):  # a chain: positions follow each other
+            self._keep_nextn(positions[0], n)
+        else:  # rows of other branches would sit at the same positions
+            self._nextn.cut(min(positions))
         return [self._logits(i) for i in range(n)]
 
     def _set_seqs(self, seqs: Sequence[Sequence[int]]) -> None:
@@ -383,8 +413,16 @@ class LlamaModel:
     def _logits(self, i: int) -> np.ndarray:
         return np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,))
 
+    def _keep_nextn(self, pos: int, n: int) -> None:
+        """Copy the latest decode's NextN rows while an MTP head drafts from them (llama.cpp
+        keeps them only until the next decode)."""
+        if self._mtp is not None:
+            rows = ll_ext.llama_get_embeddings_nextn(self._ctx)
+            self._nextn.put(pos, np.ctypeslib.as_array(rows, shape=(n, self._nextn.n_embd)))
+
     def trim(self, n_keep: int) -> None:
         # -1: every sequence (a recurrent state refuses -1 for anything but everything)
+        self._nextn.cut(n_keep)
         if not ll.llama_memory_seq_rm(self._mem, -1 if self.n_seq > 1 else 0, n_keep, -1):
             raise GenerationError(f"{self.name}: the KV cache refused to roll back to position {n_keep}")
 
@@ -393,6 +431,7 @@ class LlamaModel:
         ll.llama_memory_seq_cp(self._mem, src, dst, -1, -1)  # shares the cells, copies nothing
 
     def keep_branch(self, seq: int, n_keep: int) -> None:
+        self._nextn.cut(n_keep)
         ll.llama_memory_seq_keep(self._mem, seq)  # cells of other branches are freed
         if not ll.llama_memory_seq_rm(self._mem, seq, n_keep, -1):
             raise GenerationError(f"{self.name}: the KV cache refused to roll back to position {n_keep}")
@@ -416,6 +455,7 @@ class LlamaModel:
         any failure the cache is left empty and False returned. `partial`: the recurrent state
         of a checkpoint, over the attention cells kept up to n_tokens."""
         flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if partial else ll.LLAMA_STATE_SEQ_FLAGS_NONE
+        self._nextn.cut(n_tokens if partial else 0)  # a restored cache comes without its NextN rows
         if not partial:
             self.trim(0)
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
@@ -430,9 +470,39 @@ class LlamaModel:
             self.trim(0)
         return loaded
 
+    # -- drafting with its own NextN layers -------------------------------
+
+    def mtp_head(self) -> "MtpHead":
+        """The MTP head on this model's NextN layers (made on the first call; this model then
+        keeps its NextN rows for it)."""
+        if self._mtp is None:
+            if not self.nextn_layers:
+                raise ModelError(f"{self.path}: no NextN (MTP) layers loaded")
+            ll_ext.llama_set_embeddings_nextn(self._ctx, True, False)  # unmasked: a row per token
+            self._mtp = MtpHead(self, self._nextn)
+        return self._mtp
+
+    def nextn_state(self, n_tokens: int) -> bytes | None:
+        """The NextN rows of positions 0..n_tokens-1, for the prompt cache file; None when not
+        all are known."""
+        rows = self._nextn.get(0, n_tokens) if self._mtp is not None else None
+        return None if rows is None else rows.tobytes()
+
+    def load_nextn_state(self, data: bytes, n_tokens: int) -> bool:
+        """Rows that nextn_state gave, for a cache that holds those n_tokens again (restored)."""
+        rows = np.frombuffer(data, dtype=np.float32)
+        if self._mtp is None or rows.size != n_tokens * self._nextn.n_embd:
+            return False
+        self._nextn.cut(0)
+        self._nextn.put(0, rows.reshape(n_tokens, self._nextn.n_embd))
+        return True
+
     # -- lifetime --------------------------------------------------------
 
     def close(self) -> None:
+        if self._mtp is not None:
+            self._mtp.close()
+            self._mtp = None
         if self._batch is not None:
             ll.llama_batch_free(self._batch)
             self._batch = None
@@ -448,3 +518,85 @@ class LlamaModel:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class MtpHead:
+    """A model's NextN (MTP) layers in a context of their own (llama.cpp's
+    LLAMA_CONTEXT_TYPE_MTP on the same weights), as llama.cpp's draft-mtp drives them.
+
+    Its entry at position p is the token at p with a hidden row: the target's NextN row at
+    p - 1 for the entries that follow the target, the head's own NextN row of the entry
+    before for drafted ones; it predicts the token at p + 1, as the target's entry at p does.
+    Its KV cache holds the NextN layers' keys and values, one cell per entry; cache.MtpCache
+    is its one owner.
+    """
+
+    def __init__(self, target: LlamaModel, rows: NextnRows):
+        self.name = f"{target.name} (MTP)"
+        self.n_embd = rows.n_embd
+        self._rows = rows
+        self.n_batch = target.n_batch
+        cparams = _context_params(ll.llama_n_ctx(target._ctx), target.n_batch, target.n_threads,
+                                  target._flash_attn_type)
+        cparams.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP
+        cparams.ctx_other = target._ctx  # llama.cpp shares the target's memory where the architecture does
+        self._ctx = ll.llama_init_from_model(target._model, cparams)
+        if not self._ctx:
+            raise ModelError(f"{target.path}: llama.cpp could not create an MTP context")
+        ll_ext.llama_set_embeddings_nextn(self._ctx, True, False)  # unmasked: rows by batch index
+        target._set_loras(self._ctx)
+        self._mem = ll.llama_get_memory(self._ctx)
+        self.n_ctx = target.n_ctx
+        self.n_vocab = target.n_vocab
+        self.busy_seconds = 0.0
+        self._batch = ll.llama_batch_init(self.n_batch, self.n_embd, 1)
+        self._tokens = (ll.llama_token * self.n_batch)()
+        self._batch.token = self._tokens  # an embeddings batch has no token array; the graph needs both
+        for i in range(self.n_batch):
+            self._batch.n_seq_id[i] = 1
+            self._batch.seq_id[i][0] = 0
+        self._tok = np.ctypeslib.as_array(self._tokens, shape=(self.n_batch,))
+        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(self.n_batch,))
+        self._out = np.ctypeslib.as_array(self._batch.logits, shape=(self.n_batch,))
+        self._embd = np.ctypeslib.as_array(self._batch.embd, shape=(self.n_batch, self.n_embd))
+        self.decode([0], 0, np.zeros((1, self.n_embd), dtype=np.float32))  # allocates the compute buffers
+        self.trim(0)
+
+    def target_rows(self, start: int, end: int) -> np.ndarray | None:
+        """The target's NextN rows for positions start..end-1 (-1: zeros), None where unknown."""
+        return self._rows.get(start, end)
+
+    def decode(self, tokens: Sequence[int], pos: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Entries for tokens[i] with rows[i] at positions pos, pos+1, ... after the pos the
+        cache holds: the last entry's logits and NextN row (views, valid until the next
+        decode), or None when llama.cpp fails (the cache may then hold some of them)."""
+        for start in range(0, len(tokens), self.n_batch):
+            n = min(self.n_batch, len(tokens) - start)
+            self._tok[:n] = tokens[start : start + n]
+            self._pos[:n] = np.arange(pos + start, pos + start + n)
+            self._embd[:n] = rows[start : start + n]
+            self._out[:n] = 0
+            self._out[n - 1] = start + n == len(tokens)
+            self._batch.n_tokens = n
+            t0 = time.perf_counter()
+            ret = ll.llama_decode(self._ctx, self._batch)
+            ll.llama_synchronize(self._ctx)
+            self.busy_seconds += time.perf_counter() - t0
+            if ret != 0:
+                return None
+        logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, -1), shape=(self.n_vocab,))
+        hidden = np.ctypeslib.as_array(ll_ext.llama_get_embeddings_nextn_ith(self._ctx, n - 1), shape=(self.n_embd,))
+        return logits, hidden
+
+    def trim(self, n_keep: int) -> None:
+        if not ll.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
+            raise GenerationError(f"{self.name}: the KV cache refused to roll back to position {n_keep}")
+
+    def close(self) -> None:
+        if self._batch is not None:
+            self._batch.token = ctypes.POINTER(ll.llama_token)()  # ours: llama_batch_free must not free it
+            ll.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
+            ll.llama_free(self._ctx)
+            self._ctx = None

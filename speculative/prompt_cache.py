@@ -38,7 +38,7 @@ MAX_HEADER = 64 << 20             # tokens as JSON: far beyond any context's wor
 @dataclass(frozen=True)
 class Part:
     """One model's cache: `state` (llama.cpp's bytes) holds `tokens` from position 0."""
-    role: str        # "target" or "draft"
+    role: str        # "target", "draft", or "target-nextn" (the target's NextN rows, for draft-mtp)
     identity: dict
     tokens: tuple[int, ...]
     state: bytes

@@ -78,7 +78,7 @@ class SamplerSettings:
         return int.from_bytes(os.urandom(4), "little")
 
 
-SPEC_TYPES = ("none", "draft", "ngram-simple", "ngram-map-k", "auto")
+SPEC_TYPES = ("none", "draft", "draft-mtp", "ngram-simple", "ngram-map-k", "auto")
 # llama.cpp's drafter types this build cannot drive, and why (README, the --spec-type table).
 UNAVAILABLE_TYPES = {
     t: "llama-cpp-python 0.3.36 does not bind the C++ functions llama.cpp drives it with"
@@ -135,6 +135,14 @@ class SpecSettings:
         return "auto" in self.types
 
     @property
+    def mtp(self) -> str | None:
+        """Whether the target's NextN (MTP) layers may draft: "named" (--spec-type draft-mtp),
+        "auto" (auto's default choices, which take them where the target has them), or None."""
+        if "draft-mtp" in self.drafters:
+            return "named"
+        return "auto" if self.auto and not self.drafters else None
+
+    @property
     def longest_draft(self) -> int:
         """The most drafted tokens one step may verify (and roll back)."""
         return 0 if self.types == ("none",) else self.draft_max
@@ -166,9 +174,9 @@ class SpecSettings:
                              f"got {self.branches}")
         if not 0.0 <= self.p_split <= 1.0:
             raise UsageError(f"--draft-p-split must be in [0, 1], got {self.p_split}")
-        if self.branches > 1 and ("draft" not in self.drafters or self.auto):
+        if self.branches > 1 and ("draft" not in self.drafters or self.auto or self.mtp):
             raise UsageError(f"{self.branches} draft branches: draft trees come from a draft model; "
-                             "use --spec-type draft (auto plans chains only)")
+                             "use --spec-type draft (auto and draft-mtp draft chains only)")
         if self.n_predict < -1:
             raise UsageError(f"-n/--n-predict must be -1 (no limit) or >= 0, got {self.n_predict}")
         self.ngram_simple.validate("--spec-ngram-simple-*")

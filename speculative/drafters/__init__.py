@@ -6,6 +6,7 @@ it what the target made of them. `prefill(prompt)` lets a drafter do its prompt
 work up front, so it is timed as prompt processing rather than drafting.
 
   model.py   a small draft model (its greedy or sampled continuation)
+  mtp.py     the target's own NextN (MTP) layers
   ngram.py   n-gram lookup in the prompt and output: no model at all
   chain.py   several drafters tried in order
 The cost-aware choice among them (`--spec-type auto`) lives in speculative/auto.py.
@@ -68,13 +69,22 @@ class Drafter:
         """Tokens of `context` to process before proposing (a draft model catching up)."""
         return 0
 
+    def can_draft(self, context: Sequence[int]) -> bool:
+        """Whether it can propose anything after `context` at all (auto plans only with those that can)."""
+        return True
+
+    def summary(self) -> list[str]:
+        """Notes on the run for the statistics (why it drafted less than it could)."""
+        return []
+
     def nothing(self) -> Draft:
         return Draft([], self.name)
 
 
 from .chain import Chain  # noqa: E402
 from .model import ModelDrafter, top_probability  # noqa: E402
+from .mtp import MtpDrafter  # noqa: E402
 from .ngram import NgramMapK, NgramSimple  # noqa: E402
 
-__all__ = ["Draft", "Outcome", "Drafter", "ModelDrafter", "NgramSimple", "NgramMapK", "Chain",
+__all__ = ["Draft", "Outcome", "Drafter", "ModelDrafter", "MtpDrafter", "NgramSimple", "NgramMapK", "Chain",
            "top_probability"]

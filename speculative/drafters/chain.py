@@ -27,3 +27,6 @@ class Chain(Drafter):
     def accept(self, outcome: Outcome) -> None:
         for d in self.drafters:
             d.accept(outcome)
+
+    def summary(self) -> list[str]:
+        return [note for d in self.drafters for note in d.summary()]

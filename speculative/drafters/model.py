@@ -5,7 +5,7 @@ branches > 1, as a tree that forks where the draft hesitates (llama-speculative'
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -73,14 +73,11 @@ class ModelDrafter(Drafter):
     def _grow(self, tree: "_Growing", context: Sequence[int], node: int, row: np.ndarray, k: int) -> list[int]:
         """The nodes drafted after `node`: its next token (unless --draft-p-min stops the
         branch), and the forks that start new branches beside it."""
-        token = int(np.argmax(row))
-        if self.p_min > 0.0 and top_probability(row, token) < self.p_min:
+        picked = pick(row, self.p_min, self.sampler,
+                      lambda: [*context, *(tree.tokens[i] for i in path_to(tree.parents, node))])
+        if picked is None:
             return []
-        dist = None
-        if self.sampler is not None:
-            history = self._history(context, tree, node)
-            dist = self.sampler.distribution(row, history)
-            token = draw(dist, self.sampler.rng)
+        token, dist = picked
         branch = tree.seq[node] if node >= 0 else 0
         added = [tree.add(token, node, dist, branch)]
         for fork in self._forks(row, dist, token, min(self.branches - tree.n_branches, k - len(tree.tokens))):
@@ -97,12 +94,6 @@ class ModelDrafter(Drafter):
         ids, probs = dist if dist is not None else top_candidates(row)
         order = np.argsort(-probs, kind="stable")
         return [int(ids[i]) for i in order if probs[i] > self.p_split and ids[i] != token][:room]
-
-    def _history(self, context: Sequence[int], tree: "_Growing", node: int):
-        """What a drafted node follows, for the sampler's penalties."""
-        if not self.sampler.settings.penalties:
-            return ()
-        return [*context, *(tree.tokens[i] for i in path_to(tree.parents, node))]
 
     def behind(self, context: Sequence[int]) -> int:
         """Tokens of `context` the draft's cache does not hold yet (to decode before drafting)."""
@@ -127,6 +118,21 @@ class _Growing:
         self.seq.append(branch)
         self.n_branches = max(self.n_branches, branch + 1)
         return len(self.tokens) - 1
+
+
+def pick(row: np.ndarray, p_min: float, sampler: Sampler | None,
+         history: Callable[[], Sequence[int]]) -> tuple[int, tuple | None] | None:
+    """A drafter's next token after logits `row`: its best one, or, given `sampler`, one drawn
+    from the sampler chain's distribution (returned with it, for speculative sampling);
+    None when --draft-p-min stops the draft there. `history`: what the token follows, for
+    the sampler's penalties."""
+    token = int(np.argmax(row))
+    if p_min > 0.0 and top_probability(row, token) < p_min:
+        return None
+    if sampler is None:
+        return token, None
+    dist = sampler.distribution(row, history() if sampler.settings.penalties else ())
+    return draw(dist, sampler.rng), dist
 
 
 def top_candidates(row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

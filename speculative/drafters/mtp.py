@@ -1,0 +1,70 @@
+"""The MTP drafter (llama.cpp's draft-mtp): the target's own NextN (multi-token
+prediction) layers propose, no second model.
+
+The head's first entry of a step is the context's last token with the target's hidden
+row of the token before it (cache.MtpCache brings it in step with the target first,
+decoding the entries the accepted tokens added); each drafted token then goes back in
+with the head's own row. Greedy, each token is the head's best one; for speculative
+sampling each is drawn from the head's distribution after the sampler chain, kept as
+the Draft's q, as the draft model does (drafters/model.py), so acceptance stays exact.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from ..cache import MtpCache
+from ..sampling import Sampler
+from . import Draft, Drafter
+from .model import pick
+
+
+class MtpDrafter(Drafter):
+    name = "draft-mtp"
+
+    def __init__(self, cache: MtpCache, is_eog: Callable[[int], bool], p_min: float = 0.0,
+                 sampler: Sampler | None = None):
+        self.cache = cache
+        self.is_eog = is_eog
+        self.p_min = p_min
+        self.sampler = sampler
+        self.lost = 0  # steps it could not follow the target in (drafting nothing)
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        self.cache.sync(prompt[:-1], last=False)  # the target holds those, and its rows of them
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        # drafted entries go up to position len(context) + k - 2
+        k = min(k, self.cache.head.n_ctx - len(context) + 1)
+        start = self.cache.sync(context) if k > 0 and self.can_draft(context) else None
+        if start is None:
+            return self.nothing()
+        logits, hidden = start
+        tokens: list[int] = []
+        q: list = []
+        while (picked := pick(logits, self.p_min, self.sampler, lambda: [*context, *tokens])) is not None:
+            tokens.append(picked[0])
+            q.append(picked[1])
+            if len(tokens) == k or self.is_eog(tokens[-1]):
+                break
+            step = self.cache.extend(tokens[-1:], hidden[None])
+            if step is None:
+                break
+            logits, hidden = step
+        return Draft(tokens, self.name, q=tuple(q) if self.sampler is not None else None)
+
+    def can_draft(self, context: Sequence[int]) -> bool:
+        """Whether the head can follow the target to the end of `context` (see MtpCache)."""
+        ok = self.cache.can_follow(context)
+        self.lost += not ok
+        return ok
+
+    def summary(self) -> list[str]:
+        if not self.lost:
+            return []
+        return [f"{self.name} drafted nothing in {self.lost} steps: the target's NextN hidden states for the "
+                "start of the context were not known (its cache came from a prompt cache file written without them)"]
+
+    def behind(self, context: Sequence[int]) -> int:
+        """Entries to decode before drafting: the tokens the head has not followed yet."""
+        return len(context) - self.cache.shared_prefix(context)
