@@ -12,7 +12,7 @@ from typing import Callable, List, Optional
 
 import typer
 
-from speculative.engine import ModelSpec, no_mtp_layers
+from speculative.engine import MAX_SNAPSHOTS, ModelSpec, no_mtp_layers
 from speculative.errors import UsageError
 from speculative.gguf_meta import has_nextn_layers
 from speculative.llamacpp import FLASH_ATTN_MODES
@@ -237,7 +237,7 @@ class ModelOptions:
             n_batch=self.batch_size, flash_attn=self.flash_attn, loras=tuple(_adapters(names) for names in loras))
         if mtp == "named" and not has_nextn_layers(target.path):
             raise UsageError(no_mtp_layers(target.name))
-        target = replace(target, n_rs_seq=longest_draft, mtp=mtp is not None)
+        target = replace(target, n_rs_seq=min(longest_draft, MAX_SNAPSHOTS), mtp=mtp is not None)
         if branches <= 1:
             return target, draft
         # Both models get a KV-cache sequence per draft-tree branch (-np).

@@ -37,6 +37,12 @@ CATCHUP_BATCH = 16  # a draft model catching up decodes about this many tokens a
 DRAFT_SEED_OFFSET = 0x9E3779B9  # the draft samples from its own random stream, derived from --seed
 
 
+# A recurrent target keeps a snapshot of its state per draftable token (llama.cpp's n_rs_seq),
+# each a whole unquantised copy of it (hundreds of MiB for a large hybrid): drafts longer than
+# this roll back from a checkpoint instead (cache.py), which auto plans with (auto.Rewind).
+MAX_SNAPSHOTS = 8
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     path: Path
@@ -47,7 +53,7 @@ class ModelSpec:
     n_threads: int | None = None
     flash_attn: str = "auto"
     n_seq: int = 1  # KV-cache sequences: -np, the most draft-tree branches
-    n_rs_seq: int = 0  # a recurrent state's snapshots: the longest draft it can undo directly
+    n_rs_seq: int = 0  # a recurrent state's snapshots: the longest draft it can undo directly (cache.py)
     loras: tuple[tuple[Path, float], ...] = ()  # LoRA adapters and their scales
     mtp: bool = False  # load its NextN (MTP) layers, where it has them, to draft with (draft-mtp)
 
