@@ -14,7 +14,7 @@ import typer
 
 from speculative.engine import MAX_SNAPSHOTS, ModelSpec, no_mtp_layers
 from speculative.errors import UsageError
-from speculative.gguf_meta import has_nextn_layers
+from speculative.gguf_meta import has_nextn_layers, is_mtp_head
 from speculative.llamacpp import FLASH_ATTN_MODES
 from speculative.registry import Registry, check_gguf_file
 from speculative.settings import (DEFAULT_SEQUENCE, DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, NGRAM_N_AUTO, NGRAM_N_FIXED,
@@ -231,13 +231,23 @@ class ModelOptions:
             raise UsageError("--lora-draft is for the draft model, which this run does not load")
         loras = ([(name, 1.0) for name in _names(self.lora, "--lora")] + _scaled(self.lora_scaled),
                  [(name, 1.0) for name in _names(self.lora_draft, "--lora-draft")])
+        # -md is resolved for draft-mtp too: it may be an MTP head file (convert_hf_to_gguf.py --mtp)
+        with_md = use_draft or (mtp is not None and self.model_draft is not None)
         target, draft = resolve_models(
-            Registry.load(), self.model, self.model_draft, use_draft, ctx=(self.ctx_size, self.ctx_size_draft),
+            Registry.load(), self.model, self.model_draft, with_md, ctx=(self.ctx_size, self.ctx_size_draft),
             ngl=(self.n_gpu_layers, self.n_gpu_layers_draft), threads=(self.threads, self.threads_draft),
             n_batch=self.batch_size, flash_attn=self.flash_attn, loras=tuple(_adapters(names) for names in loras))
-        if mtp == "named" and not has_nextn_layers(target.path):
+        if draft is not None and is_mtp_head(draft.path):  # as llama.cpp tells it from the file
+            if use_draft and mtp != "auto":
+                raise UsageError(f"-md {draft.name} is an MTP head (NextN layers without a model), not a "
+                                 "draft model: use it with --spec-type draft-mtp")
+            target, draft = replace(target, mtp_sidecar=draft.path), None
+        elif not use_draft:
+            draft = None  # draft-mtp with a draft model: the target's own NextN layers draft
+        if mtp == "named" and not target.mtp_sidecar and not has_nextn_layers(target.path):
             raise UsageError(no_mtp_layers(target.name))
-        target = replace(target, n_rs_seq=min(longest_draft, MAX_SNAPSHOTS), mtp=mtp is not None)
+        target = replace(target, n_rs_seq=min(longest_draft, MAX_SNAPSHOTS),
+                         mtp=mtp is not None and not target.mtp_sidecar)
         if branches <= 1:
             return target, draft
         # Both models get a KV-cache sequence per draft-tree branch (-np).

@@ -139,7 +139,8 @@ def print_stats(stats: Stats, spec: SpecSettings, seed: int, target: ModelSpec, 
         f"python    = {1000 * stats.python_seconds_per_token:.2f} ms per token outside llama.cpp "
         f"({100 * stats.python_share:.1f}% of generation time)",
         f"load      = {stats.t_load:.3f} s (target {target.name}"
-        + (f", draft {draft.name})" if draft else ")"),
+        + (f", draft {draft.name}" if draft else "")
+        + (f", MTP head {target.mtp_sidecar.name})" if target.mtp_sidecar else ")"),
         f"finish    = {stats.finish_reason}, seed {seed}",
     ]
     lines += [f"note      = {note}" for note in notes]
@@ -158,7 +159,8 @@ def cached_note(stats: Stats) -> str:
 def _model_info(spec: ModelSpec, model) -> dict:
     return {"name": spec.name, "path": str(spec.path), "n_ctx": model.n_ctx,
             "n_gpu_layers": spec.n_gpu_layers, "n_threads": model.n_threads, "loras": spec.lora_info(),
-            "nextn_layers": model.nextn_layers}  # NextN (MTP) layers loaded to draft with (draft-mtp)
+            "nextn_layers": model.nextn_layers,  # NextN (MTP) layers loaded to draft with (draft-mtp)
+            "mtp_head": str(spec.mtp_sidecar) if spec.mtp_sidecar else None}  # an MTP head file (-md) instead
 
 
 def _settings(sampling: SamplerSettings, spec: SpecSettings, seed: int, use_chat: bool, engine: Engine) -> dict:

@@ -1,8 +1,8 @@
 """Tiny random-weight GGUF models of several architectures that the pinned llama.cpp loads.
 
-    python scripts/tiny_model.py ARCH OUT.gguf [--mtp] [--n-embd N] [--n-layer N] [--seed S] [--f16]
+    python scripts/tiny_model.py ARCH OUT.gguf [--mtp | --mtp-only] [--n-embd N] [--n-layer N] [--seed S] [--f16]
 
-or, from Python, ``write_model(arch, path, mtp=False, n_embd=None, n_layer=None, seed=0)``.
+or, from Python, ``write_model(arch, path, mtp=False, mtp_only=False, n_embd=None, n_layer=None, seed=0)``.
 ``ARCHS`` lists the architectures and ``ARCH_INFO`` what llama.cpp says of each (recurrent,
 hybrid, recurrent-state rollback, generative).
 
@@ -25,6 +25,14 @@ zero, so greedy decoding never picks EOS (and sampling almost never does). Recur
 parameters are negative where llama.cpp needs it (Mamba's ssm_a, the delta-net's ssm_a).
 Matrices are F32 (or F16 with --f16); norms, biases and recurrent parameters are always F32.
 Nothing binary is committed: tests write the models.
+
+qwen35 has an MTP (NextN) block with --mtp, and comes as llama.cpp's converter publishes a
+model in two files: --mtp-only writes the head alone, as `convert_hf_to_gguf.py --mtp` does
+(the same metadata as --mtp, block_count and nextn_predict_layers included, but of the tensors
+only the NextN block, token_embd, output_norm and output), and the plain model is what
+`--no-nextn` writes (no NextN block, no nextn_predict_layers). The weights are drawn in the
+same order for all three, so with one seed the head file and the plain model hold exactly the
+--mtp file's tensors: the pair drafts what the combined file drafts.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -159,13 +168,17 @@ _MATRICES = ("token_embd.weight", "output.weight", "position_embd.weight", "attn
 class _Weights:
     """Adds tensors to a writer; shapes are given as ggml's ne (numpy's shape reversed)."""
 
-    def __init__(self, w: gguf.GGUFWriter, seed: int, f16: bool, n_layer: int):
+    def __init__(self, w: gguf.GGUFWriter, seed: int, f16: bool, n_layer: int,
+                 keep: Callable[[str], bool] = lambda name: True):
         self.w = w
+        self.keep = keep  # tensors left out are still drawn: the rest stay the same
         self.residual_gain = RESIDUAL_GAIN / np.sqrt(n_layer)
         self.rng = np.random.default_rng(seed)
         self.f16 = f16
 
     def add(self, name: str, data: np.ndarray) -> None:
+        if not self.keep(name):
+            return
         data = np.ascontiguousarray(data, dtype=np.float32)
         if self.f16 and name.endswith(_MATRICES):
             data = data.astype(np.float16)
@@ -581,13 +594,21 @@ _WRITERS = {
 assert set(_WRITERS) == set(ARCHS)
 
 
-def write_model(arch: str, path: str | Path, *, mtp: bool = False, n_embd: int | None = None,
-                n_layer: int | None = None, seed: int = 0, f16: bool = False) -> Path:
+def _in_mtp_file(n_layer: int) -> Callable[[str], bool]:
+    """What `convert_hf_to_gguf.py --mtp` keeps: the blocks from n_layer on (NextN) and the
+    tensors outside blocks (the embeddings, output norm and head the NextN block shares)."""
+    return lambda name: not name.startswith("blk.") or int(name.split(".")[1]) >= n_layer
+
+
+def write_model(arch: str, path: str | Path, *, mtp: bool = False, mtp_only: bool = False,
+                n_embd: int | None = None, n_layer: int | None = None, seed: int = 0, f16: bool = False) -> Path:
     """Write a tiny random-weight GGUF of architecture `arch` (one of ARCHS) to `path`.
 
     n_embd defaults to the architecture's ARCH_INFO default, 64 for most (a multiple of 16 up
     to 128, of 64 above; rwkv7's of 64) and n_layer to the
-    architecture's ARCH_INFO default; mtp (qwen35 only) adds one NextN block."""
+    architecture's ARCH_INFO default; mtp (qwen35 only) adds one NextN block; mtp_only writes
+    that block alone, as llama.cpp's converter publishes an MTP head (see the top)."""
+    mtp = mtp or mtp_only
     if arch not in ARCH_INFO:
         raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(ARCHS)}")
     info = ARCH_INFO[arch]
@@ -604,7 +625,8 @@ def write_model(arch: str, path: str | Path, *, mtp: bool = False, n_embd: int |
     w.add_name(f"tiny-{arch}{'-mtp' if mtp else ''}")
     n_vocab = add_tokenizer(w)
     d = _dims(n_embd, n_layer, n_vocab)
-    _WRITERS[arch](w, _Weights(w, seed, f16, n_layer), d, mtp)
+    keep = _in_mtp_file(n_layer) if mtp_only else (lambda name: True)
+    _WRITERS[arch](w, _Weights(w, seed, f16, n_layer, keep), d, mtp)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -618,13 +640,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("arch", choices=ARCHS)
     p.add_argument("out", type=Path)
     p.add_argument("--mtp", action="store_true", help="add NextN/MTP layer(s) (qwen35)")
+    p.add_argument("--mtp-only", action="store_true",
+                   help="only the MTP head, as convert_hf_to_gguf.py --mtp writes it (qwen35; its model: "
+                        "the same arguments without --mtp-only, which is what --no-nextn writes)")
     p.add_argument("--n-embd", type=int, default=None)
     p.add_argument("--n-layer", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--f16", action="store_true", help="store matrices in F16 (norms etc. stay F32)")
     args = p.parse_args(argv)
     try:
-        path = write_model(args.arch, args.out, mtp=args.mtp, n_embd=args.n_embd, n_layer=args.n_layer,
+        path = write_model(args.arch, args.out, mtp=args.mtp, mtp_only=args.mtp_only, n_embd=args.n_embd, n_layer=args.n_layer,
                            seed=args.seed, f16=args.f16)
     except ValueError as e:
         p.error(str(e))

@@ -56,6 +56,7 @@ class ModelSpec:
     n_rs_seq: int = 0  # a recurrent state's snapshots: the longest draft it can undo directly (cache.py)
     loras: tuple[tuple[Path, float], ...] = ()  # LoRA adapters and their scales
     mtp: bool = False  # load its NextN (MTP) layers, where it has them, to draft with (draft-mtp)
+    mtp_sidecar: Path | None = None  # an MTP head file (-md) that drafts for it instead (draft-mtp)
 
     def lora_info(self) -> list[dict]:
         """The adapters, for JSON output."""
@@ -66,15 +67,18 @@ class Engine:
     def __init__(self, target: ModelSpec, draft: ModelSpec | None = None,
                  notify: Callable[[str], None] | None = None, prompt_cache_file: Path | None = None,
                  prompt_cache_ro: bool = False):
-        if draft is not None and draft.path.resolve() != target.path.resolve():
-            check_compatible(read_vocab(target.path), read_vocab(draft.path))
+        for other in (draft.path if draft else None, target.mtp_sidecar):
+            if other is not None and other.resolve() != target.path.resolve():
+                check_compatible(read_vocab(target.path), read_vocab(other))
         t0 = time.perf_counter()
         self.target = _load(target)
         self.draft = None
         try:
             self.draft = _load(draft) if draft is not None else None
-            # The target's MTP head, where it drafts for itself: its cache, kept between runs too.
-            self.mtp = MtpCache(self.target.mtp_head()) if self.target.nextn_layers else None
+            # The target's MTP head (its own NextN layers, or an MTP head file's): its cache, kept
+            # between runs too.
+            has_head = target.mtp_sidecar or self.target.nextn_layers
+            self.mtp = MtpCache(self.target.mtp_head(target.mtp_sidecar)) if has_head else None
         except BaseException:
             self.close()
             raise
@@ -181,7 +185,7 @@ class Engine:
         head) for batches of 1..max_batch tokens."""
         if role == "mtp":
             cache, model, measure = self.mtp, self.mtp.head, calibrate.measure_mtp
-            identity = {**self.target.identity(), "name": model.name, "mtp": True}
+            identity = {**self.target.identity(), "name": model.name, "mtp": model.file or True}
         else:
             cache, measure = self.caches[role], calibrate.measure
             model, identity = cache.model, cache.model.identity()
@@ -281,7 +285,8 @@ class Engine:
 
 
 def no_mtp_layers(name: str) -> str:
-    return f"--spec-type draft-mtp: {name} has no NextN (MTP) layers to draft with"
+    return (f"--spec-type draft-mtp: {name} has no NextN (MTP) layers to draft with; "
+            "give its MTP head file with -md")
 
 
 def _largest_batch(model: LlamaModel) -> int:

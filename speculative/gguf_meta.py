@@ -206,6 +206,14 @@ def has_nextn_layers(path: Path) -> bool:
     return name in _model_tensors(Path(path), {name})[1]
 
 
+def is_mtp_head(path: Path) -> bool:
+    """Whether a (pre-flighted) model file is an MTP head alone, as `convert_hf_to_gguf.py --mtp`
+    publishes one to draft for its model: NextN layers without the trunk, as llama.cpp's loaders
+    tell (no blk.0.attn_norm.weight)."""
+    trunk = "blk.0.attn_norm.weight"
+    return has_nextn_layers(path) and trunk not in _model_tensors(Path(path), {trunk})[1]
+
+
 def _mapped(path: Path, kind: str, walk):
     """`walk(cursor)` over a memory map of the GGUF file at `path`; a path that is not
     a readable, non-empty regular file is a one-line ModelError (a FIFO is never opened)."""

@@ -14,7 +14,9 @@ through checkpoints of the recurrent state (cache.py).
 
 A model with NextN (MTP) layers, loaded with load_mtp, drafts for itself: `mtp_head()`
 gives the MtpHead, a second context on the same weights that runs only those layers, and
-from then on the model copies its NextN hidden rows after every decode (nextn.py).
+from then on the model copies its NextN hidden rows after every decode (nextn.py). Those
+layers may also come as a file of their own (an MTP head, `convert_hf_to_gguf.py --mtp`),
+given with -md: `mtp_head(path)` loads it and runs the head on its weights instead.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from llama_cpp import llama_cpp_ext as ll_ext
 from . import interrupt
 from .backend import Outputs
 from .errors import GenerationError, ModelError
-from .gguf_meta import has_nextn_layers, preflight, preflight_adapter, read_metadata
+from .gguf_meta import has_nextn_layers, is_mtp_head, preflight, preflight_adapter, read_metadata
 from .nextn import NextnRows
 
 _initialised = False
@@ -161,6 +163,9 @@ class LlamaModel:
         if arch in SIDECARS:
             raise ModelError(f"{path}: {SIDECARS[arch]} ({arch}): it drafts for another model and cannot "
                              "generate on its own")
+        if is_mtp_head(path):
+            raise ModelError(f"{path}: an MTP head without its model ({arch}): it drafts for that model, "
+                             "given with -md and --spec-type draft-mtp, and cannot generate on its own")
         causal = read_metadata(path, [f"{arch}.attention.causal"]).get(f"{arch}.attention.causal", True)
         for lora, _ in loras:  # nor adapters, which are refused before the model loads
             preflight_adapter(lora, path)
@@ -472,14 +477,14 @@ class LlamaModel:
 
     # -- drafting with its own NextN layers -------------------------------
 
-    def mtp_head(self) -> "MtpHead":
-        """The MTP head on this model's NextN layers (made on the first call; this model then
-        keeps its NextN rows for it)."""
+    def mtp_head(self, sidecar: Path | None = None) -> "MtpHead":
+        """The MTP head on this model's NextN layers, or on those of the MTP head file
+        `sidecar` (made on the first call; this model then keeps its NextN rows for it)."""
         if self._mtp is None:
-            if not self.nextn_layers:
+            if sidecar is None and not self.nextn_layers:
                 raise ModelError(f"{self.path}: no NextN (MTP) layers loaded")
+            self._mtp = MtpHead(self, self._nextn, sidecar)
             ll_ext.llama_set_embeddings_nextn(self._ctx, True, False)  # unmasked: a row per token
-            self._mtp = MtpHead(self, self._nextn)
         return self._mtp
 
     def nextn_state(self, n_tokens: int) -> bytes | None:
@@ -522,7 +527,9 @@ class LlamaModel:
 
 class MtpHead:
     """A model's NextN (MTP) layers in a context of their own (llama.cpp's
-    LLAMA_CONTEXT_TYPE_MTP on the same weights), as llama.cpp's draft-mtp drives them.
+    LLAMA_CONTEXT_TYPE_MTP on the same weights, or on an MTP head file's: then loaded with
+    load_mtp and no context but this one, as llama.cpp loads -md for draft-mtp), as llama.cpp's
+    draft-mtp drives them.
 
     Its entry at position p is the token at p with a hidden row: the target's NextN row at
     p - 1 for the entries that follow the target, the head's own NextN row of the entry
@@ -531,23 +538,29 @@ class MtpHead:
     is its one owner.
     """
 
-    def __init__(self, target: LlamaModel, rows: NextnRows):
-        self.name = f"{target.name} (MTP)"
+    def __init__(self, target: LlamaModel, rows: NextnRows, sidecar: Path | None = None):
+        """The head that follows `target` (its rows), on the target's weights or the file `sidecar`'s."""
         self.n_embd = rows.n_embd
         self._rows = rows
         self.n_batch = target.n_batch
+        self._ctx = self._batch = self._own = None
+        self.file = None if sidecar is None else _file_identity(sidecar)  # what it runs, for calibration
+        self.name = f"{target.name if sidecar is None else sidecar.name} (MTP)"
+        model = target._model if sidecar is None else self._load(sidecar, target)
         cparams = _context_params(ll.llama_n_ctx(target._ctx), target.n_batch, target.n_threads,
                                   target._flash_attn_type)
         cparams.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP
         cparams.ctx_other = target._ctx  # llama.cpp shares the target's memory where the architecture does
-        self._ctx = ll.llama_init_from_model(target._model, cparams)
+        self._ctx = ll.llama_init_from_model(model, cparams)
         if not self._ctx:
-            raise ModelError(f"{target.path}: llama.cpp could not create an MTP context")
+            self.close()
+            raise ModelError(f"{sidecar or target.path}: llama.cpp could not create an MTP context")
         ll_ext.llama_set_embeddings_nextn(self._ctx, True, False)  # unmasked: rows by batch index
-        target._set_loras(self._ctx)
+        if sidecar is None:
+            target._set_loras(self._ctx)  # the target's adapters change its NextN layers too
         self._mem = ll.llama_get_memory(self._ctx)
         self.n_ctx = target.n_ctx
-        self.n_vocab = target.n_vocab
+        self.n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(model))
         self.busy_seconds = 0.0
         self._batch = ll.llama_batch_init(self.n_batch, self.n_embd, 1)
         self._tokens = (ll.llama_token * self.n_batch)()
@@ -561,6 +574,23 @@ class MtpHead:
         self._embd = np.ctypeslib.as_array(self._batch.embd, shape=(self.n_batch, self.n_embd))
         self.decode([0], 0, np.zeros((1, self.n_embd), dtype=np.float32))  # allocates the compute buffers
         self.trim(0)
+
+    def _load(self, path: Path, target: LlamaModel):
+        """An MTP head file's weights, its NextN layers loaded (its trunk is not in it)."""
+        preflight(path)
+        mparams = ll.llama_model_default_params()
+        if target.n_gpu_layers >= 0:
+            mparams.n_gpu_layers = target.n_gpu_layers
+        mparams.load_mtp = True
+        self._own = ll.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._own:
+            raise ModelError(f"{path}: llama.cpp could not load this MTP head")
+        width = ll.llama_model_n_embd(self._own)
+        if width != self.n_embd:  # llama.cpp asserts they match
+            self.close()
+            raise ModelError(f"{path}: an MTP head of width {width} cannot draft for {target.name}, whose "
+                             f"hidden states have {self.n_embd}")
+        return self._own
 
     def target_rows(self, start: int, end: int) -> np.ndarray | None:
         """The target's NextN rows for positions start..end-1 (-1: zeros), None where unknown."""
@@ -600,3 +630,6 @@ class MtpHead:
         if self._ctx:
             ll.llama_free(self._ctx)
             self._ctx = None
+        if self._own:  # an MTP head file's weights: freed after the context on them
+            ll.llama_model_free(self._own)
+            self._own = None

@@ -5,7 +5,9 @@ entry it is given, and check after every step that the entries the MTP cache cal
 are the token at p with the target's row at p - 1, through rejections, recurrent rewinds,
 prefix reuse and a restored cache. The real ones (marked `real`) run the tiny Qwen3.5 with
 one NextN layer that scripts/tiny_model.py writes (--mtp), whose head favours the same
-successor as its trunk, so some drafts are accepted and some rejected.
+successor as its trunk, so some drafts are accepted and some rejected; and the same model
+published as llama.cpp's converter does, in two files: the model without its NextN layer
+and the MTP head alone (--mtp-only), given with -md.
 """
 
 from __future__ import annotations
@@ -264,24 +266,33 @@ N = 48
 def tiny(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny-mtp")
     return {"mtp": write_model("qwen35", folder / "qwen35-mtp.gguf", mtp=True),
-            "plain": write_model("qwen35", folder / "qwen35.gguf")}
+            "plain": write_model("qwen35", folder / "qwen35.gguf"),  # what --no-nextn converts
+            "head": write_model("qwen35", folder / "mtp-qwen35.gguf", mtp_only=True),
+            "wide-head": write_model("qwen35", folder / "mtp-qwen35-128.gguf", mtp_only=True, n_embd=128)}
 
 
 def spec(types: tuple[str, ...], draft_max: int = 4, n: int = N) -> SpecSettings:
     return SpecSettings(types=types, n_predict=n, draft_max=draft_max, ignore_eos=True)
 
 
-def target(path: Path, mtp: bool = True, draft_max: int = 8) -> ModelSpec:
-    return ModelSpec(path, "qwen35-mtp", n_ctx=512, n_threads=THREADS, n_rs_seq=draft_max, mtp=mtp)
+def target(path: Path, mtp: bool = True, draft_max: int = 8, sidecar: Path | None = None) -> ModelSpec:
+    return ModelSpec(path, "qwen35-mtp", n_ctx=512, n_threads=THREADS, n_rs_seq=draft_max, mtp=mtp,
+                     mtp_sidecar=sidecar)
+
+
+def with_head(tiny, form: str) -> ModelSpec:
+    """The target with its MTP head: its own NextN layer, or the head file's (-md)."""
+    return target(tiny["mtp"]) if form == "combined" else target(tiny["plain"], sidecar=tiny["head"])
 
 
 @real
-def test_greedy_mtp_drafts_keep_target_only_output(tiny, batch_invariant):
-    """Against a target loaded without its NextN layers, which never gives hidden rows."""
+@pytest.mark.parametrize("form", ["combined", "sidecar"])
+def test_greedy_mtp_drafts_keep_target_only_output(tiny, batch_invariant, form):
+    """Against a target loaded without NextN layers, which never gives hidden rows."""
     with Engine(target(tiny["mtp"], mtp=False)) as alone:
         reference = tokens_of(alone.run(alone.prompt_tokens(PROMPT), GREEDY, spec(("none",)), 1))
-    with Engine(target(tiny["mtp"])) as engine:
-        assert engine.target.nextn_layers == 1 and engine.mtp is not None
+    with Engine(with_head(tiny, form)) as engine:
+        assert engine.target.nextn_layers == (form == "combined") and engine.mtp is not None
         differences = [c.max_abs_diff for c in batch_invariance(engine.caches["target"], depths=(16,))]
         if max(differences) > 0:  # qwen35's chunked delta-net, on some CPUs (tests/test_recurrent.py)
             pytest.skip(f"qwen35 scores a batch differently from token by token here (max |logit "
@@ -295,6 +306,24 @@ def test_greedy_mtp_drafts_keep_target_only_output(tiny, batch_invariant):
             assert {s.drafter for s in steps if s.n_drafted} == {"draft-mtp"}
             assert sum(s.n_accepted for s in steps) > 0, f"draft_max {draft_max}: nothing accepted"
             assert any(s.n_accepted < s.n_drafted for s in steps), f"draft_max {draft_max}: nothing rejected"
+
+
+@real
+def test_the_head_file_drafts_what_the_combined_file_drafts(tiny):
+    """The head file and the model without NextN layers hold the --mtp file's tensors: the head
+    drafts the same tokens from the same logits, and whole runs take the same steps."""
+    drafts, runs = {}, {}
+    for form in ("combined", "sidecar"):
+        with Engine(with_head(tiny, form)) as engine:
+            prompt = engine.prompt_tokens(PROMPT)
+            engine.caches["target"].sync(prompt[:-1])  # the target holds them, and its rows of them
+            first = engine.mtp.sync(prompt)
+            drafts[form] = (first[0].copy(), MtpDrafter(engine.mtp, engine.target.is_eog).propose(prompt, 8).tokens)
+            events = list(engine.run(prompt, GREEDY, spec(("draft-mtp",)), 1))
+            runs[form] = (tokens_of(events), [(s.n_drafted, s.n_accepted) for s in steps_of(events)])
+    assert np.array_equal(drafts["combined"][0], drafts["sidecar"][0])
+    assert drafts["combined"][1] == drafts["sidecar"][1] and len(drafts["sidecar"][1]) == 8
+    assert runs["combined"] == runs["sidecar"]
 
 
 @real
@@ -343,10 +372,34 @@ def test_draft_mtp_without_nextn_layers_exits_2(tiny):
 
 
 @real
-def test_auto_plans_with_the_mtp_head(tiny, tmp_path):
-    out = speculate_json("-m", str(tiny["mtp"]), "-p", PROMPT, "-n", "32", "--temp", "0", "--ignore-eos",
+def test_the_head_file_is_no_draft_model(tiny):
+    proc = speculate("-m", str(tiny["plain"]), "-md", str(tiny["head"]), "--spec-type", "draft", "-p", "hi",
+                     "-n", "4", "-t", "1", timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and "is an MTP head" in lines[0] and "--spec-type draft-mtp" in lines[0]
+    proc = speculate("-m", str(tiny["head"]), "-p", "hi", "-n", "4", "-t", "1", timeout=120)
+    assert proc.returncode == 3 and "cannot generate on its own" in proc.stderr, proc.stderr
+
+
+@real
+def test_a_head_file_of_another_width_exits_3(tiny):
+    proc = speculate("-m", str(tiny["plain"]), "-md", str(tiny["wide-head"]), "--spec-type", "draft-mtp",
+                     "-p", "hi", "-n", "4", "-t", "1", timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and "width 128" in lines[0] and "have 64" in lines[0]
+
+
+@real
+@pytest.mark.parametrize("form", ["combined", "sidecar"])
+def test_auto_plans_with_the_mtp_head(tiny, tmp_path, form):
+    models = ("-m", str(tiny["mtp"])) if form == "combined" else ("-m", str(tiny["plain"]), "-md", str(tiny["head"]))
+    out = speculate_json(*models, "-p", PROMPT, "-n", "32", "--temp", "0", "--ignore-eos",
                          "-t", "1", env={"SPECULATE_HOME": str(tmp_path)})
-    assert out["target"]["nextn_layers"] == 1
+    assert out["draft"] is None
+    assert (out["target"]["nextn_layers"], out["target"]["mtp_head"]) == (
+        (1, None) if form == "combined" else (0, str(tiny["head"])))
     planned = any(p["drafter"] == "draft-mtp" for p in out["plans"])
     assert planned or any("draft-mtp" in note for note in out["notes"]), (out["plans"], out["notes"])
 
