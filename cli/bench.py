@@ -31,8 +31,8 @@ def bench_command(
                                              "(optional `id`, `category`)."),
     config: Optional[List[str]] = typer.Option(
         None, "-C", "--config", metavar="TYPES",
-        help="A --spec-type value to measure; repeat for several [default: draft (with a draft model), "
-             "ngram-simple, auto]. Target-only runs are always measured."),
+        help="A --spec-type value to measure; repeat for several [default: draft (with a draft model; draft-mtp "
+             "with an MTP head file), ngram-simple, auto]. Target-only runs are always measured."),
     sweep: Optional[List[str]] = typer.Option(
         None, "--sweep", metavar="KEY=V1,V2",
         help=f"Grid over a setting ({', '.join(bench.SWEEP_KEYS)}); repeat for a product. "
@@ -49,7 +49,8 @@ def bench_command(
     per_prompt: bool = typer.Option(False, "--per-prompt", help="Also print one row per prompt."),
 ) -> None:
     """Measure speedup over target-only decoding per prompt and category, on this machine."""
-    configs_wanted = config or [*(["draft"] if models.draft_available else []), "ngram-simple", "auto"]
+    drafter = "draft-mtp" if models.mtp_head_given else "draft"  # what -md drafts with
+    configs_wanted = config or [*([drafter] if models.draft_available else []), "ngram-simple", "auto"]
     grid = bench.parse_sweeps(sweep or [])
     if n_predict < 1 or repeat < 1 or limit < 0:
         raise UsageError("-n and --repeat must be >= 1, --limit >= 0")
@@ -88,7 +89,8 @@ def bench_command(
             "machine": {"platform": platform.platform(), "processor": platform.machine(),
                         "llama_cpp": system_info(), "batch_variant_kernels": engine.target.kernels},
             "target": {"name": target.name, "path": str(target.path), "threads": engine.target.n_threads,
-                       "loras": target.lora_info()},
+                       "loras": target.lora_info(),
+                       "mtp_head": str(target.mtp_sidecar) if target.mtp_sidecar else None},
             "draft": {"name": draft.name, "path": str(draft.path), "loras": draft.lora_info()} if draft else None,
             "settings": {"n_predict": n_predict, "temp": temp, "seed": seed, "repeat": repeat,
                          "configs": [c.label for c in configs], "prompts": str(prompts)},

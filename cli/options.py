@@ -202,13 +202,18 @@ class ModelOptions:
         """A draft model is at hand: -md, or the registry's default pair when -m is not given."""
         return self.model_draft is not None or self.model is None
 
+    @property
+    def mtp_head_given(self) -> bool:
+        """-md names an MTP head file (NextN layers without a model), not a draft model."""
+        return self.model_draft is not None and Path(self.model_draft).is_file() and is_mtp_head(Path(self.model_draft))
+
     def uses_draft(self, spec: SpecSettings) -> bool:
         """Whether a draft model is loaded: named in --spec-type, or auto with one at hand."""
         if "draft" in spec.drafters:
             if not self.draft_available:
                 raise UsageError("--spec-type draft needs a draft model: give -md PATH|NAME")
             return True
-        return spec.auto and not spec.drafters and self.draft_available
+        return spec.auto and not spec.drafters and self.draft_available and not self.mtp_head_given
 
     def specs(self, use_draft: bool, branches: int = 1, longest_draft: int = 0,
               mtp: str | None = None) -> tuple[ModelSpec, ModelSpec | None]:
@@ -238,7 +243,7 @@ class ModelOptions:
             ngl=(self.n_gpu_layers, self.n_gpu_layers_draft), threads=(self.threads, self.threads_draft),
             n_batch=self.batch_size, flash_attn=self.flash_attn, loras=tuple(_adapters(names) for names in loras))
         if draft is not None and is_mtp_head(draft.path):  # as llama.cpp tells it from the file
-            if use_draft and mtp != "auto":
+            if use_draft:
                 raise UsageError(f"-md {draft.name} is an MTP head (NextN layers without a model), not a "
                                  "draft model: use it with --spec-type draft-mtp")
             target, draft = replace(target, mtp_sidecar=draft.path), None

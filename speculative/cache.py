@@ -76,7 +76,8 @@ class Cache:
         rows = self.model.decode(tokens, len(self._seqs[0]), outputs)
         self._dirty = False
         self._seqs[0].extend(tokens)
-        self._undoable = len(tokens) - 1
+        if tokens:  # an empty decode changes nothing, what can be undone included
+            self._undoable = len(tokens) - 1
         return rows
 
     def checkpoint(self, ahead: int | None = None) -> None:

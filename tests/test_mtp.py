@@ -12,6 +12,8 @@ and the MTP head alone (--mtp-only), given with -md.
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import numpy as np
@@ -380,6 +382,19 @@ def test_the_head_file_is_no_draft_model(tiny):
     assert len(lines) == 1 and "is an MTP head" in lines[0] and "--spec-type draft-mtp" in lines[0]
     proc = speculate("-m", str(tiny["head"]), "-p", "hi", "-n", "4", "-t", "1", timeout=120)
     assert proc.returncode == 3 and "cannot generate on its own" in proc.stderr, proc.stderr
+
+
+@real
+def test_bench_measures_a_head_file_as_draft_mtp(tiny, tmp_path):
+    """bench's default configurations take -md's drafter: an MTP head file drafts as draft-mtp."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "prompt": PROMPT}) + "\n")
+    proc = speculate("bench", str(prompts), "-m", str(tiny["plain"]), "-md", str(tiny["head"]), "-n", "16",
+                     "-t", "1", "-o", str(tmp_path / "bench.json"), env={"SPECULATE_HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads((tmp_path / "bench.json").read_text())["meta"]
+    assert meta["settings"]["configs"] == ["target only", "draft-mtp", "ngram-simple", "auto"]
+    assert meta["target"]["mtp_head"] == str(tiny["head"]) and meta["draft"] is None
 
 
 @real
