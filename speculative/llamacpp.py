@@ -189,6 +189,7 @@ class LlamaModel:
         self._model = model
         self.arch = arch
         cannot = ("a diffusion model (it denoises whole blocks)" if ll.llama_model_is_diffusion(model) else
+                  "an encoder-only model" if not ll.llama_model_has_decoder(model) else
                   "an encoder-decoder model" if ll.llama_model_has_encoder(model) else
                   "an embedding model (bidirectional attention)" if causal is False else None)
         if cannot:

@@ -420,6 +420,23 @@ def test_auto_plans_with_the_mtp_head(tiny, tmp_path, form):
 
 
 @real
+def test_a_chain_with_mtp_reports_it_in_run_and_batch_stats(tiny, tmp_path):
+    """draft-mtp,ngram-simple: the steps of each drafter show in the plans, with acceptance by
+    position, in a one-shot run's --json and in a batch's results."""
+    args = ("-m", str(tiny["mtp"]), "-n", "32", "--temp", "0", "--spec-type", "draft-mtp,ngram-simple",
+            "-t", "1")
+    out = speculate_json(*args, "-p", PROMPT, "--ignore-eos")
+    assert {p["drafter"] for p in out["plans"]} >= {"draft-mtp"}
+    assert out["n_drafted"] > 0 and out["accept_rate_by_position"]
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text(json.dumps({"id": 1, "prompt": PROMPT}) + "\n")
+    proc = speculate("batch", str(requests), "-o", str(tmp_path / "out.jsonl"), *args)
+    assert proc.returncode == 0, proc.stderr
+    stats = json.loads((tmp_path / "out.jsonl").read_text())["stats"]
+    assert any(p["drafter"] == "draft-mtp" for p in stats["plans"]) and stats["accept_rate_by_position"]
+
+
+@real
 def test_the_prompt_cache_keeps_the_targets_nextn_rows(tiny, tmp_path, batch_invariant):
     """The file holds the target's NextN rows next to its cache, so the head catches up on the
     restored prompt and drafts as without the file. A file written without them (by a run that
