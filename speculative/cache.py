@@ -109,6 +109,8 @@ class Cache:
             return
         self.model.trim(n)
         self._undoable = 0  # llama.cpp's recurrent rollback is single-use
+        if self._checkpoint is not None and self._checkpoint[0] > n:
+            self._checkpoint = None  # it holds tokens this cache no longer does
         for seq in self._seqs.values():
             del seq[n:]
 
