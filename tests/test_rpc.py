@@ -7,6 +7,7 @@ import json
 import signal
 import socket
 import subprocess
+import threading
 import time
 from contextlib import contextmanager
 
@@ -126,6 +127,25 @@ def test_a_server_that_does_not_greet_exits_3_naming_it(model_path):
     assert proc.returncode == 3 and endpoint in proc.stderr and len(proc.stderr.splitlines()) == 1
 
 
+def test_a_server_of_another_protocol_version_exits_3_naming_it(model_path):
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        endpoint = "127.0.0.1:%d" % listener.getsockname()[1]
+
+        def greet_as_version_6():
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(1 + 8 + rpc.CAPS_SIZE, socket.MSG_WAITALL)
+                conn.sendall((4 + rpc.CAPS_SIZE).to_bytes(8, "little") + bytes([6, 0, 0, 0]) + bytes(rpc.CAPS_SIZE))
+
+        threading.Thread(target=greet_as_version_6, daemon=True).start()
+        proc = speculate("-m", str(model_path(SMOL)), "--rpc", endpoint, "-p", "hi", "-n", "4", timeout=60)
+    assert proc.returncode == 3 and endpoint in proc.stderr and "6.0.0" in proc.stderr, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1
+
+
 def test_the_target_on_two_rpc_servers_gives_the_local_greedy_output(model_path, batch_invariant):
     """Greedy output with the target's layers split over two loopback RPC servers equals local
     target-only output, for n-gram drafting and for a local draft model."""
@@ -211,3 +231,45 @@ def test_serve_ends_with_exit_1_and_one_line_when_its_rpc_server_dies(model_path
     lines = [line for line in err.splitlines() if line.startswith("speculate: error:")]
     assert len(lines) == 1 and endpoint in lines[0], err
     assert "Traceback" not in err and "core dumped" not in err
+
+
+def test_a_server_gone_silent_blocks_the_run_past_sigterm_as_the_readme_says(model_path):
+    """A server that greets and then never answers (a link gone silent): ggml waits in its RPC
+    thread with no timeout, and the main thread on it inside llama.cpp, where Python's signal
+    handlers never run: SIGTERM does not end the run, SIGKILL does (README, "Faults"). Should
+    this fail, ggml has learnt to give up: the README is out of date."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    endpoint = "127.0.0.1:%d" % listener.getsockname()[1]
+    held = []
+
+    def greet_then_fall_silent():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            held.append(conn)
+            conn.recv(1 + 8 + rpc.CAPS_SIZE, socket.MSG_WAITALL)
+            conn.sendall((4 + rpc.CAPS_SIZE).to_bytes(8, "little") + bytes([rpc.PROTO_MAJOR, 0, 0, 0])
+                         + bytes(rpc.CAPS_SIZE))
+
+    threading.Thread(target=greet_then_fall_silent, daemon=True).start()
+    try:
+        proc = subprocess.Popen([SPECULATE, "-m", str(model_path(SMOL)), "--rpc", endpoint, "-p", "hi", "-n", "4"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(3)
+        assert proc.poll() is None  # waiting inside ggml
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(3)
+        assert proc.poll() is None  # still waiting
+        proc.kill()
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        proc.kill()
+        proc.stdout.close()
+        proc.stderr.close()
+        listener.close()
+        for conn in held:
+            conn.close()
