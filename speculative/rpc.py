@@ -7,15 +7,19 @@ first connected to here, with a timeout, and greeted as ggml greets it (RPC_CMD_
 server answers with its protocol version); what still goes wrong later (a server killed in the
 middle of a generation) reaches ggml's abort hook, which ends the process with the text so far
 flushed, one line naming the servers, and exit 1. A link that goes silent without a reset
-blocks inside ggml's transport, which has no timeouts (see README).
+blocks inside ggml's transport, which has no timeouts (see README); Python's signal handlers
+cannot run then (the main thread waits inside llama.cpp), so a watcher thread ends the process
+when Ctrl-C or SIGTERM has not done so within GRACE seconds.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import struct
 import sys
+import threading
 from typing import Sequence
 
 from . import llamacpp
@@ -24,6 +28,7 @@ from .errors import ModelError, UsageError
 PROTO_MAJOR, PROTO_MINOR = 7, 0  # RPC_PROTO_*_VERSION in ggml-rpc.h of the pinned llama.cpp
 HELLO, CAPS_SIZE = 14, 24  # RPC_CMD_HELLO; rpc_msg_hello_req is conn_caps[24]
 TIMEOUT = 5.0
+GRACE = 5.0  # seconds a signal has to end the run the usual way before the watcher does
 
 
 def parse(servers: str) -> list[str]:
@@ -71,9 +76,9 @@ def connect(endpoints: Sequence[str]) -> list[str]:
     llamacpp.require_rpc()
     for endpoint in endpoints:
         check(endpoint)
-    names = llamacpp.add_rpc_servers(endpoints)
     llamacpp.on_ggml_abort(lambda message: _aborted(endpoints, message))
-    return names
+    _watch_signals(endpoints)
+    return llamacpp.add_rpc_servers(endpoints)
 
 
 def _aborted(endpoints: Sequence[str], message: str) -> None:  # pragma: no cover - ends the process
@@ -87,3 +92,31 @@ def _aborted(endpoints: Sequence[str], message: str) -> None:  # pragma: no cove
     os.write(2, f"speculate: error: llama.cpp stopped with RPC server(s) {', '.join(endpoints)} in use: "
                 f"{detail}\n".encode(errors="replace"))
     os._exit(1)
+
+
+def _watch_signals(endpoints: Sequence[str]) -> None:
+    """Ctrl-C and SIGTERM, even while ggml waits on a silent server: Python's handlers write the
+    signal to a wakeup pipe at once, but run only when the main thread is back in Python."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    previous = signal.set_wakeup_fd(write)
+    if previous != -1:  # someone else's: leave it theirs
+        signal.set_wakeup_fd(previous)
+        os.close(read)
+        os.close(write)
+        return
+
+    def watch() -> None:  # pragma: no cover - ends the process
+        os.read(read, 1)
+        threading.Event().wait(GRACE)  # the run ends the usual way (130, statistics) unless stuck
+        try:
+            sys.stdout.flush()
+        except Exception:
+            pass
+        os.write(2, f"speculate: error: interrupted while waiting for RPC server(s) {', '.join(endpoints)}\n"
+                    .encode(errors="replace"))
+        os._exit(130)
+
+    threading.Thread(target=watch, daemon=True, name="rpc-signals").start()
