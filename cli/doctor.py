@@ -9,7 +9,7 @@ import typer
 
 from speculative.doctor import batch_invariance
 from speculative.engine import Engine
-from speculative.llamacpp import bindings_version, gpu_offload, system_info
+from speculative.llamacpp import bindings_version, gpu_offload, rpc_available, system_info
 
 from . import options
 from .render import PipeConsole, quiet_pipe
@@ -28,7 +28,7 @@ def doctor_command(
         checks = batch_invariance(engine.caches["target"])
         report = {
             "llama_cpp_python": bindings_version(), "system_info": system_info(),
-            "gpu_offload": gpu_offload(), "model": target.name,
+            "gpu_offload": gpu_offload(), "rpc": rpc_available(), "model": target.name, "placement": m.placement,
             "n_gpu_layers": m.n_gpu_layers, "threads": m.n_threads, "flash_attn": m.flash_attn,
             "batch_variant_kernels": m.kernels, "recurrent": m.recurrent, "architecture": m.arch,
             "checks": [c.to_dict() for c in checks],
@@ -44,11 +44,13 @@ def _print(report: dict, json_output: bool) -> None:
         return
     out = PipeConsole(highlight=False, soft_wrap=True)
     out.print(f"llama-cpp-python {report['llama_cpp_python']}, GPU offload "
-              f"{'supported' if report['gpu_offload'] else 'not built in'}")
+              f"{'supported' if report['gpu_offload'] else 'not available (no GPU this build can use)'}, RPC "
+              f"{'built in (--rpc, speculate rpc-server)' if report['rpc'] else 'not built in'}")
     out.print(f"llama.cpp: {report['system_info'].strip()}")
     out.print(f"model: {report['model']} ({report['architecture']}"
               f"{', recurrent layers: probed at every position of a batch' if report['recurrent'] else ''}), "
-              f"{report['threads']} threads, -ngl {report['n_gpu_layers']}, -fa {report['flash_attn']}")
+              f"{report['threads']} threads, -ngl {report['n_gpu_layers']}, -fa {report['flash_attn']}, "
+              f"layers on {'the CPU' if report['placement'] == 'cpu' else 'a GPU'}")
     out.print("kernels of this build and settings that may change with batch size: "
               f"{', '.join(report['batch_variant_kernels']) or 'none'} (measured below)")
     checks = report["checks"]

@@ -27,6 +27,7 @@ from .bench import bench_command
 from .doctor import doctor_command
 from .prompt import process_escapes, read_prompt
 from .render import run_and_render
+from .rpc_server import rpc_server_command
 from .serve import serve_command
 
 try:  # typer >= 0.22 vendors click
@@ -35,8 +36,10 @@ except ImportError:  # pragma: no cover
     from click.exceptions import ClickException
 
 EXIT_CODES = (
-    "Exit codes: 0 success; 1 generation failed; 2 usage error; 3 model or registry problem "
-    "(missing or invalid file, unknown name, vocabulary or checksum mismatch); "
+    "Exit codes: 0 success (also rpc-server stopped by Ctrl-C or SIGTERM); 1 generation failed "
+    "(an RPC server lost in the middle of one included); 2 usage error; 3 model or registry problem "
+    "(missing or invalid file, unknown name, vocabulary or checksum mismatch; an RPC server not there, "
+    "or a build without RPC); "
     "130 interrupted (Ctrl-C or SIGTERM: the partial text and statistics are printed first)."
 )
 
@@ -61,6 +64,8 @@ app.command("batch", help="Run a JSONL file of requests with the models loaded o
                          "line per request.")(batch_command)
 app.command("serve", help="Serve the models over an OpenAI-compatible HTTP API, as llama-server does.")(
     serve_command)
+app.command("rpc-server", help="Serve this machine's CPU or GPUs to llama.cpp RPC clients (speculate --rpc), "
+                              "as llama.cpp's rpc-server does.")(rpc_server_command)
 app.command("doctor", help="Show the llama.cpp build and measure whether greedy speculation is exact on it.")(
     doctor_command)
 

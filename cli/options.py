@@ -15,7 +15,8 @@ import typer
 from speculative.engine import MAX_SNAPSHOTS, ModelSpec, no_mtp_layers
 from speculative.errors import UsageError
 from speculative.gguf_meta import has_nextn_layers, is_mtp_head
-from speculative.llamacpp import FLASH_ATTN_MODES
+from speculative import rpc
+from speculative.llamacpp import FLASH_ATTN_MODES, offload_devices
 from speculative.registry import Registry, check_gguf_file
 from speculative.settings import (DEFAULT_SEQUENCE, DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, NGRAM_N_AUTO, NGRAM_N_FIXED,
                                   NgramSettings, SamplerSettings, SpecSettings)
@@ -47,11 +48,24 @@ THREADS_DRAFT = typer.Option(
     help="CPU threads for the draft (default: -t).")
 FLASH_ATTN = typer.Option(
     "auto", "-fa", "--flash-attn", rich_help_panel=M, metavar="on|off|auto",
-    help="Flash attention (both models). auto: llama.cpp's choice on a GPU, off on the CPU, where "
-         "it scores a position differently alone and inside a batch (greedy speculation would "
-         "then drift from target-only output on near-ties).")
+    help="Flash attention (both models). auto: llama.cpp's choice on this machine's GPUs, off on the CPU, "
+         "where it scores a position differently alone and inside a batch (greedy speculation would "
+         "then drift from target-only output on near-ties), and on RPC servers, which may be CPUs.")
 BATCH_SIZE = typer.Option(
     2048, "-b", "--batch-size", rich_help_panel=M, help="Most tokens in one forward pass.")
+RPC = typer.Option(
+    None, "--rpc", rich_help_panel=M, metavar="SERVERS",
+    help="Comma-separated RPC servers, HOST:PORT (llama.cpp's rpc-server or `speculate rpc-server`): the "
+         "target's -ngl layers go to their devices, the draft model stays here. Each is checked before "
+         "the models load.")
+DEVICE = typer.Option(
+    None, "-dev", "--device", rich_help_panel=M, metavar="<dev1,dev2,..>",
+    help="Devices for the target's offloaded layers (none: keep them on the CPU; default: the --rpc "
+         "servers' devices, else llama.cpp's choice).")
+DEVICE_DRAFT = typer.Option(
+    None, "-devd", "--device-draft", "--spec-draft-device", rich_help_panel=M, metavar="<dev1,dev2,..>",
+    help="Devices for the draft model's offloaded layers (none: the CPU; default with --rpc: this "
+         "machine's GPUs, else -dev).")
 LORA = typer.Option(
     None, "--lora", rich_help_panel=M, metavar="FNAME",
     help="LoRA adapter (GGUF) for the target, at scale 1; repeat or comma-separate for several.")
@@ -196,6 +210,9 @@ class ModelOptions:
     lora: Optional[List[str]] = None
     lora_scaled: Optional[List[str]] = None
     lora_draft: Optional[List[str]] = None
+    rpc: Optional[str] = None
+    device: Optional[str] = None
+    device_draft: Optional[str] = None
 
     @property
     def draft_available(self) -> bool:
@@ -236,6 +253,7 @@ class ModelOptions:
             raise UsageError("--lora-draft is for the draft model, which this run does not load")
         loras = ([(name, 1.0) for name in _names(self.lora, "--lora")] + _scaled(self.lora_scaled),
                  [(name, 1.0) for name in _names(self.lora_draft, "--lora-draft")])
+        devices = self._devices()  # RPC servers checked and registered before anything loads
         # -md is resolved for draft-mtp too: it may be an MTP head file (convert_hf_to_gguf.py --mtp)
         with_md = use_draft or (mtp is not None and self.model_draft is not None)
         target, draft = resolve_models(
@@ -251,12 +269,41 @@ class ModelOptions:
             draft = None  # draft-mtp with a draft model: the target's own NextN layers draft
         if mtp == "named" and not target.mtp_sidecar and not has_nextn_layers(target.path):
             raise UsageError(no_mtp_layers(target.name))
-        target = replace(target, n_rs_seq=min(longest_draft, MAX_SNAPSHOTS),
+        target = replace(target, n_rs_seq=min(longest_draft, MAX_SNAPSHOTS), devices=devices[0],
                          mtp=mtp is not None and not target.mtp_sidecar)
+        draft = None if draft is None else replace(draft, devices=devices[1])
         if branches <= 1:
             return target, draft
         # Both models get a KV-cache sequence per draft-tree branch (-np).
         return replace(target, n_seq=branches), None if draft is None else replace(draft, n_seq=branches)
+
+
+    def _devices(self) -> tuple[tuple[str, ...] | None, tuple[str, ...] | None]:
+        """The devices of the target's and the draft's offloaded layers (None: llama.cpp's choice),
+        as llama.cpp's --rpc, -dev and -devd choose them; --rpc's servers are checked and their
+        devices registered."""
+        remote = tuple(rpc.connect(rpc.parse(self.rpc))) if self.rpc is not None else None
+        target = _device_list(self.device, "-dev/--device")
+        draft = _device_list(self.device_draft, "-devd/--device-draft")
+        if remote is None:
+            return target, draft if draft is not None else target
+        return (target if target is not None else remote,
+                draft if draft is not None else tuple(offload_devices(remote=False)))
+
+
+def _device_list(value: Optional[str], flag: str) -> tuple[str, ...] | None:
+    """-dev/-devd as llama.cpp reads them: device names, or none (no offloading)."""
+    if value is None:
+        return None
+    if value.strip() == "none":
+        return ()
+    names = tuple(_names([value], flag))
+    known = offload_devices()
+    for name in names:
+        if name not in known:
+            raise UsageError(f"{flag}: invalid device {name!r} (devices: {', '.join(known) or 'none'}; "
+                             "--rpc adds those of RPC servers)")
+    return names
 
 
 def _names(values: Optional[List[str]], flag: str) -> list[str]:
@@ -318,6 +365,7 @@ MODELS = Group("models", (
     ("threads", Optional[int], THREADS), ("threads_draft", Optional[int], THREADS_DRAFT),
     ("batch_size", int, BATCH_SIZE), ("flash_attn", str, FLASH_ATTN), ("lora", Optional[List[str]], LORA),
     ("lora_scaled", Optional[List[str]], LORA_SCALED), ("lora_draft", Optional[List[str]], LORA_DRAFT),
+    ("rpc", Optional[str], RPC), ("device", Optional[str], DEVICE), ("device_draft", Optional[str], DEVICE_DRAFT),
 ), ModelOptions)
 
 SAMPLING = Group("sampling", (

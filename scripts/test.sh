@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${SPECULATE_TEST_VENV:-.venv-test}
 LLAMA_VERSION=0.3.36
-LLAMA_CMAKE_ARGS="-DGGML_LLAMAFILE=OFF -DGGML_CPU_REPACK=OFF -DLLAVA_BUILD=OFF"
+LLAMA_CMAKE_ARGS="-DGGML_LLAMAFILE=OFF -DGGML_CPU_REPACK=OFF -DLLAVA_BUILD=OFF -DGGML_RPC=ON"
 TEST_MODELS="smollm2-135m-instruct qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct"
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"

@@ -57,6 +57,7 @@ class ModelSpec:
     loras: tuple[tuple[Path, float], ...] = ()  # LoRA adapters and their scales
     mtp: bool = False  # load its NextN (MTP) layers, where it has them, to draft with (draft-mtp)
     mtp_sidecar: Path | None = None  # an MTP head file (-md) that drafts for it instead (draft-mtp)
+    devices: tuple[str, ...] | None = None  # devices for its offloaded layers (None: llama.cpp's choice)
 
     def lora_info(self) -> list[dict]:
         """The adapters, for JSON output."""
@@ -298,7 +299,7 @@ def _load(spec: ModelSpec) -> LlamaModel:
     model = LlamaModel(spec.path, name=spec.name, n_ctx=spec.n_ctx, n_batch=spec.n_batch,
                        n_gpu_layers=spec.n_gpu_layers, n_threads=spec.n_threads,
                        flash_attn=spec.flash_attn, n_seq=spec.n_seq, n_rs_seq=spec.n_rs_seq, loras=spec.loras,
-                       load_mtp=spec.mtp)
+                       load_mtp=spec.mtp, devices=spec.devices)
     if model.recurrent and spec.n_seq > 1:
         model.close()
         raise UsageError(f"{spec.n_seq} draft branches (-np): {spec.name} ({model.arch}) keeps a recurrent "

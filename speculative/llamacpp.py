@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Sequence
@@ -74,8 +75,154 @@ def bindings_version() -> str:
 
 
 def gpu_offload() -> bool:
-    """Whether this build can offload layers to a GPU (Metal, CUDA, ...)."""
-    return bool(ll.llama_supports_gpu_offload())
+    """Whether this machine has a GPU this build can offload layers to (Metal, CUDA, ...). Not
+    llama_supports_gpu_offload(), which is true in every build with RPC compiled in."""
+    return bool(offload_devices(remote=False))
+
+
+# -- devices, and ggml's RPC backend (ggml-rpc) --------------------------------
+# The bindings leave out ggml's device registry and RPC backend: they are reached in libggml.
+
+DEV_CPU, DEV_GPU, DEV_IGPU = 0, 1, 2  # enum ggml_backend_dev_type
+_ggml = None
+_rpc_servers: dict[str, list[str]] = {}  # endpoint -> names of its devices, registered once
+_abort_hook = None  # the ggml_set_abort_callback function, kept alive
+_ABORT_HOOK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+
+
+def _lib():
+    global _ggml
+    if _ggml is None:
+        from llama_cpp._ctypes_extensions import load_shared_library
+
+        _init_once()
+        lib = load_shared_library("ggml", ll.llama_cpp._base_path)
+        p, s, n = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t
+        for name, restype, argtypes in (
+                ("ggml_backend_dev_count", n, []), ("ggml_backend_dev_get", p, [n]),
+                ("ggml_backend_dev_by_name", p, [s]), ("ggml_backend_dev_name", s, [p]),
+                ("ggml_backend_dev_type", ctypes.c_int, [p]),
+                ("ggml_backend_dev_backend_reg", p, [p]), ("ggml_backend_reg_name", s, [p]),
+                ("ggml_backend_reg_by_name", p, [s]), ("ggml_backend_reg_get_proc_address", p, [p, s]),
+                ("ggml_backend_reg_dev_count", n, [p]), ("ggml_backend_reg_dev_get", p, [p, n]),
+                ("ggml_backend_register", None, [p]), ("ggml_set_abort_callback", p, [p])):
+            getattr(lib, name).restype = restype
+            getattr(lib, name).argtypes = argtypes
+        _ggml = lib
+    return _ggml
+
+
+def _devices() -> dict[str, tuple[int, bool]]:
+    """Every registered device: name -> (ggml device type, whether it is an RPC server's)."""
+    lib = _lib()
+    out = {}
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        reg = lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev))
+        out[lib.ggml_backend_dev_name(dev).decode()] = (lib.ggml_backend_dev_type(dev), reg == b"RPC")
+    return out
+
+
+def offload_devices(remote: bool | None = None) -> list[str]:
+    """Devices layers can be offloaded to (GPUs, integrated GPUs, RPC servers' devices);
+    remote False: this machine's only, True: RPC servers' only."""
+    return [name for name, (kind, rpc) in _devices().items()
+            if kind in (DEV_GPU, DEV_IGPU) and (remote is None or rpc == remote)]
+
+
+def cpu_devices() -> list[str]:
+    return [name for name, (kind, _) in _devices().items() if kind == DEV_CPU]
+
+
+def require_rpc():
+    """The RPC backend's registry entry; ModelError where this build has none."""
+    reg = _lib().ggml_backend_reg_by_name(b"RPC")
+    if not reg:
+        raise ModelError("this llama.cpp build has no RPC support: reinstall llama-cpp-python built with "
+                         'CMAKE_ARGS="-DGGML_RPC=on" (see README, "Beyond one machine")')
+    return reg
+
+
+def _rpc_function(name: str, *signature):
+    return ctypes.CFUNCTYPE(*signature)(_lib().ggml_backend_reg_get_proc_address(require_rpc(), name.encode()))
+
+
+def rpc_available() -> bool:
+    return bool(_lib().ggml_backend_reg_by_name(b"RPC"))
+
+
+def add_rpc_servers(endpoints: Sequence[str]) -> list[str]:
+    """Register the devices of each RPC server (once per endpoint; ggml aborts when one is not
+    there: check them first, rpc.check) and return their names, in order."""
+    lib = _lib()
+    for endpoint in endpoints:
+        if endpoint not in _rpc_servers:
+            reg = _rpc_function("ggml_backend_rpc_add_server", ctypes.c_void_p, ctypes.c_char_p)(endpoint.encode())
+            if not reg:
+                raise ModelError(f"RPC server {endpoint} offers no devices")
+            lib.ggml_backend_register(reg)
+            _rpc_servers[endpoint] = [lib.ggml_backend_dev_name(lib.ggml_backend_reg_dev_get(reg, i)).decode()
+                                      for i in range(lib.ggml_backend_reg_dev_count(reg))]
+    return [name for endpoint in endpoints for name in _rpc_servers[endpoint]]
+
+
+def on_ggml_abort(report) -> None:
+    """Call report(message) where ggml would abort the process (GGML_ABORT, GGML_ASSERT, on any
+    thread): abort() follows its return, so report must end the process itself."""
+    global _abort_hook
+    _abort_hook = _ABORT_HOOK(lambda message: report(message.decode(errors="replace")))
+    _lib().ggml_set_abort_callback(ctypes.cast(_abort_hook, ctypes.c_void_p))
+
+
+def serve_rpc(endpoint: str, devices: Sequence[str], threads: int, cache_dir: str | None):
+    """ggml's own RPC server for `devices` on endpoint, in a daemon thread (its call never
+    returns unless it cannot start): the caller waits for it or for a signal."""
+    start = _rpc_function("ggml_backend_rpc_start_server", None, ctypes.c_char_p, ctypes.c_char_p,
+                          ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p)
+    devs = (ctypes.c_void_p * len(devices))(*(_device(name) for name in devices))
+    thread = threading.Thread(target=start, daemon=True, name="rpc-server", args=(
+        endpoint.encode(), cache_dir.encode() if cache_dir else None, threads, len(devices), devs))
+    thread.start()
+    return thread
+
+
+def flush_c_stdio() -> None:
+    """Flush what llama.cpp printed with printf (before os._exit, which would lose it)."""
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):  # pragma: no cover - Windows
+        pass
+
+
+def _device(name: str) -> int:
+    dev = _lib().ggml_backend_dev_by_name(name.encode())
+    if dev:
+        return dev
+    raise ModelError(f"no device {name!r} (available: {', '.join(_devices())})")
+
+
+def _model_params(n_gpu_layers: int, devices: Sequence[str] | None):
+    """Model parameters with n_gpu_layers (-1: llama.cpp's default) and, unless None,
+    the devices for the offloaded layers (empty: none, the CPU keeps them); the array llama.cpp
+    reads them from is returned too, to be kept until the model has loaded."""
+    mparams = ll.llama_model_default_params()
+    if n_gpu_layers >= 0:
+        mparams.n_gpu_layers = n_gpu_layers
+    devs = None
+    if devices is not None:  # NULL-terminated; llama.cpp's default selection may skip RPC devices
+        devs = (ctypes.c_void_p * (len(devices) + 1))(*(_device(name) for name in devices), None)
+        mparams.devices = ctypes.addressof(devs)
+    return mparams, devs
+
+
+def placement(n_gpu_layers: int, devices: Sequence[str] | None) -> str:
+    """Where a model's offloaded layers run: "cpu" (none offloaded), "rpc" (on RPC servers,
+    whose hardware speculate cannot see: possibly a CPU) or "gpu" (this machine's GPUs).
+    By the devices themselves, as llama.cpp picks them (devices None: every GPU and RPC device)."""
+    used = offload_devices() if devices is None else devices
+    if n_gpu_layers == 0 or not used:
+        return "cpu"
+    return "rpc" if any(_devices()[name][1] for name in used) else "gpu"
 
 
 def batch_variant_kernels() -> list[str]:
@@ -98,13 +245,13 @@ def batch_variant_kernels() -> list[str]:
 FLASH_ATTN_MODES = ("auto", "on", "off")
 
 
-def flash_attn_type(mode: str, on_cpu: bool) -> int:
-    """llama.cpp's flash-attention setting for -fa MODE. `auto` is llama.cpp's auto on a
-    GPU and off on the CPU, where the flash-attention kernel is batch-variant (see
-    LlamaModel.kernels) and decodes no faster."""
+def flash_attn_type(mode: str, on_gpu: bool) -> int:
+    """llama.cpp's flash-attention setting for -fa MODE. `auto` is llama.cpp's auto on this
+    machine's GPUs and off elsewhere: on the CPU the flash-attention kernel is batch-variant (see
+    LlamaModel.kernels) and decodes no faster, and an RPC server's device may be a CPU."""
     if mode == "on":
         return ll.LLAMA_FLASH_ATTN_TYPE_ENABLED
-    if mode == "off" or on_cpu:
+    if mode == "off" or not on_gpu:
         return ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
     return ll.LLAMA_FLASH_ATTN_TYPE_AUTO
 
@@ -157,6 +304,7 @@ class LlamaModel:
         n_rs_seq: int = 0,
         loras: Sequence[tuple[Path, float]] = (),
         load_mtp: bool = False,
+        devices: Sequence[str] | None = None,
     ):
         preflight(path)  # hostile or corrupt GGUF headers never reach llama.cpp's parser
         arch = read_metadata(path, ["general.architecture"]).get("general.architecture") or "unknown"
@@ -178,9 +326,8 @@ class LlamaModel:
         self._mtp: MtpHead | None = None
         self._adapters = None  # the LoRA adapters and their scales, as llama.cpp takes them
 
-        mparams = ll.llama_model_default_params()
-        if n_gpu_layers >= 0:
-            mparams.n_gpu_layers = n_gpu_layers
+        self.devices = None if devices is None else tuple(devices)  # None: llama.cpp's choice
+        mparams, _devs = _model_params(n_gpu_layers, self.devices)
         # NextN (MTP) layers cost memory and load time: loaded only where they may draft
         mparams.load_mtp = load_mtp and has_nextn_layers(self.path)
         model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
@@ -202,8 +349,10 @@ class LlamaModel:
 
         self.nextn_layers = ll.llama_model_n_layer_nextn(model) if mparams.load_mtp else 0
         threads = n_threads or default_threads()
-        on_cpu = n_gpu_layers == 0 or not ll.llama_supports_gpu_offload()
-        cparams = _context_params(n_ctx, n_batch, threads, flash_attn_type(flash_attn, on_cpu), n_seq)
+        # by the devices the layers are on: llama_supports_gpu_offload() is true in any RPC build
+        self.placement = placement(n_gpu_layers, self.devices)
+        cparams = _context_params(n_ctx, n_batch, threads, flash_attn_type(flash_attn, self.placement == "gpu"),
+                                  n_seq)
         cparams.n_rs_seq = n_rs_seq if self.recurrent else 0  # llama.cpp clamps it to 0 where unsupported
         ctx = ll.llama_init_from_model(model, cparams)
         if not ctx:
@@ -229,7 +378,7 @@ class LlamaModel:
         # Flash attention on the CPU splits a lone query's cache over the threads (from 512
         # cells) and tiles many queries: the same position then scores differently alone
         # and inside a batch.
-        fa_on_cpu = on_cpu and cparams.flash_attn_type != ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        fa_on_cpu = self.placement != "gpu" and cparams.flash_attn_type != ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
         self.kernels = batch_variant_kernels() + (["FLASH_ATTN"] if fa_on_cpu else [])
         self.busy_seconds = 0.0  # time spent inside llama_decode: the rest is Python
         self._pieces: dict[int, bytes] = {}
@@ -298,7 +447,15 @@ class LlamaModel:
         return {"name": self.name, **_file_identity(self.path), "threads": self.n_threads,
                 "n_gpu_layers": self.n_gpu_layers, "n_batch": self.n_batch, "build": system_info(),
                 "kernels": self.kernels, "llama_cpp_python": ll.__version__,
-                **({"loras": loras} if loras else {})}  # no key without: older calibrations stay valid
+                **({"loras": loras} if loras else {}),  # no key without: older calibrations stay valid
+                **self._device_identity()}
+
+    def _device_identity(self) -> dict:
+        """The devices given for the layers, an RPC server's with its endpoint (none given: no key)."""
+        if self.devices is None:
+            return {}
+        servers = {name: endpoint for endpoint, names in _rpc_servers.items() for name in names}
+        return {"devices": [f"{name} ({servers[name]})" if name in servers else name for name in self.devices]}
 
     def cache_identity(self) -> dict:
         """Everything that decides what the KV cache holds for given tokens (for the prompt
@@ -308,7 +465,7 @@ class LlamaModel:
         loras = [{**_file_identity(lora), "scale": scale} for lora, scale in self.loras if scale != 0]
         return {**_file_identity(self.path), "loras": loras, "n_gpu_layers": self.n_gpu_layers,
                 "flash_attn": self._flash_attn_type, "build": system_info(), "kernels": self.kernels,
-                "llama_cpp_python": ll.__version__}
+                "llama_cpp_python": ll.__version__, **self._device_identity()}
 
     @property
     def add_bos(self) -> bool:
@@ -579,9 +736,7 @@ class MtpHead:
     def _load(self, path: Path, target: LlamaModel):
         """An MTP head file's weights, its NextN layers loaded (its trunk is not in it)."""
         preflight(path)
-        mparams = ll.llama_model_default_params()
-        if target.n_gpu_layers >= 0:
-            mparams.n_gpu_layers = target.n_gpu_layers
+        mparams, _devs = _model_params(target.n_gpu_layers, target.devices)
         mparams.load_mtp = True
         self._own = ll.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._own:
