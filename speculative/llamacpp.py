@@ -525,7 +525,10 @@ class LlamaModel:
             self._out[:n] = 0
             if outputs == "all":
                 self._out[:n] = 1
-            elif outputs == "last" and start + n == len(tokens):
+            elif (outputs == "last" or self.placement == "rpc") and start + n == len(tokens):
+                # on RPC servers, reading an output is what waits for the compute: ggml's RPC
+                # synchronize only waits for the commands to be sent, so without one a prompt's
+                # processing would end in the first generated token's time
                 self._out[n - 1] = 1
             self._run(n, pos + start)
             self._keep_nextn(pos + start, n)
