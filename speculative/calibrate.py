@@ -98,6 +98,8 @@ def _timed(max_batch: int, n_vocab: int, decode: Callable[[list[int]], object],
     timed = []
     for b in sizes:
         batch = _tokens(2000, b, n_vocab)
+        decode(batch)  # untimed: a batch of a new size sets up its graph first (over RPC, in
+        undo()         # round trips: seconds on a slow link, once, where generation repeats sizes)
         best = float("inf")
         for _ in range(QUICK_REPEATS if b <= 2 else 1):
             t0 = time.perf_counter()
