@@ -194,24 +194,27 @@ def read_metadata(path: Path, keys: Iterable[str]) -> dict[str, Any]:
     return _mapped(Path(path), "invalid GGUF metadata", lambda cur: _read(cur, wanted))
 
 
-def has_nextn_layers(path: Path) -> bool:
-    """Whether a (pre-flighted) model carries NextN (multi-token prediction) layers that can
-    draft for it, as llama.cpp tells (common_speculative_types_from_gguf): a tensor
-    blk.{block_count - 1}.nextn.eh_proj.weight."""
+def nextn_kind(path: Path) -> str:
+    """What a (pre-flighted) model file holds of NextN (multi-token prediction) layers, from one
+    walk of its tensor infos: "none"; "layers" that can draft for it, as llama.cpp tells
+    (common_speculative_types_from_gguf: a tensor blk.{block_count - 1}.nextn.eh_proj.weight);
+    or "head", those layers without the trunk (no blk.0.attn_norm.weight, as llama.cpp's loaders
+    tell), an MTP head as `convert_hf_to_gguf.py --mtp` publishes one to draft for its model."""
     arch = read_metadata(path, ["general.architecture"]).get("general.architecture")
     count = read_metadata(path, [f"{arch}.block_count"]).get(f"{arch}.block_count") if isinstance(arch, str) else None
     if type(count) is not int or count < 1:
-        return False
-    name = f"blk.{count - 1}.nextn.eh_proj.weight"
-    return name in _model_tensors(Path(path), {name})[1]
+        return "none"
+    nextn, trunk = f"blk.{count - 1}.nextn.eh_proj.weight", "blk.0.attn_norm.weight"
+    found = _model_tensors(Path(path), {nextn, trunk})[1]
+    return "none" if nextn not in found else "layers" if trunk in found else "head"
+
+
+def has_nextn_layers(path: Path) -> bool:
+    return nextn_kind(path) != "none"
 
 
 def is_mtp_head(path: Path) -> bool:
-    """Whether a (pre-flighted) model file is an MTP head alone, as `convert_hf_to_gguf.py --mtp`
-    publishes one to draft for its model: NextN layers without the trunk, as llama.cpp's loaders
-    tell (no blk.0.attn_norm.weight)."""
-    trunk = "blk.0.attn_norm.weight"
-    return has_nextn_layers(path) and trunk not in _model_tensors(Path(path), {trunk})[1]
+    return nextn_kind(path) == "head"
 
 
 def _mapped(path: Path, kind: str, walk):

@@ -35,7 +35,7 @@ from llama_cpp import llama_cpp_ext as ll_ext
 from . import interrupt
 from .backend import Outputs
 from .errors import GenerationError, ModelError
-from .gguf_meta import has_nextn_layers, is_mtp_head, preflight, preflight_adapter, read_metadata
+from .gguf_meta import nextn_kind, preflight, preflight_adapter, read_metadata
 from .nextn import NextnRows
 
 _initialised = False
@@ -311,7 +311,8 @@ class LlamaModel:
         if arch in SIDECARS:
             raise ModelError(f"{path}: {SIDECARS[arch]} ({arch}): it drafts for another model and cannot "
                              "generate on its own")
-        if is_mtp_head(path):
+        nextn = nextn_kind(path)
+        if nextn == "head":
             raise ModelError(f"{path}: an MTP head without its model ({arch}): it drafts for that model, "
                              "given with -md and --spec-type draft-mtp, and cannot generate on its own")
         causal = read_metadata(path, [f"{arch}.attention.causal"]).get(f"{arch}.attention.causal", True)
@@ -329,7 +330,7 @@ class LlamaModel:
         self.devices = None if devices is None else tuple(devices)  # None: llama.cpp's choice
         mparams, _devs = _model_params(n_gpu_layers, self.devices)
         # NextN (MTP) layers cost memory and load time: loaded only where they may draft
-        mparams.load_mtp = load_mtp and has_nextn_layers(self.path)
+        mparams.load_mtp = load_mtp and nextn != "none"
         model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not model:
             raise ModelError(f"{self.path}: llama.cpp could not load this model file")
