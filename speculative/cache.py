@@ -28,6 +28,14 @@ import numpy as np
 from .backend import Backend, MtpBackend, Outputs
 
 
+def _common_prefix(held: list[int], tokens: Sequence[int], n: int) -> int:
+    """How many of the first n tokens of `held` and `tokens` agree."""
+    head = tokens[:n] if isinstance(tokens, list) else list(tokens[:n])  # no second copy per step
+    if held[:n] == head:  # the usual case, compared at C speed
+        return n
+    return next(i for i in range(n) if held[i] != tokens[i])
+
+
 class Cache:
     def __init__(self, model: Backend):
         self.model = model
@@ -49,11 +57,7 @@ class Cache:
     def shared_prefix(self, tokens: Sequence[int], limit: int | None = None) -> int:
         """How many leading tokens of `tokens` (at most `limit`) sequence 0 already holds."""
         held = self._seqs[0]
-        n = min(len(held), len(tokens), len(tokens) if limit is None else limit)
-        head = tokens[:n] if isinstance(tokens, list) else list(tokens[:n])  # no second copy per step
-        if held[:n] == head:  # the usual case, compared at C speed
-            return n
-        return next(i for i in range(n) if held[i] != tokens[i])
+        return _common_prefix(held, tokens, min(len(held), len(tokens), len(tokens) if limit is None else limit))
 
     # -- changing it ---------------------------------------------------------
 
@@ -228,10 +232,7 @@ class MtpCache:
 
     def shared_prefix(self, tokens: Sequence[int]) -> int:
         """How many leading tokens of `tokens` it holds exact entries for."""
-        n = min(self._exact, len(tokens))
-        if self._held[:n] == list(tokens[:n]):  # the usual case, compared at C speed
-            return n
-        return next(i for i in range(n) if self._held[i] != tokens[i])
+        return _common_prefix(self._held, tokens, min(self._exact, len(tokens)))
 
     def can_follow(self, tokens: Sequence[int]) -> bool:
         """Whether `sync(tokens)` has the target's rows it needs."""
