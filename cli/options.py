@@ -31,6 +31,23 @@ MODEL = typer.Option(
 MODEL_DRAFT = typer.Option(
     None, "-md", "--model-draft", "--spec-draft-model", rich_help_panel=M, metavar="PATH|NAME",
     help="Draft model: a GGUF file or a registry name (default with no -m: the default draft).")
+HF_REPO = typer.Option(
+    None, "-hf", "-hfr", "--hf-repo", rich_help_panel=M, metavar="<user>/<model>[:quant]",
+    envvar="LLAMA_ARG_HF_REPO", show_envvar=False,
+    help="Target model from a Hugging Face repository, as llama.cpp's -hf: quant optional, case-insensitive "
+         "(default Q4_K_M, else Q8_0, else the first GGUF). Found in llama.cpp's and huggingface_hub's caches, "
+         "else downloaded (resumable, sha256-checked) into the shared cache.")
+HF_REPO_DRAFT = typer.Option(
+    None, "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf", rich_help_panel=M,
+    metavar="<user>/<model>[:quant]", envvar="LLAMA_ARG_SPEC_DRAFT_HF_REPO", show_envvar=False,
+    help="Draft model from a Hugging Face repository (as -hf).")
+HF_FILE = typer.Option(
+    None, "-hff", "--hf-file", rich_help_panel=M, metavar="FILE", envvar="LLAMA_ARG_HF_FILE", show_envvar=False,
+    help="The file in the -hf repository (overrides :quant).")
+HF_TOKEN = typer.Option(
+    None, "-hft", "--hf-token", rich_help_panel=M, metavar="TOKEN",
+    help="Hugging Face access token, for gated or private repositories (default: HF_TOKEN, or the stored "
+         "`hf auth login`).")
 CTX_SIZE = typer.Option(
     4096, "-c", "--ctx-size", rich_help_panel=M, help="Target context size in tokens (0: the model's own).")
 CTX_SIZE_DRAFT = typer.Option(
@@ -213,11 +230,16 @@ class ModelOptions:
     rpc: Optional[str] = None
     device: Optional[str] = None
     device_draft: Optional[str] = None
+    hf_repo: Optional[str] = None
+    hf_repo_draft: Optional[str] = None
+    hf_file: Optional[str] = None
+    hf_token: Optional[str] = None
 
     @property
     def draft_available(self) -> bool:
-        """A draft model is at hand: -md, or the registry's default pair when -m is not given."""
-        return self.model_draft is not None or self.model is None
+        """A draft model is at hand: -md or -hfd, or the registry's default pair when no target is named."""
+        return self.model_draft is not None or self.hf_repo_draft is not None or (
+            self.model is None and self.hf_repo is None)
 
     @property
     def mtp_head_given(self) -> bool:
@@ -246,6 +268,12 @@ class ModelOptions:
                             ("-ngld/--n-gpu-layers-draft", self.n_gpu_layers_draft)):
             if value is not None and value < -1:
                 raise UsageError(f"{flag} must be -1 (all) or >= 0, got {value}")
+        for role, local, hub in (("target", self.model, self.hf_repo), ("draft", self.model_draft, self.hf_repo_draft)):
+            if local is not None and hub is not None:
+                flags = "-m and -hf" if role == "target" else "-md and -hfd"
+                raise UsageError(f"{flags} both name the {role} model; give one of them")
+        if self.hf_file is not None and self.hf_repo is None:
+            raise UsageError("-hff/--hf-file names a file in the -hf repository; give -hf too")
         if self.flash_attn not in FLASH_ATTN_MODES:
             raise UsageError(f"-fa/--flash-attn: expected one of {', '.join(FLASH_ATTN_MODES)}, "
                              f"got {self.flash_attn!r}")
@@ -255,11 +283,12 @@ class ModelOptions:
                  [(name, 1.0) for name in _names(self.lora_draft, "--lora-draft")])
         devices = self._devices()  # RPC servers checked and registered before anything loads
         # -md is resolved for draft-mtp too: it may be an MTP head file (convert_hf_to_gguf.py --mtp)
-        with_md = use_draft or (mtp is not None and self.model_draft is not None)
+        with_md = use_draft or (mtp is not None and (self.model_draft or self.hf_repo_draft) is not None)
         target, draft = resolve_models(
             Registry.load(), self.model, self.model_draft, with_md, ctx=(self.ctx_size, self.ctx_size_draft),
             ngl=(self.n_gpu_layers, self.n_gpu_layers_draft), threads=(self.threads, self.threads_draft),
-            n_batch=self.batch_size, flash_attn=self.flash_attn, loras=tuple(_adapters(names) for names in loras))
+            n_batch=self.batch_size, flash_attn=self.flash_attn, loras=tuple(_adapters(names) for names in loras),
+            hf_repo=(self.hf_repo, self.hf_repo_draft), hf_file=self.hf_file, hf_token=self.hf_token)
         if draft is not None and is_mtp_head(draft.path):  # as llama.cpp tells it from the file
             if use_draft:
                 raise UsageError(f"-md {draft.name} is an MTP head (NextN layers without a model), not a "
@@ -360,6 +389,8 @@ class Group:
 
 MODELS = Group("models", (
     ("model", Optional[str], MODEL), ("model_draft", Optional[str], MODEL_DRAFT),
+    ("hf_repo", Optional[str], HF_REPO), ("hf_repo_draft", Optional[str], HF_REPO_DRAFT),
+    ("hf_file", Optional[str], HF_FILE), ("hf_token", Optional[str], HF_TOKEN),
     ("ctx_size", int, CTX_SIZE), ("ctx_size_draft", Optional[int], CTX_SIZE_DRAFT),
     ("n_gpu_layers", int, N_GPU_LAYERS), ("n_gpu_layers_draft", Optional[int], N_GPU_LAYERS_DRAFT),
     ("threads", Optional[int], THREADS), ("threads_draft", Optional[int], THREADS_DRAFT),

@@ -601,13 +601,16 @@ def _in_mtp_file(n_layer: int) -> Callable[[str], bool]:
 
 
 def write_model(arch: str, path: str | Path, *, mtp: bool = False, mtp_only: bool = False,
-                n_embd: int | None = None, n_layer: int | None = None, seed: int = 0, f16: bool = False) -> Path:
+                n_embd: int | None = None, n_layer: int | None = None, seed: int = 0, f16: bool = False,
+                split_max_tensors: int = 0) -> Path:
     """Write a tiny random-weight GGUF of architecture `arch` (one of ARCHS) to `path`.
 
     n_embd defaults to the architecture's ARCH_INFO default, 64 for most (a multiple of 16 up
     to 128, of 64 above; rwkv7's of 64) and n_layer to the
     architecture's ARCH_INFO default; mtp (qwen35 only) adds one NextN block; mtp_only writes
-    that block alone, as llama.cpp's converter publishes an MTP head (see the top)."""
+    that block alone, as llama.cpp's converter publishes an MTP head (see the top).
+    split_max_tensors > 0 writes a split model as gguf-split does, `STEM-00001-of-0000N.gguf`
+    and so on beside `path`, and returns the first part's path."""
     mtp = mtp or mtp_only
     if arch not in ARCH_INFO:
         raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(ARCHS)}")
@@ -621,7 +624,7 @@ def write_model(arch: str, path: str | Path, *, mtp: bool = False, mtp_only: boo
     if info.hybrid and n_layer < 2:
         raise ValueError(f"{arch} is hybrid: it needs at least 2 layers")
     path = Path(path)
-    w = gguf.GGUFWriter(str(path), arch)
+    w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     w.add_name(f"tiny-{arch}{'-mtp' if mtp else ''}")
     n_vocab = add_tokenizer(w)
     d = _dims(n_embd, n_layer, n_vocab)
@@ -632,7 +635,7 @@ def write_model(arch: str, path: str | Path, *, mtp: bool = False, mtp_only: boo
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
+    return w.format_shard_names(path)[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -647,10 +650,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-layer", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--f16", action="store_true", help="store matrices in F16 (norms etc. stay F32)")
+    p.add_argument("--split-max-tensors", type=int, default=0, metavar="N",
+                   help="write a split model, at most N tensors a part (OUT-00001-of-0000K.gguf, ...)")
     args = p.parse_args(argv)
     try:
         path = write_model(args.arch, args.out, mtp=args.mtp, mtp_only=args.mtp_only, n_embd=args.n_embd, n_layer=args.n_layer,
-                           seed=args.seed, f16=args.f16)
+                           seed=args.seed, f16=args.f16, split_max_tensors=args.split_max_tensors)
     except ValueError as e:
         p.error(str(e))
     print(f"{path} ({path.stat().st_size} bytes)")

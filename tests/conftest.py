@@ -50,7 +50,7 @@ def model_path():
         if not registry.is_pulled(entry):
             proc = speculate("models", "pull", name)
             assert proc.returncode == 0, proc.stderr
-        return registry.path(entry)
+        return registry.locate(entry)
 
     return get
 
