@@ -398,3 +398,20 @@ def socket_closed():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         yield f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_a_draft_from_the_hub_drafts_for_a_target_from_the_hub(fake, user, tiny, batch_invariant):
+    fake.add_repo("u/tiny-GGUF", {"tiny-Q4_K_M.gguf": tiny["tiny-Q4_K_M.gguf"]})
+    fake.add_repo("u/draft-GGUF", {"draft-Q8_0.gguf": tiny["tiny-Q8_0.gguf"]})  # another seed, one tokenizer
+    alone = user.generate("-hf", "u/tiny-GGUF")
+    proc = user.run("-hf", "u/tiny-GGUF", "-hfd", "u/draft-GGUF", *RUN[:-3], "--spec-type", "draft", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["text"] == alone["text"] and out["n_drafted"] > 0
+
+
+def test_a_downloaded_file_goes_through_the_gguf_preflight(fake, user):
+    fake.add_repo("u/bad-GGUF", {"bad-Q4_K_M.gguf": b"GGUF" + b"\xff" * 60})  # what the hub has: verified, broken
+    proc = user.run("-hf", "u/bad-GGUF", *RUN)
+    assert proc.returncode == 3 and proc.stderr.strip().splitlines()[-1].startswith("speculate: error: "), proc.stderr
+    assert "Traceback" not in proc.stderr
