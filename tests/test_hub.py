@@ -415,3 +415,37 @@ def test_a_downloaded_file_goes_through_the_gguf_preflight(fake, user):
     proc = user.run("-hf", "u/bad-GGUF", *RUN)
     assert proc.returncode == 3 and proc.stderr.strip().splitlines()[-1].startswith("speculate: error: "), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("source, error", [
+    ('hf = { repo = "nope", file = "m.gguf" }', "expected <user>/<model>"),
+    ('hf = { repo = "u/r", file = "../m.gguf" }', "must be a .gguf path inside the repository"),
+    ('hf = { repo = "u/r", file = "m.bin" }', "must be a .gguf path"),
+    ('hf = { repo = "u/r" }', "missing file"),
+])
+def test_a_bad_hub_source_is_a_registry_error(tmp_path, source, error):
+    from speculative.registry import Registry
+    path = registry_file(tmp_path, f'size = 1\nsha256 = "{"0" * 64}"\n{source}')
+    with pytest.raises(ModelError, match=error):
+        Registry.load(path)
+
+
+def test_sources_keep_the_order_written(tmp_path):
+    from speculative.registry import Registry
+    pypi = 'pypi = { package = "p", version = "1", member = "m", parts = 1 }'
+    hf_ = 'hf = { repo = "u/r", file = "m.gguf", revision = "main" }'
+    for order, expected in (((pypi, hf_), ("pypi", "hf")), ((hf_, pypi), ("hf", "pypi"))):
+        entry = Registry.load(registry_file(tmp_path, f'size = 1\nsha256 = "{"0" * 64}"\n' + "\n".join(order))).get("tiny")
+        assert entry.sources == expected and entry.hf.repo == "u/r"
+
+
+def test_a_split_model_is_completed_beside_the_part_a_cache_has(fake, user, tiny, tmp_path):
+    from huggingface_hub import hf_hub_download
+    parts = {n: b for n, b in tiny.items() if n.startswith("big-")}
+    commit = fake.add_repo("u/big-GGUF", parts)
+    hf_hub_download("u/big-GGUF", "big-Q4_K_M-00001-of-00003.gguf", cache_dir=user.cache, endpoint=fake.url)
+    llama = tmp_path / "llama-cache"  # where downloads would go, but the first part is in the hub cache
+    assert user.generate("-hf", "u/big-GGUF", LLAMA_CACHE=str(llama))["text"]
+    snapshot = user.cache / "models--u--big-GGUF" / "snapshots" / commit
+    assert sorted(p.name for p in snapshot.iterdir()) == sorted(parts)
+    assert not llama.exists()
