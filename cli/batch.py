@@ -24,11 +24,12 @@ stderr = Console(stderr=True, highlight=False, soft_wrap=True)  # log lines stay
 PLAIN_EVERY = 10.0  # seconds between progress lines when stderr is not a terminal
 
 
-@options.with_options(options.MODELS, options.SAMPLING, options.SPECULATION)
+@options.with_options(options.MODELS, options.SAMPLING, options.SPECULATION, options.POOL)
 def batch_command(
     models: options.ModelOptions,
     sampling: SamplerSettings,
     spec: SpecSettings,
+    pool: options.PoolOptions,
     requests: Path = typer.Argument(
         ..., metavar="REQUESTS.jsonl",
         help="One request per line: an `id` (string or integer) and a `prompt` or chat `messages`; optional "
@@ -50,7 +51,7 @@ def batch_command(
         engine = None
         if any(isinstance(item, batch.Request) for item in todo):  # else no model is needed
             engine = Engine(*models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft, spec.mtp),
-                            notify=_notice)
+                            notify=_notice, **pool.engine_args())
         _notice(f"batch: {len(items)} requests in {requests}, {len(items) - len(todo)} already in {output}, "
                 f"{len(todo)} to run")
         try:

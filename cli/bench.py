@@ -24,9 +24,10 @@ from . import options
 stderr = Console(stderr=True, highlight=False)
 
 
-@options.with_options(options.MODELS)
+@options.with_options(options.MODELS, options.POOL.only("spec_pool_tokens"))
 def bench_command(
     models: options.ModelOptions,
+    pool: options.PoolOptions,
     prompts: Path = typer.Argument(..., help="JSONL prompts: objects with `prompt` or chat `messages` "
                                              "(optional `id`, `category`)."),
     config: Optional[List[str]] = typer.Option(
@@ -81,7 +82,7 @@ def bench_command(
         stderr.print(f"[{len(done)}/{total}] {run.prompt:28s} {run.config:34s} {run.decode_tps:6.2f} t/s  "
                      f"accepted {run.n_accept}/{run.n_drafted}")
 
-    with Engine(target, draft, notify=stderr.print) as engine:
+    with Engine(target, draft, notify=stderr.print, **pool.engine_args()) as engine:
         started = time.time()
         runs = bench.run_bench(engine, prompts_, configs, sampling, repeat, progress)
         meta = {

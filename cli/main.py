@@ -73,12 +73,13 @@ P, O = "Prompt", "Output"
 
 
 @app.callback()
-@options.with_options(options.MODELS, options.SAMPLING, options.SPECULATION)
+@options.with_options(options.MODELS, options.SAMPLING, options.SPECULATION, options.POOL)
 def run(
     ctx: typer.Context,
     models: options.ModelOptions,
     sampling: SamplerSettings,
     spec: SpecSettings,
+    pool: options.PoolOptions,
     prompt: Optional[str] = typer.Option(
         None, "-p", "--prompt", rich_help_panel=P, help="The prompt; '-' reads it from standard input."),
     file: Optional[str] = typer.Option(
@@ -122,7 +123,7 @@ def run(
     code = run_and_render(
         target, draft, text, sampling, spec, use_chat=use_chat, system=system_prompt,
         color=color and not os.environ.get("NO_COLOR"), json_output=json_output,
-        prompt_cache=prompt_cache, prompt_cache_ro=prompt_cache_ro,
+        prompt_cache=prompt_cache, prompt_cache_ro=prompt_cache_ro, pool=pool.engine_args(),
     )
     raise typer.Exit(code)
 

@@ -15,6 +15,7 @@ import typer
 from speculative.engine import MAX_SNAPSHOTS, ModelSpec, no_mtp_layers
 from speculative.errors import UsageError
 from speculative.gguf_meta import has_nextn_layers, is_mtp_head
+from speculative.pool import POOL_TOKENS, check_pool_file
 from speculative import rpc
 from speculative.llamacpp import FLASH_ATTN_MODES, offload_devices
 from speculative.registry import Registry, check_gguf_file
@@ -144,6 +145,15 @@ def _own_ngram_flags(kind: str) -> tuple:
 SIMPLE_N, SIMPLE_M, SIMPLE_HITS = _own_ngram_flags("simple")
 MAP_N, MAP_M, MAP_HITS = _own_ngram_flags("map-k")
 
+SPEC_POOL = typer.Option(
+    None, "--spec-pool", rich_help_panel=D, metavar="FILE",
+    help="Keep what runs generate in FILE, and draft from it in later runs (auto; or --spec-type ngram-pool): "
+         "for scripts that run speculate over many similar inputs. Saved atomically at the end, merged with "
+         "what other processes saved; a file of another tokenizer is left alone, a damaged one ignored.")
+SPEC_POOL_TOKENS = typer.Option(
+    POOL_TOKENS, "--spec-pool-tokens", rich_help_panel=D, metavar="N",
+    help="Most tokens of earlier output kept to draft from, in memory and in --spec-pool FILE "
+         "(0: no pool; batch and serve otherwise draft from their earlier requests' output).")
 N_PREDICT = typer.Option(
     -1, "-n", "--n-predict", "--predict", rich_help_panel=S,
     help="Most tokens to generate (-1: until end of generation or a full context).")
@@ -205,6 +215,29 @@ def spec_settings(*, spec_type: Optional[str], draft_max: Optional[int], draft_m
         ngram_simple=one((simple_n, simple_m, simple_hits)), ngram_map_k=one((map_n, map_m, map_hits)))
     spec.validate()
     return spec
+
+
+@dataclass(frozen=True)
+class PoolOptions:
+    """--spec-pool FILE and --spec-pool-tokens N, checked (a FILE that is not a pool is refused
+    before anything loads)."""
+    file: Optional[Path] = None
+    tokens: int = POOL_TOKENS
+
+    def __post_init__(self):
+        if self.tokens < 0:
+            raise UsageError(f"--spec-pool-tokens must be >= 0, got {self.tokens}")
+        if self.file is not None:
+            if self.tokens == 0:
+                raise UsageError("--spec-pool FILE needs a pool: --spec-pool-tokens must be > 0")
+            check_pool_file(self.file)
+
+    def engine_args(self) -> dict:
+        return {"pool_tokens": self.tokens, "pool_file": self.file}
+
+
+def pool_options(spec_pool: Optional[Path] = None, spec_pool_tokens: int = POOL_TOKENS) -> PoolOptions:
+    return PoolOptions(spec_pool, spec_pool_tokens)
 
 
 def _first(*values):
@@ -416,6 +449,10 @@ SPECULATION = Group("spec", (
     ("simple_m", Optional[int], SIMPLE_M), ("simple_hits", Optional[int], SIMPLE_HITS),
     ("map_n", Optional[int], MAP_N), ("map_m", Optional[int], MAP_M), ("map_hits", Optional[int], MAP_HITS),
 ), spec_settings)
+
+
+POOL = Group("pool", (("spec_pool", Optional[Path], SPEC_POOL), ("spec_pool_tokens", int, SPEC_POOL_TOKENS)),
+             pool_options)
 
 
 def with_options(*groups: Group):

@@ -67,10 +67,11 @@ def quiet_pipe():
 
 def run_and_render(target: ModelSpec, draft: ModelSpec | None, text: str, sampling: SamplerSettings,
                    spec: SpecSettings, *, use_chat: bool, system: str | None, color: bool,
-                   json_output: bool, prompt_cache: Path | None = None, prompt_cache_ro: bool = False) -> int:
+                   json_output: bool, prompt_cache: Path | None = None, prompt_cache_ro: bool = False,
+                   pool: dict | None = None) -> int:
     seed = sampling.resolved_seed()
     with Engine(target, draft, notify=lambda message: print(message, file=sys.stderr),
-                prompt_cache_file=prompt_cache, prompt_cache_ro=prompt_cache_ro) as engine:
+                prompt_cache_file=prompt_cache, prompt_cache_ro=prompt_cache_ro, **(pool or {})) as engine:
         prompt = engine.prompt_tokens(text, use_chat, system)
         out = _Stdout(color)
         stream = Stream(engine, prompt, sampling, spec, seed,

@@ -19,10 +19,12 @@ N = "Server"
 
 
 @options.with_options(options.MODELS, options.SPECULATION.but(
-    branches=(int, options.DRAFT_BRANCHES), n_predict=None, ignore_eos=None))  # per request here
+    branches=(int, options.DRAFT_BRANCHES), n_predict=None, ignore_eos=None),  # per request here
+    options.POOL)
 def serve_command(
     models: options.ModelOptions,
     spec: SpecSettings,
+    pool: options.PoolOptions,
     host: str = typer.Option("127.0.0.1", "--host", rich_help_panel=N,
                              help="Address to listen on. Anything but loopback needs an API key."),
     port: int = typer.Option(8080, "--port", rich_help_panel=N, help="Port to listen on (0: any free one)."),
@@ -52,7 +54,8 @@ def serve_command(
         raise UsageError("--port must be in [0, 65535], --parallel >= 0 and --timeout > 0")
     target, draft = models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft, spec.mtp)
     sock = _bind(host, port)  # before loading: a taken port fails at once, not after the models load
-    with sock, Engine(target, draft, notify=lambda message: print(message, file=sys.stderr)) as engine:
+    with sock, Engine(target, draft, notify=lambda message: print(message, file=sys.stderr),
+                      **pool.engine_args()) as engine:
         engine.make_drafter(spec)  # auto measures its costs now rather than in the first request
         model_info = {"id": target.name, "created": int(time.time()),
                       "meta": {"n_ctx": engine.target.n_ctx, "draft": draft.name if draft else None,

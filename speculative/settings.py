@@ -78,7 +78,7 @@ class SamplerSettings:
         return int.from_bytes(os.urandom(4), "little")
 
 
-SPEC_TYPES = ("none", "draft", "draft-mtp", "ngram-simple", "ngram-map-k", "auto")
+SPEC_TYPES = ("none", "draft", "draft-mtp", "ngram-simple", "ngram-map-k", "ngram-pool", "auto")
 # llama.cpp's drafter types this build cannot drive, and why (README, the --spec-type table).
 UNAVAILABLE_TYPES = {
     t: "llama-cpp-python 0.3.36 does not bind the C++ functions llama.cpp drives it with"
