@@ -138,7 +138,8 @@ def print_stats(stats: Stats, spec: SpecSettings, seed: int, target: ModelSpec, 
         f"time      = draft {stats.t_draft:.3f} s ({100 * stats.t_draft / total:.1f}%), "
         f"verify {stats.t_verify:.3f} s ({100 * stats.t_verify / total:.1f}%), other {other:.3f} s",
         f"python    = {1000 * stats.python_seconds_per_token:.2f} ms per token outside llama.cpp "
-        f"({100 * stats.python_share:.1f}% of generation time)",
+        f"({100 * stats.python_share:.1f}% of generation time)"
+        + (f"; auto's planning {1000 * stats.t_plan:.1f} ms ({100 * stats.t_plan / total:.2f}%)" if spec.auto else ""),
         f"load      = {stats.t_load:.3f} s (target {target.name}"
         + (f", draft {draft.name}" if draft else "")
         + (f", MTP head {target.mtp_sidecar.name})" if target.mtp_sidecar else ")"),

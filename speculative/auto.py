@@ -153,6 +153,8 @@ class Auto(Drafter):
         self._pending: list[list] = []              # [estimates, where, proposal, scored]
         self._proposals: dict[str, Draft] = {}      # this step's free proposals
         self._catchup = 0.0                         # this step's planned catch-up cost
+        self.t_plan = 0.0   # seconds auto itself spent planning and scoring (not in drafters' calls)
+        self._t_drafters = 0.0  # of a propose or accept call, the seconds spent inside the drafters
 
     def estimates(self, d: Drafter | str, kind: int = 0) -> Acceptance:
         name = d if isinstance(d, str) else d.name
@@ -171,6 +173,13 @@ class Auto(Drafter):
             d.prefill(prompt)
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
+        t0, self._t_drafters = time.perf_counter(), 0.0
+        try:
+            return self._propose(context, k)
+        finally:
+            self.t_plan += time.perf_counter() - t0 - self._t_drafters
+
+    def _propose(self, context: Sequence[int], k: int) -> Draft:
         self._score_pending(context)
         k = min(k, self.k_max)
         verify = self.verify
@@ -189,12 +198,17 @@ class Auto(Drafter):
         if chosen.free:
             draft = self._proposals[chosen.name]
             return replace(draft.head(plan_k), source=chosen.name)
-        return chosen.propose(context, plan_k)
+        t0 = time.perf_counter()
+        draft = chosen.propose(context, plan_k)
+        self._t_drafters += time.perf_counter() - t0
+        return draft
 
     def _plan_free(self, d: Drafter, context: Sequence[int], k: int, verify: np.ndarray) -> tuple[int, float]:
         t0 = time.perf_counter()
         draft = d.propose(context, k)
-        self.draft_cost[d.name] += COST_EMA * (time.perf_counter() - t0 - self.draft_cost[d.name])
+        took = time.perf_counter() - t0
+        self._t_drafters += took
+        self.draft_cost[d.name] += COST_EMA * (took - self.draft_cost[d.name])
         self._proposals[d.name] = draft
         if draft.tokens:
             self._pending.append([self.estimates(d, draft.kind), len(context), draft.tokens, 0])
@@ -235,6 +249,14 @@ class Auto(Drafter):
         self._pending = still[-self.k_max:]
 
     def accept(self, outcome: Outcome) -> None:
+        t0 = time.perf_counter()
+        self._learn(outcome)
+        self.t_plan += time.perf_counter() - t0
+        for d in self.drafters:  # the drafters' own learning is drafting, not planning
+            d.accept(outcome)
+
+    def _learn(self, outcome: Outcome) -> None:
+        """Costs and the model drafters' acceptance, from what verification made of a draft."""
         drafted, m, source = outcome.draft.tokens, outcome.n_accepted, outcome.draft.source
         b = len(drafted) + 1
         checkpointed = self.rewind is not None and len(drafted) > self.rewind.limit  # not a plain verify
@@ -246,8 +268,6 @@ class Auto(Drafter):
             self.estimates(model, outcome.draft.kind).observe_draft(len(drafted), m)
             per_token = max(outcome.t_draft - self._catchup, 0.0) / len(drafted)
             self.draft_cost[source] += COST_EMA * (per_token - self.draft_cost[source])
-        for d in self.drafters:
-            d.accept(outcome)
 
     def summary(self) -> list[str]:
         """Why auto never tried a drafter (a model's, not a free one), if it did not."""

@@ -77,6 +77,7 @@ class Run:
     t_verify_s: float = 0.0
     t_decode_s: float = 0.0
     python_share: float = 0.0
+    t_plan_s: float = 0.0   # auto's own planning and scoring (stats.t_plan)
     plans: list = field(default_factory=list)
     mismatch: dict | None = None
     baseline_drift: float | None = None  # target only: fastest of its runs over the slowest
@@ -228,7 +229,7 @@ def _run(engine: Engine, tokens: list[int], config: Config, sampling: SamplerSet
         n_predict=stats.n_predict, decode_tps=stats.decode_tps, accept_rate=stats.accept_rate,
         mean_accepted_length=stats.mean_accepted_length, n_drafted=stats.n_drafted, n_accept=stats.n_accept,
         t_draft_s=stats.t_draft, t_verify_s=stats.t_verify, t_decode_s=stats.t_decode,
-        python_share=stats.python_share,
+        python_share=stats.python_share, t_plan_s=stats.t_plan,
         plans=[{"drafter": d, "k": k, "steps": n} for (d, k), n in sorted(stats.plans.items())],
         tokens=final.tokens)
 
@@ -283,6 +284,7 @@ def summarize(runs: list[Run]) -> list[dict]:
             "draft_share": sum(r.t_draft_s for r in group) / decode,
             "verify_share": sum(r.t_verify_s for r in group) / decode,
             "python_share": sum(r.python_share * r.t_decode_s for r in group) / decode,
+            "plan_share": sum(r.t_plan_s for r in group) / decode,
             "mismatches": sum(r.mismatch is not None for r in group),
         })
         bounds = [r.ngram_bound for r in group if r.ngram_bound is not None]

@@ -163,6 +163,10 @@ class Engine:
         summary = getattr(self.drafter, "summary", None)
         return summary() if summary else []
 
+    def plan_seconds(self) -> float:
+        """What auto itself spent planning and scoring in the latest run (0 for fixed drafters)."""
+        return getattr(self.drafter, "t_plan", 0.0)
+
     def make_drafter(self, spec: SpecSettings, draft_sampler: Sampler | None = None) -> Drafter | None:
         """The drafter --spec-type asks for: one, a chain, or auto over several.
         `draft_sampler`: the draft model samples with it (else it drafts greedily)."""

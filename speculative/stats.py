@@ -35,6 +35,7 @@ class Stats:
     t_draft: float = 0.0
     t_verify: float = 0.0
     t_llama: float = 0.0        # of t_decode, the time inside llama.cpp (both models)
+    t_plan: float = 0.0         # of t_decode, auto's own planning and scoring (its drafters' calls not included)
     finish_reason: str | None = None
 
     def add(self, event: Event) -> None:
@@ -150,6 +151,8 @@ class Stats:
             "t_llama_s": self.t_llama,
             "python_ms_per_token": 1000 * self.python_seconds_per_token,
             "python_share": self.python_share,
+            "t_plan_s": self.t_plan,
+            "plan_share": self.t_plan / self.t_decode if self.t_decode > 0 else 0.0,
             "encode_tps": self.encode_tps,
             "decode_tps": self.decode_tps,
         }

@@ -110,6 +110,7 @@ class Stream:
         stats = self.stats
         if self._started is not None:
             stats.t_llama = self.engine.busy_seconds() - self._started[1]
+            stats.t_plan = self.engine.plan_seconds()
             if stats.finish_reason is None:  # the consumer stopped
                 stats.t_decode = time.perf_counter() - self._started[0]
         stats.finish_reason = ("stop" if self._stops.stopped else reason or self._reason

@@ -298,3 +298,14 @@ def test_auto_reports_its_plans_and_python_overhead(model_path):
     assert proc.returncode == 0, proc.stderr
     assert "plans     = " in proc.stderr and "python    = " in proc.stderr
     assert "n_draft   = 16" in proc.stderr  # auto's cap
+
+
+@pytest.mark.real
+def test_autos_own_planning_is_timed_apart_from_drafting(model_path):
+    flags = ("-m", str(model_path(SMOL)), "-p", "def fib(n):", "-n", "48", "--temp", "0", "-t", "1")
+    auto = speculate_json(*flags)
+    assert 0 < auto["t_plan_s"] < auto["t_decode_s"] and auto["plan_share"] == pytest.approx(
+        auto["t_plan_s"] / auto["t_decode_s"])
+    assert speculate_json(*flags, "--spec-type", "ngram-simple")["t_plan_s"] == 0.0
+    shown = speculate(*flags)
+    assert "auto's planning" in shown.stderr

@@ -27,7 +27,8 @@ def fake_engine():
     def run(prompt, sampling, spec, seed):
         return generate(target, prompt, Sampler(sampling, seed), spec, ModelDrafter(draft))
 
-    return SimpleNamespace(run=run, target=target.model, t_load=0.5, busy_seconds=lambda: 0.0, notes=lambda: [])
+    return SimpleNamespace(run=run, target=target.model, t_load=0.5, busy_seconds=lambda: 0.0, notes=lambda: [],
+                           plan_seconds=lambda: 0.0)
 
 
 def test_one_piece_per_step_and_a_final_value_that_adds_up():
