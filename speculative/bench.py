@@ -78,6 +78,7 @@ class Run:
     t_decode_s: float = 0.0
     python_share: float = 0.0
     t_plan_s: float = 0.0   # auto's own planning and scoring (stats.t_plan)
+    modelled_speedup: float = 0.0  # the same run's speedup at calibrated costs (see modelled_speedup)
     plans: list = field(default_factory=list)
     mismatch: dict | None = None
     baseline_drift: float | None = None  # target only: fastest of its runs over the slowest
@@ -224,14 +225,30 @@ def _run(engine: Engine, tokens: list[int], config: Config, sampling: SamplerSet
          prompt: BenchPrompt, repeat: int) -> tuple[list[int], Run]:
     final = complete(engine, tokens, sampling, config.spec, seed)
     stats = final.stats
+    # target-only decoding's passes: one per token, and one more for an end-of-generation token
+    modelled = modelled_speedup(engine, stats.plans, stats.n_predict + (stats.finish_reason == "stop"))
     return final.tokens, Run(
         prompt=prompt.id, category=prompt.category, config=config.label, repeat=repeat,
         n_predict=stats.n_predict, decode_tps=stats.decode_tps, accept_rate=stats.accept_rate,
         mean_accepted_length=stats.mean_accepted_length, n_drafted=stats.n_drafted, n_accept=stats.n_accept,
         t_draft_s=stats.t_draft, t_verify_s=stats.t_verify, t_decode_s=stats.t_decode,
-        python_share=stats.python_share, t_plan_s=stats.t_plan,
+        python_share=stats.python_share, t_plan_s=stats.t_plan, modelled_speedup=modelled,
         plans=[{"drafter": d, "k": k, "steps": n} for (d, k), n in sorted(stats.plans.items())],
         tokens=final.tokens)
+
+
+def modelled_speedup(engine: Engine, plans: dict[tuple[str, int], int], passes_alone: int) -> float:
+    """A run's speedup without the machine's noise: target-only decoding's time over the run's,
+    both modelled from their steps at this machine's calibrated costs (a step that drafted k
+    tokens: the target's verify of k + 1, plus a draft model's calibrated cost per token; n-gram
+    lookups cost next to nothing). A loss this figure shows too is in the plan, not the noise."""
+    if not passes_alone or not plans:
+        return 0.0
+    verify = engine.costs("target", max(k for _, k in plans) + 1)
+    per_token = {name: engine.costs(role, 1)[0] for name, role in (("draft", "draft"), ("draft-mtp", "mtp"))
+                 if any(d == name for d, _ in plans)}
+    seconds = sum(steps * (verify[k] + k * per_token.get(drafter, 0.0)) for (drafter, k), steps in plans.items())
+    return passes_alone * verify[0] / seconds
 
 
 def expects_identity(spec: SpecSettings, sampling: SamplerSettings) -> bool:
@@ -285,6 +302,7 @@ def summarize(runs: list[Run]) -> list[dict]:
             "verify_share": sum(r.t_verify_s for r in group) / decode,
             "python_share": sum(r.python_share * r.t_decode_s for r in group) / decode,
             "plan_share": sum(r.t_plan_s for r in group) / decode,
+            "median_modelled_speedup": statistics.median(r.modelled_speedup for r in group),
             "mismatches": sum(r.mismatch is not None for r in group),
         })
         bounds = [r.ngram_bound for r in group if r.ngram_bound is not None]
