@@ -389,6 +389,7 @@ def test_every_command_takes_the_hub_flags(command):
 
 
 import contextlib  # noqa: E402
+import time  # noqa: E402
 import socket  # noqa: E402
 
 
@@ -449,3 +450,18 @@ def test_a_split_model_is_completed_beside_the_part_a_cache_has(fake, user, tiny
     snapshot = user.cache / "models--u--big-GGUF" / "snapshots" / commit
     assert sorted(p.name for p in snapshot.iterdir()) == sorted(parts)
     assert not llama.exists()
+
+
+def test_a_hub_that_does_not_answer_is_given_up_after_the_stated_timeout(fake, user, tiny):
+    fake.add_repo("u/tiny-GGUF", {"tiny-Q4_K_M.gguf": tiny["tiny-Q4_K_M.gguf"]})
+    online = user.generate("-hf", "u/tiny-GGUF")
+    with socket.socket() as silent:  # accepts connections (the backlog) and never says a word
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        started = time.monotonic()
+        proc = user.run("-hf", "u/tiny-GGUF", *RUN, HF_ENDPOINT=f"http://127.0.0.1:{silent.getsockname()[1]}",
+                        HF_HUB_ETAG_TIMEOUT="2")
+        took = time.monotonic() - started
+    assert proc.returncode == 0 and json.loads(proc.stdout)["text"] == online["text"], proc.stderr
+    assert "the hub is unreachable" in proc.stderr and "after at most 2 s" in proc.stderr
+    assert took < 20
