@@ -5,10 +5,12 @@ Draft of up to k tokens that might follow `context`, and `accept(outcome)` tells
 it what the target made of them. `prefill(prompt)` lets a drafter do its prompt
 work up front, so it is timed as prompt processing rather than drafting.
 
-  model.py   a small draft model (its greedy or sampled continuation)
-  mtp.py     the target's own NextN (MTP) layers
-  ngram.py   n-gram lookup in the prompt and output: no model at all
-  chain.py   several drafters tried in order
+  model.py        a small draft model (its greedy or sampled continuation)
+  mtp.py          the target's own NextN (MTP) layers
+  ngram.py        n-gram lookup in the prompt and output: no model at all
+  ngram_mod.py    llama.cpp's ngram-mod: a hash table of n-grams, shared by requests
+  ngram_map.py    llama.cpp's ngram-map-k4v: up to four continuations per n-gram, counted
+  chain.py        several drafters tried in order
 The cost-aware choice among them (`--spec-type auto`) lives in speculative/auto.py.
 """
 
@@ -85,6 +87,8 @@ from .chain import Chain  # noqa: E402
 from .model import ModelDrafter, top_probability  # noqa: E402
 from .mtp import MtpDrafter  # noqa: E402
 from .ngram import NgramMapK, NgramSimple  # noqa: E402
+from .ngram_map import NgramMapK4v  # noqa: E402
+from .ngram_mod import ModTable, NgramMod  # noqa: E402
 
-__all__ = ["Draft", "Outcome", "Drafter", "ModelDrafter", "MtpDrafter", "NgramSimple", "NgramMapK", "Chain",
-           "top_probability"]
+__all__ = ["Draft", "Outcome", "Drafter", "ModelDrafter", "MtpDrafter", "NgramSimple", "NgramMapK", "NgramMapK4v",
+           "NgramMod", "ModTable", "Chain", "top_probability"]
