@@ -1,19 +1,34 @@
-"""llama.cpp's n-gram drafters ngram-mod and ngram-map-k4v.
+"""llama.cpp's n-gram drafters (ngram-mod, ngram-map-k4v, ngram-cache) and its n-gram cache files.
 
 Hand-checked cases follow the C++ of the pinned llama.cpp (common/ngram-mod.cpp,
-common/ngram-map.cpp, common/speculative.cpp); random sequences check the drafters' vectorised
-code against line-by-line ports (tests/llama_ngram_ref.py).
+common/ngram-map.cpp, common/ngram-cache.cpp, common/speculative.cpp); random sequences check
+the drafters' vectorised code against line-by-line ports (tests/llama_ngram_ref.py); and llama.cpp's
+own ngram-cache.cpp, compiled with g++ from the sdist scripts/test.sh keeps, reads the files we
+write and writes files we read.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
+import struct
+import subprocess
+import tarfile
+from pathlib import Path
 
 import numpy as np
+import pytest
 
-from speculative.drafters import Draft, ModTable, NgramMapK4v, NgramMod, Outcome
+from speculative import lookup_cache
+from speculative.drafters import Draft, LookupFiles, ModTable, NgramCache, NgramMapK4v, NgramMod, Outcome
+from speculative.drafters.ngram_cache import Counts, draft
 from speculative.drafters.ngram_mod import MULTIPLIER, TABLE_SIZE
+from speculative.errors import UsageError
 from tests.llama_ngram_ref import RefMap, RefMod, RefModImpl
+
+ROOT = Path(__file__).resolve().parents[1]
+EMPTY = Counts()
 
 
 def outcome(tokens: list[int], n_accepted: int, source: str) -> Outcome:
@@ -190,3 +205,306 @@ def test_ngram_map_k4v_matches_the_line_by_line_port_of_llama_cpp():
             history.append(rng.randrange(vocab))
         assert {i: v for i, v in enumerate(ref.key_map) if v} == {int(i): int(mine.key_map[i]) for i in np.flatnonzero(mine.key_map)}
     assert drafts > 1000
+
+
+# -- ngram-cache: statistics and drafts ------------------------------------------------------
+
+
+def counts(tokens: list[int]) -> Counts:
+    c = Counts()
+    c.update(tokens, 0)
+    return c
+
+
+def test_ngram_cache_counts_each_token_after_its_1_to_4_grams():
+    assert counts([1, 2, 1, 2, 1]).parts == {
+        (1,): {2: 2}, (2,): {1: 2}, (1, 2): {1: 2}, (2, 1): {2: 1},
+        (1, 2, 1): {2: 1}, (2, 1, 2): {1: 1}, (1, 2, 1, 2): {1: 1}}
+    grown = counts([1, 2, 1])
+    grown.update([1, 2, 1, 2, 1], 3)  # llama-lookup: nnew = 1 at a time, n-grams across the old end too
+    assert grown.parts == counts([1, 2, 1, 2, 1]).parts
+
+
+def test_ngram_cache_drafts_from_the_longest_n_gram_that_passes_and_goes_on_from_its_drafts():
+    history = [1, 2, 1, 2, 1]
+    # (1 2 1) -> {2: 1} passes the lax 3-gram rule (1 seen, 50%); then (1 2 1 2) -> 1, (2 1 2 1)? no,
+    # (1 2 1) -> 2 again
+    assert draft(history, 3, counts(history), EMPTY, EMPTY) == [2, 1, 2]
+    assert draft(history, 1, counts(history), EMPTY, EMPTY) == [2]
+
+
+def test_ngram_cache_lax_thresholds_and_ties():
+    # after 5: {6: 1, 7: 1}: 2 seen, but 50% < the 66% a 1-gram needs
+    assert draft([9, 5, 6, 8, 5, 7, 3, 5], 3, counts([9, 5, 6, 8, 5, 7, 3, 5]), EMPTY, EMPTY) == []
+    # after 5: {6: 2} passes; after (5 6): {8: 1, 3: 1}, 50% passes for a 2-gram, a tie: the lower
+    # id (llama.cpp: its hash table's order); after (5 6 3): {5: 1}
+    history = [9, 5, 6, 8, 5, 6, 3, 5]
+    assert draft(history, 3, counts(history), EMPTY, EMPTY) == [6, 3, 5]
+
+
+def test_ngram_cache_static_counts_weigh_the_choice():
+    history = [9, 5, 6, 8, 5, 6, 3, 5, 6]  # after (5 6): {8: 1, 3: 1}
+    static = Counts()
+    static.parts = {(5, 6): {8: 1}}        # 8 weighs 100, 3 weighs 1
+    assert draft(history, 1, counts(history), EMPTY, static) == [8]
+    assert draft(history, 1, counts(history), EMPTY, EMPTY) == [3]
+
+
+def test_ngram_cache_dynamic_needs_the_strict_thresholds_and_static_is_the_last_resort():
+    dynamic, static = Counts(), Counts()
+    dynamic.parts = {(5,): {6: 3}}
+    assert draft([1, 5], 1, EMPTY, dynamic, EMPTY) == []     # a 1-gram needs 4
+    dynamic.parts = {(5,): {6: 4}}
+    assert draft([1, 5], 1, EMPTY, dynamic, EMPTY) == [6]
+    dynamic.parts = {(5,): {6: 3, 7: 1}}
+    assert draft([1, 5], 1, EMPTY, dynamic, EMPTY) == [6]    # 75%: just enough
+    dynamic.parts = {(5,): {6: 5, 7: 2}}
+    assert draft([1, 5], 1, EMPTY, dynamic, EMPTY) == []     # 71% < 75%
+    static.parts = {(1, 5): {6: 1, 7: 1}}                    # 2 seen, 50%: passes, a tie
+    assert draft([1, 5], 1, EMPTY, EMPTY, static) == [6]
+    static.parts = {(1, 5): {6: 1}}                          # seen once: too few
+    assert draft([1, 5], 1, EMPTY, EMPTY, static) == []
+    assert draft([5], 3, counts([5, 5, 5]), EMPTY, EMPTY) == []  # fewer than 2 tokens: nothing
+
+
+def test_ngram_cache_drafter_follows_the_history_and_learns_at_the_end(tmp_path):
+    files = LookupFiles(None, tmp_path / "dynamic.bin", 100, notify=lambda m: None)
+    drafter = NgramCache(files)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    drafter.prefill(prompt)
+    assert drafter.propose(prompt, 2).tokens == [3, 1]  # (2 3 1 2) -> 3, then (3 1 2 3) -> 1
+    drafter.finish([*prompt, 3, 4])
+    assert files.learned.parts == counts([*prompt, 3, 4]).parts  # llama-lookup: prompt and output
+    files.save()
+    assert lookup_cache.read(tmp_path / "dynamic.bin").part([2, 3]) == {1: 2, 4: 1}
+    # the next request drafts from it: its own context knows nothing after (1 2), the dynamic
+    # cache has (1 2) -> {3: 3}, which passes the strict 2-gram rule (3 seen, 66%)
+    second = NgramCache(files)
+    second.prefill([7, 1, 2])
+    assert second.propose([7, 1, 2], 1).tokens == [3]
+
+
+# -- the files -------------------------------------------------------------------------------
+
+
+def table_of(parts: dict) -> lookup_cache.Table:
+    return lookup_cache.Table.empty().merged(parts)
+
+
+def test_a_cache_file_is_llama_cpps_records_little_endian():
+    data = table_of({(7,): {3: 2}, (1, 2): {5: 1, 4: 9}}).to_bytes()
+    assert data == (struct.pack("<5i", 1, 2, -1, -1, 2) + struct.pack("<4i", 4, 9, 5, 1)
+                    + struct.pack("<5i", 7, -1, -1, -1, 1) + struct.pack("<2i", 3, 2))
+
+
+def test_write_and_read_back(tmp_path):
+    c = counts([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6])
+    lookup_cache.write(tmp_path / "c.bin", table_of(c.parts))
+    table = lookup_cache.read(tmp_path / "c.bin")
+    assert len(table) == len(c.parts)
+    assert all(table.part(gram) == part for gram, part in c.parts.items())
+    assert table.part([4, 4]) is None
+    assert lookup_cache.read(tmp_path / "c.bin", n_vocab=10).part([5]) == c.parts[(5,)]
+    empty = tmp_path / "empty.bin"
+    empty.write_bytes(b"")  # llama.cpp writes an empty cache as an empty file
+    assert len(lookup_cache.read(empty)) == 0
+
+
+def test_merging_adds_counts_and_keeps_them_int32():
+    table = table_of({(1,): {2: 3}})
+    merged = table.merged({(1,): {2: 4, 5: 1}, (9, 9): {1: 1}})
+    assert merged.part([1]) == {2: 7, 5: 1} and merged.part([9, 9]) == {1: 1}
+    assert table.merged({(1,): {2: 2**31 - 2}}).part([1]) == {2: 2**31 - 1}
+
+
+def good_file(tmp_path) -> Path:
+    path = tmp_path / "good.bin"
+    lookup_cache.write(path, table_of({(1, 2): {3: 2, 4: 1}, (5,): {6: 1}}))
+    return path
+
+
+def test_every_cut_of_a_file_is_a_clean_refusal(tmp_path):
+    data = good_file(tmp_path).read_bytes()
+    first = 4 * (5 + 2 * 2)  # the first record: (1 2) with two tokens
+    for cut in range(1, len(data)):
+        (tmp_path / "cut.bin").write_bytes(data[:cut])
+        if cut == first:
+            assert len(lookup_cache.read(tmp_path / "cut.bin")) == 1  # a whole record: a smaller cache
+            continue
+        kind = lookup_cache.NotACache if cut < first else lookup_cache.Unusable
+        with pytest.raises(kind, match="cut short"):
+            lookup_cache.read(tmp_path / "cut.bin")
+
+
+@pytest.mark.parametrize("words, message", [
+    ((1, -1, -1, -1, 1, 3, 0), "impossible token 3 with count 0"),
+    ((1, -1, -1, -1, 1, -5, 1), "impossible token -5"),
+    ((-1, 2, -1, -1, 1, 3, 1), r"impossible n-gram \[-1, 2, -1, -1\]"),
+    ((1, -1, 2, -1, 1, 3, 1), r"impossible n-gram \[1, -1, 2, -1\]"),
+    ((1, -1, -1, -1, 0), "impossible number of tokens 0"),
+    ((1, -1, -1, -1, 2**30, 3, 1), "impossible number of tokens 1073741824"),   # huge: refused, not allocated
+    ((1, -1, -1, -1, 2**20, 3, 1), "cut short"),                               # more than the file holds
+    ((2**24, -1, -1, -1, 1, 3, 1), "impossible n-gram"),
+])
+def test_impossible_values_are_refused_at_their_byte(tmp_path, words, message):
+    path = tmp_path / "bad.bin"
+    path.write_bytes(struct.pack("<5i2i", 7, -1, -1, -1, 1, 8, 1) + struct.pack(f"<{len(words)}i", *words))
+    with pytest.raises(lookup_cache.Unusable, match=message) as e:
+        lookup_cache.read(path)
+    assert not isinstance(e.value, lookup_cache.NotACache) and "at byte 28" in str(e.value)
+
+
+def test_a_token_listed_twice_for_one_n_gram_counts_once_as_in_llama_cpp(tmp_path):
+    path = tmp_path / "twice.bin"
+    path.write_bytes(struct.pack("<5i4i", 7, -1, -1, -1, 2, 3, 1, 3, 5))
+    assert lookup_cache.read(path).part([7]) == {3: 1}  # llama.cpp's loader keeps the first (emplace)
+
+
+def test_a_repeated_n_gram_and_foreign_tokens_are_refused(tmp_path):
+    path = tmp_path / "twice.bin"
+    record = struct.pack("<5i2i", 7, -1, -1, -1, 1, 8, 1)
+    path.write_bytes(record + struct.pack("<5i2i", 1, -1, -1, -1, 1, 8, 1) + record)
+    with pytest.raises(lookup_cache.Unusable, match=r"n-gram \[7, -1, -1, -1\] appears twice at byte 56"):
+        lookup_cache.read(path)
+    with pytest.raises(lookup_cache.OtherVocabulary, match="token 6 is not in the target's vocabulary of 6"):
+        lookup_cache.read(good_file(tmp_path), n_vocab=6)
+
+
+@pytest.mark.parametrize("content", [b"hello, world: not a cache\n" * 20, b"GGUF\x03\x00\x00\x00" + bytes(64),
+                                     bytes(range(256)) * 8, b"\x01"])
+def test_files_that_are_not_caches_are_told_apart(tmp_path, content):
+    path = tmp_path / "other"
+    path.write_bytes(content)
+    with pytest.raises(lookup_cache.NotACache, match="not an n-gram cache"):
+        lookup_cache.read(path)
+    with pytest.raises(UsageError, match="exists and is not an n-gram cache .*refusing to overwrite it"):
+        lookup_cache.check_writable(path)
+
+
+def test_a_file_larger_than_the_bound_is_not_read(tmp_path):
+    path = tmp_path / "huge.bin"
+    with open(path, "wb") as f:
+        f.truncate(lookup_cache.MAX_BYTES + 4)  # sparse: nothing is written
+    with pytest.raises(lookup_cache.Unusable, match="larger than the 64 MiB"):
+        lookup_cache.read(path)
+
+
+def test_check_writable_takes_caches_damaged_or_not_and_refuses_the_rest(tmp_path):
+    lookup_cache.check_writable(tmp_path / "missing.bin")
+    path = good_file(tmp_path)
+    lookup_cache.check_writable(path)
+    path.write_bytes(path.read_bytes()[:-3])  # damaged after its first record: still a cache
+    lookup_cache.check_writable(path)
+    (tmp_path / "empty.bin").write_bytes(b"")
+    lookup_cache.check_writable(tmp_path / "empty.bin")
+    with pytest.raises(UsageError, match="is a directory"):
+        lookup_cache.check_writable(tmp_path)
+    with pytest.raises(UsageError, match="-lcs/--lookup-cache-static .*missing.bin: cannot read it"):
+        lookup_cache.check_static(tmp_path / "missing.bin")
+
+
+def test_unusable_files_are_notices_and_only_a_damaged_dynamic_cache_is_replaced(tmp_path):
+    notices: list[str] = []
+    cut = good_file(tmp_path)
+    cut.write_bytes(cut.read_bytes()[:-3])
+    other = tmp_path / "other.txt"
+    other.write_text("not a cache at all, but something of the user's\n")
+    static = LookupFiles(other, None, 100, notices.append)
+    assert len(static.static) == 0
+    damaged = LookupFiles(None, cut, 100, notices.append)
+    foreign = LookupFiles(None, other, 100, notices.append)
+    for files in (damaged, foreign):
+        files.learn(counts([1, 2, 3]))
+        files.save()
+    why = f"not an n-gram cache (impossible number of tokens {struct.unpack_from('<i', b'll, ')[0]} at byte 0)"
+    assert notices == [f"-lcs {other}: {why}; ignored",
+                       f"-lcd {cut}: damaged: cut short at byte 36; ignored; what this run generates will replace it",
+                       f"-lcd {other}: {why}; ignored, and left as it is"]
+    assert lookup_cache.read(cut).part([1, 2]) == {3: 1}
+    assert other.read_text() == "not a cache at all, but something of the user's\n"
+
+
+# -- llama.cpp's own code: the files read both ways --------------------------------------------
+
+SDIST = ROOT / ".cache" / "sdist" / "llama_cpp_python-0.3.36.tar.gz"
+FETCH = ("python -m pip download --no-binary :all: --no-deps llama-cpp-python==0.3.36 -d .cache/sdist "
+         "(scripts/test.sh does it)")
+STUBS = {  # what common/ngram-cache.cpp needs of llama.h, ggml.h, common.h and log.h
+    "llama.h": "#pragma once\n#include <cstdint>\n#include <cstdio>\n#include <cstdlib>\n"
+               "typedef int32_t llama_token;\n#define LLAMA_TOKEN_NULL -1\n"
+               "#define GGML_ASSERT(x) do { if (!(x)) { fprintf(stderr, \"GGML_ASSERT(%s)\\n\", #x); abort(); } } while (0)\n"
+               "inline int64_t ggml_time_ms() { return 0; }\n",
+    "common.h": "#pragma once\n#include \"llama.h\"\n",
+    "log.h": "#pragma once\n#define LOG_DBG(...) ((void) 0)\n",
+}
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory) -> Path:
+    """tests/ngram_cache_harness.cpp built against the sdist's common/ngram-cache.cpp."""
+    if not SDIST.is_file():
+        pytest.fail(f"{SDIST} is missing: the llama.cpp cross-check compiles its source; run {FETCH}")
+    compiler = shutil.which(os.environ.get("CXX", "g++"))
+    if compiler is None:
+        pytest.fail("no C++ compiler (g++, or $CXX): install one (apt-get install g++) to build the llama.cpp "
+                    "cross-check")
+    src = tmp_path_factory.mktemp("ngram-cache-cpp")
+    with tarfile.open(SDIST) as tar:
+        for name in ("ngram-cache.h", "ngram-cache.cpp"):
+            member = tar.getmember(f"llama_cpp_python-0.3.36/vendor/llama.cpp/common/{name}")
+            (src / name).write_bytes(tar.extractfile(member).read())
+    for name, text in STUBS.items():
+        (src / name).write_text(text)
+    binary = src / "harness"
+    subprocess.run([compiler, "-std=c++17", "-O1", "-I", str(src), str(ROOT / "tests" / "ngram_cache_harness.cpp"),
+                    str(src / "ngram-cache.cpp"), "-o", str(binary)], check=True, capture_output=True)
+    return binary
+
+
+def dump(harness: Path, path: Path) -> list[tuple[int, ...]]:
+    """Every (n-gram, token, count) of a file, as llama.cpp's common_ngram_cache_load reads it."""
+    out = subprocess.run([str(harness), "dump", str(path)], check=True, capture_output=True, text=True).stdout
+    return [tuple(map(int, line.split())) for line in out.splitlines()]
+
+
+def rows(table: lookup_cache.Table) -> list[tuple[int, ...]]:
+    grams, tokens, counts_ = table.pairs()
+    return sorted((*g, t, c) for g, t, c in zip(grams.tolist(), tokens.tolist(), counts_.tolist()))
+
+
+def tokens_for_cross_check(seed: int, n: int = 3000) -> list[int]:
+    """Text-like tokens: a skewed vocabulary with repeated phrases, so n-grams recur."""
+    rng = np.random.default_rng(seed)
+    phrases = [rng.integers(0, 5000, size=rng.integers(2, 9)).tolist() for _ in range(40)]
+    out: list[int] = []
+    while len(out) < n:
+        out += phrases[rng.integers(len(phrases))] if rng.random() < 0.5 else [int(rng.zipf(1.3) % 60000)]
+    return out[:n]
+
+
+@pytest.mark.parametrize("sizes", [(1, 4), (2, 2)])  # llama-lookup's context cache, llama-lookup-create's
+def test_a_file_llama_cpp_writes_reads_as_the_same_statistics(harness, tmp_path, sizes):
+    tokens = tokens_for_cross_check(seed=sizes[0])
+    path = tmp_path / "from-llama.bin"
+    subprocess.run([str(harness), "write", str(path), *map(str, sizes)], input=" ".join(map(str, tokens)),
+                   check=True, capture_output=True, text=True)
+    table = lookup_cache.read(path)
+    ours = Counts()
+    ours.update(tokens, 0)
+    expected = {gram: part for gram, part in ours.parts.items() if sizes[0] <= len(gram) <= sizes[1]}
+    assert len(table) == len(expected) > 500
+    assert all(table.part(gram) == part for gram, part in expected.items())
+    assert rows(table) == dump(harness, path)
+
+
+def test_a_file_we_write_reads_in_llama_cpp_as_ours_and_merges_alike(harness, tmp_path):
+    first, second = Counts(), Counts()
+    first.update(tokens_for_cross_check(seed=3), 0)
+    second.update(tokens_for_cross_check(seed=4), 0)
+    a, b = table_of(first.parts), table_of(second.parts)
+    lookup_cache.write(tmp_path / "a.bin", a)
+    lookup_cache.write(tmp_path / "b.bin", b)
+    assert dump(harness, tmp_path / "a.bin") == rows(a)
+    subprocess.run([str(harness), "merge", str(tmp_path / "a.bin"), str(tmp_path / "b.bin"),
+                    str(tmp_path / "merged.bin")], check=True, capture_output=True)
+    assert rows(lookup_cache.read(tmp_path / "merged.bin")) == rows(a.merged(second.parts))
