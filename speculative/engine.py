@@ -7,7 +7,9 @@ loop. Between runs the caches (cache.py) keep what they hold: a prompt that star
 like the previous conversation (the same system prompt, document, or chat so far) only
 processes what is new. With a prompt cache file (--prompt-cache), the first run
 starts from the caches a previous process saved there, and every run saves its
-prompt's caches for the next process.
+prompt's caches for the next process. What llama.cpp's n-gram drafters keep between
+requests is kept here too: ngram-mod's hash table, and ngram-cache's -lcs/-lcd files
+(read once; -lcd written back, with what the requests learned, when the engine closes).
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ import numpy as np
 from . import calibrate, chat, prompt_cache
 from .auto import Auto, Rewind
 from .cache import Cache, MtpCache
-from .drafters import Chain, Drafter, ModelDrafter, MtpDrafter, NgramMapK, NgramSimple
+from .drafters import (Chain, Drafter, LookupFiles, ModelDrafter, ModTable, MtpDrafter, NgramCache, NgramMapK,
+                       NgramMapK4v, NgramMod, NgramSimple)
 from .errors import GenerationError, ModelError, UsageError
-from .events import Event, Prefilled, PromptCache
+from .events import Event, Prefilled, PromptCache, Token
 from .llamacpp import LlamaModel
 from .loop import generate
 from .sampling import Sampler
@@ -71,6 +74,7 @@ class Engine:
         for other in (draft.path if draft else None, target.mtp_sidecar):
             if other is not None and other.resolve() != target.path.resolve():
                 check_compatible(read_vocab(target.path), read_vocab(other))
+        self._lookup_files: dict[tuple, LookupFiles] = {}  # ngram-cache's -lcs/-lcd, read once
         t0 = time.perf_counter()
         self.target = _load(target)
         self.draft = None
@@ -93,6 +97,7 @@ class Engine:
         self.prompt_cache_ro = prompt_cache_ro
         self._restore_pending = prompt_cache_file is not None  # the first run restores it
         self._file_holds: dict[str, tuple[int, ...]] = {}  # role -> tokens the cache file holds
+        self._mod_tables: dict[int, ModTable] = {}  # ngram-mod's tables by n_match, shared by runs
 
     def prompt_tokens(self, text: str, use_chat: bool = False, system: str | None = None) -> list[int]:
         if use_chat:
@@ -134,11 +139,19 @@ class Engine:
         self.drafter = self.make_drafter(spec, draft_sampler)  # may calibrate, which uses the caches
         restored = self._restore_pending
         t_restore = self._restore_prompt_cache() if restored else 0.0
-        for event in generate(self.caches["target"], prompt, Sampler(sampling, seed, banned), spec, self.drafter):
-            yield event
-            if isinstance(event, Prefilled) and self.prompt_cache_file is not None:
-                # restored: the caches held nothing else before
-                yield PromptCache(event.n_cached if restored else 0, t_restore, self._save_prompt_cache(prompt))
+        context = list(prompt)
+        try:
+            for event in generate(self.caches["target"], prompt, Sampler(sampling, seed, banned), spec,
+                                  self.drafter):
+                if isinstance(event, Token):
+                    context.append(event.id)
+                yield event
+                if isinstance(event, Prefilled) and self.prompt_cache_file is not None:
+                    # restored: the caches held nothing else before
+                    yield PromptCache(event.n_cached if restored else 0, t_restore, self._save_prompt_cache(prompt))
+        finally:
+            if self.drafter is not None:  # whatever ended the run: what it generated is text
+                self.drafter.finish(context)
 
     def notes(self) -> list[str]:
         """What the latest run's drafter has to say about it (why auto declined a drafter)."""
@@ -162,7 +175,7 @@ class Engine:
             k_max = min(spec.draft_max, _largest_batch(self.target) - 1)
             return Auto(drafters, self.costs("target", k_max + 1), k_max, draft_costs, catchup_costs,
                         self._rewind(k_max))
-        return drafters[0] if len(drafters) == 1 else Chain(drafters)
+        return drafters[0] if len(drafters) == 1 else Chain(drafters, [spec.draft_limit(n) for n in names])
 
     def _drafter(self, name: str, spec: SpecSettings, draft_sampler: Sampler | None) -> Drafter:
         if name == "draft":
@@ -177,9 +190,24 @@ class Engine:
             if self.mtp is None:
                 raise UsageError(no_mtp_layers(self.target.name))
             return MtpDrafter(self.mtp, self.target.is_eog, p_min=spec.draft_p_min, sampler=draft_sampler)
-        ngram = spec.ngram_simple if name == "ngram-simple" else spec.ngram_map_k
-        kind = NgramSimple if name == "ngram-simple" else NgramMapK
+        if name == "ngram-mod":
+            mod = spec.ngram_mod
+            if mod.n_match not in self._mod_tables:
+                self._mod_tables[mod.n_match] = ModTable(mod.n_match)
+            return NgramMod(self._mod_tables[mod.n_match], mod.n_min, mod.n_max)
+        if name == "ngram-cache":
+            return NgramCache(self._lookup(spec))
+        ngram = {"ngram-simple": spec.ngram_simple, "ngram-map-k": spec.ngram_map_k,
+                 "ngram-map-k4v": spec.ngram_map_k4v}[name]
+        kind = {"ngram-simple": NgramSimple, "ngram-map-k": NgramMapK, "ngram-map-k4v": NgramMapK4v}[name]
         return kind(ngram.size(spec.auto), ngram.m, ngram.min_hits)
+
+    def _lookup(self, spec: SpecSettings) -> LookupFiles:
+        """ngram-cache's files, read the first time a run asks for them (notices for what is unusable)."""
+        key = (spec.lookup_cache.static, spec.lookup_cache.dynamic)
+        if key not in self._lookup_files:
+            self._lookup_files[key] = LookupFiles(*key, self.target.n_vocab, self.notify or (lambda _: None))
+        return self._lookup_files[key]
 
     def costs(self, role: str, max_batch: int) -> list[float]:
         """The measured decode cost of a model ("target", "draft", or "mtp": the target's MTP
@@ -274,6 +302,9 @@ class Engine:
         return sum(m.busy_seconds for m in (self.target, self.draft, *heads) if m is not None)
 
     def close(self) -> None:
+        for files in self._lookup_files.values():
+            files.save()  # -lcd: llama-lookup saves its dynamic cache at the end too
+        self._lookup_files.clear()
         for model in (self.draft, self.target):
             if model is not None:
                 model.close()

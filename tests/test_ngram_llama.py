@@ -2,18 +2,21 @@
 
 Hand-checked cases follow the C++ of the pinned llama.cpp (common/ngram-mod.cpp,
 common/ngram-map.cpp, common/ngram-cache.cpp, common/speculative.cpp); random sequences check
-the drafters' vectorised code against line-by-line ports (tests/llama_ngram_ref.py); and llama.cpp's
+the drafters' vectorised code against line-by-line ports (tests/llama_ngram_ref.py); llama.cpp's
 own ngram-cache.cpp, compiled with g++ from the sdist scripts/test.sh keeps, reads the files we
-write and writes files we read.
+write and writes files we read; and the CLI runs each type, alone and chained, on a tiny real
+model, with greedy output identical to target-only output.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
 import struct
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -21,13 +24,21 @@ import numpy as np
 import pytest
 
 from speculative import lookup_cache
-from speculative.drafters import Draft, LookupFiles, ModTable, NgramCache, NgramMapK4v, NgramMod, Outcome
+from speculative.cache import Cache
+from speculative.drafters import (Chain, Draft, LookupFiles, ModelDrafter, ModTable, NgramCache, NgramMapK4v,
+                                  NgramMod, NgramSimple, Outcome)
 from speculative.drafters.ngram_cache import Counts, draft
 from speculative.drafters.ngram_mod import MULTIPLIER, TABLE_SIZE
 from speculative.errors import UsageError
+from speculative.events import Step, Token
+from speculative.loop import generate
+from speculative.sampling import Sampler
+from speculative.settings import NgramModSettings, SamplerSettings, SpecSettings
+from tests.fakes import FakeBackend, ToyModel, plain_decode
 from tests.llama_ngram_ref import RefMap, RefMod, RefModImpl
 
 ROOT = Path(__file__).resolve().parents[1]
+GREEDY = SamplerSettings(temp=0.0)
 EMPTY = Counts()
 
 
@@ -508,3 +519,235 @@ def test_a_file_we_write_reads_in_llama_cpp_as_ours_and_merges_alike(harness, tm
     subprocess.run([str(harness), "merge", str(tmp_path / "a.bin"), str(tmp_path / "b.bin"),
                     str(tmp_path / "merged.bin")], check=True, capture_output=True)
     assert rows(lookup_cache.read(tmp_path / "merged.bin")) == rows(a.merged(second.parts))
+
+
+# -- settings and flags ------------------------------------------------------------------------
+
+
+def test_defaults_are_llama_cpps():
+    spec = SpecSettings(types=("ngram-mod",))
+    assert spec.ngram_mod == NgramModSettings(n_match=24, n_min=48, n_max=64)
+    assert (spec.ngram_map_k4v.size(False), spec.ngram_map_k4v.m, spec.ngram_map_k4v.min_hits) == (12, 48, 1)
+    limits = {t: spec.draft_limit(t) for t in ("ngram-mod", "ngram-map-k4v", "ngram-cache", "draft", "ngram-simple")}
+    assert limits == {"ngram-mod": 64, "ngram-map-k4v": 48, "ngram-cache": 8, "draft": 3, "ngram-simple": 3}
+    given = SpecSettings(types=("ngram-mod",), draft_max=16, draft_max_given=True)
+    assert [given.draft_limit(t) for t in ("ngram-mod", "ngram-map-k4v", "ngram-cache", "draft")] == [16, 16, 16, 16]
+    wide = SpecSettings(types=("ngram-mod", "ngram-cache"), draft_max=100, draft_max_given=True)
+    assert (wide.draft_limit("ngram-mod"), wide.draft_limit("ngram-cache"), wide.step_max) == (64, 100, 100)
+    assert SpecSettings(types=("ngram-mod", "draft")).step_max == 64
+
+
+def test_spec_default_joins_the_list_where_llama_cpps_order_puts_ngram_mod():
+    from cli.options import with_spec_default
+    assert with_spec_default(None, True) == ("ngram-mod",)
+    assert with_spec_default(None, False) == ("auto",)
+    assert with_spec_default(("draft",), True) == ("ngram-mod", "draft")
+    assert with_spec_default(("ngram-simple", "ngram-cache", "draft"), True) == (
+        "ngram-simple", "ngram-mod", "ngram-cache", "draft")
+    assert with_spec_default(("ngram-map-k4v",), True) == ("ngram-map-k4v", "ngram-mod")
+    assert with_spec_default(("draft", "ngram-mod"), True) == ("draft", "ngram-mod")  # named: left where it is
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The command line of this tree (not an installed `speculate`): stdout as bytes."""
+    proc = subprocess.run([sys.executable, "-c", "from cli.main import main; main()", *args], capture_output=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT), "GGML_CPU_TILED_MM": "0"})
+    proc.stderr = proc.stderr.decode("utf-8", errors="replace")
+    return proc
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--spec-type", "ngram-mod", "--spec-ngram-mod-n-min", "-1"), "--spec-ngram-mod-n-min must be between 0 and 1024"),
+    (("--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "1025"), "--spec-ngram-mod-n-max must be between 0 and 1024"),
+    (("--spec-type", "ngram-mod", "--spec-ngram-mod-n-match", "0"), "--spec-ngram-mod-n-match must be between 1 and 1024"),
+    (("--spec-type", "ngram-map-k4v", "--spec-ngram-map-k4v-size-n", "0"), "--spec-ngram-map-k4v-*: n-gram sizes must be in [1, 1024]"),
+    (("--spec-type", "ngram-map-k4v", "--spec-ngram-map-k4v-size-m", "2000"), "n-gram sizes must be in [1, 1024]"),
+    (("--spec-type", "ngram-map-k4v", "--spec-ngram-map-k4v-min-hits", "0"), "min-hits must be >= 1"),
+    (("--spec-type", "auto,ngram-mod"), "--spec-type auto chooses among ngram-simple, draft and draft-mtp, not ngram-mod"),
+    (("--spec-type", "none", "--spec-default"), "--spec-default adds ngram-mod, which --spec-type none cannot take"),
+    (("--spec-type", "ngram-cache,ngram-cache"), "names a type twice"),
+    (("-lcs", "x.bin"), "-lcs/--lookup-cache-static is for --spec-type ngram-cache"),
+    (("--spec-type", "ngram-simple", "-lcd", "x.bin"), "-lcd/--lookup-cache-dynamic is for --spec-type ngram-cache"),
+    (("--spec-type", "ngram-cache", "-lcs", "/nonexistent/static.bin"), "cannot read it: No such file or directory"),
+    (("--spec-type", "ngram-cache", "-lcd", "/"), "-lcd/--lookup-cache-dynamic /: is a directory"),
+    (("--spec-type", "ngram-cache", "-lcd", str(ROOT / "README.md")),
+     "README.md: exists and is not an n-gram cache (impossible number of tokens"),
+    (("--spec-type", "ngram-mod", "--draft-min", "65"), "--draft-min (65) is larger than --draft-max (64)"),
+])
+def test_bad_flags_exit_2_with_one_line_before_any_model(args, message):
+    proc = cli("-m", "/nonexistent/model.gguf", "-p", "x", *args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("speculate: error: ") and message in lines[0], proc.stderr
+
+
+# -- chains, and the loop with greedy and sampled verification (fake backend) -------------------
+
+ALL_TYPES = ("ngram-mod", "ngram-map-k4v", "ngram-cache")
+PROMPT = [3, 5, 7, 11, 3, 5, 7, 11, 3, 5, 7, 11, 2, 3, 5, 7]
+
+
+def small(name: str, files: LookupFiles | None = None):
+    """Each new drafter with settings a short toy text can use."""
+    if name == "ngram-mod":
+        return NgramMod(ModTable(2, size=4096), n_min=1, n_max=6)
+    if name == "ngram-map-k4v":
+        return NgramMapK4v(2, 2, 1)
+    return NgramCache(files or LookupFiles(None, None, 24, lambda m: None))
+
+
+def test_each_new_type_chains_with_the_others_each_within_its_limit():
+    model = ToyModel(seed=1)
+    for first in ALL_TYPES:
+        for second in ("ngram-simple", "draft", *(t for t in ALL_TYPES if t != first)):
+            other = (NgramSimple(n=3, m=4) if second == "ngram-simple" else
+                     ModelDrafter(Cache(FakeBackend(model)), p_min=0.0) if second == "draft" else small(second))
+            chain = Chain([small(first), other], [6, 2])
+            chain.prefill(PROMPT)
+            assert chain.name == f"{first},{second}"
+            d = chain.propose(PROMPT, 6)
+            assert d.tokens and d.source in (first, second) and len(d.tokens) <= (6 if d.source == first else 2)
+            chain.accept(Outcome(d, 1, 0, 0.0, 0.0))
+            chain.finish([*PROMPT, 1])
+    fallback = Chain([small("ngram-mod"), ModelDrafter(Cache(FakeBackend(model)), p_min=0.0)], [6, 2])
+    fallback.prefill([1, 2, 4, 8])
+    assert fallback.propose([1, 2, 4, 8], 6).source == "draft"  # ngram-mod finds nothing: the model drafts 2
+    assert len(fallback.propose([1, 2, 4, 8], 6).tokens) == 2
+
+
+def toy() -> ToyModel:
+    """Its greedy text falls into a cycle of 7 tokens, which every n-gram drafter finds."""
+    return ToyModel(vocab=24, seed=4, eog_bias=-40.0)
+
+
+def run_loop(names: tuple[str, ...], sampling: SamplerSettings, seed: int, n: int = 40,
+             accept: str = "rejection") -> list:
+    spec = SpecSettings(types=names, n_predict=n, accept=accept)
+    chain = Chain([small(name) for name in names], [spec.draft_limit(name) for name in names])
+    return list(generate(Cache(FakeBackend(toy())), PROMPT, Sampler(sampling, seed), spec, chain))
+
+
+@pytest.mark.parametrize("names", [("ngram-mod",), ("ngram-map-k4v",), ("ngram-cache",), ALL_TYPES,
+                                   ("ngram-cache", "ngram-map-k4v", "ngram-mod")])
+def test_greedy_and_sample_and_match_output_is_target_only_output(names):
+    sampled = SamplerSettings(temp=0.5, top_k=3, top_p=1.0, min_p=0.0)  # narrow enough to repeat itself
+    for sampling, seed, accept in ((GREEDY, 1, "rejection"), (sampled, 1, "match")):
+        events = run_loop(names, sampling, seed, accept=accept)
+        assert [e.id for e in events if isinstance(e, Token)] == plain_decode(toy(), PROMPT, 40, Sampler(sampling, seed))
+        assert sum(e.n_accepted for e in events if isinstance(e, Step)) > 0
+
+
+def test_speculative_sampling_with_ngram_drafts_follows_the_target_distribution(monkeypatch):
+    """n-gram drafts are one-hot proposals (q = None); the first three tokens of 3,000 seeded runs
+    match target-only probabilities (the L1 bound of tests/test_loop.py, false alarms 1e-6)."""
+    from tests import test_loop
+    monkeypatch.setattr(test_loop, "PROMPT", PROMPT)  # target_only_marginals starts from its PROMPT
+    sampling = SamplerSettings(temp=1.0, top_k=4, top_p=1.0, min_p=0.0)
+    runs, n_tokens, drafted = 3000, 3, 0
+    hist = np.zeros((n_tokens, toy().vocab))
+    for seed in range(runs):
+        events = run_loop(ALL_TYPES, sampling, seed, n=n_tokens)
+        drafted += sum(e.n_drafted for e in events if isinstance(e, Step))
+        for i, t in enumerate(e.id for e in events if isinstance(e, Token)):
+            hist[i, t] += 1
+    assert drafted > runs
+    lam = np.sqrt(2 * (toy().vocab * np.log(2) + np.log(1e6)) / runs)
+    for i, expected in enumerate(test_loop.target_only_marginals(toy(), sampling, n_tokens)):
+        assert np.abs(hist[i] / runs - expected).sum() < lam, f"token {i}"
+
+
+# -- the command line on a tiny real model ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict:
+    """A tiny llama model, and a prompt whose greedy continuation copies a passage of it (so the
+    n-gram drafters draft, and the target accepts some)."""
+    from scripts.tiny_model import write_model
+    root = tmp_path_factory.mktemp("tiny-ngram")
+    model = write_model("llama", root / "tiny.gguf", seed=0)
+    start = "def add(a, b): return a + b"
+    (root / "start.txt").write_text(start)
+    first = cli("-m", str(model), "-f", str(root / "start.txt"), *TINY_RUN, "--spec-type", "none")
+    assert first.returncode == 0, first.stderr
+    prompt = root / "prompt.txt"
+    prompt.write_text(start + json.loads(first.stdout)["text"] + "\n" + start)
+    return {"model": model, "prompt": prompt, "root": root}
+
+
+TINY_RUN = ("-n", "40", "--temp", "0", "-t", "1", "--json")
+SMALL_FLAGS = ("--spec-ngram-mod-n-match", "4", "--spec-ngram-mod-n-min", "2", "--spec-ngram-map-k4v-size-n", "3",
+               "--spec-ngram-map-k4v-size-m", "4")
+
+
+def tiny_run(tiny: dict, *args: str) -> dict:
+    proc = cli("-m", str(tiny["model"]), "-f", str(tiny["prompt"]), *TINY_RUN, *args)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.real
+def test_every_new_type_alone_and_chained_gives_target_only_greedy_output(tiny, batch_invariant):
+    alone = tiny_run(tiny, "--spec-type", "none")
+    for types in ("ngram-mod", "ngram-map-k4v", "ngram-cache", "ngram-cache,ngram-simple",
+                  "ngram-mod,ngram-map-k4v,ngram-cache,ngram-map-k,ngram-simple", "ngram-simple,ngram-mod"):
+        out = tiny_run(tiny, "--spec-type", types, *SMALL_FLAGS)
+        assert out["tokens"] == alone["tokens"], types
+        assert out["n_accept"] > 0, types
+    with_draft = tiny_run(tiny, "-md", str(tiny["model"]), "--spec-type", "ngram-map-k4v,draft", *SMALL_FLAGS)
+    assert with_draft["tokens"] == alone["tokens"] and with_draft["n_accept"] > 0
+    default = tiny_run(tiny, "--spec-default")  # ngram-mod at llama.cpp's 24/48/64: nothing that long repeats here
+    assert default["tokens"] == alone["tokens"] and default["settings"]["spec_type"] == "ngram-mod"
+    assert default["settings"]["ngram_mod"] == {"n_match": 24, "n_min": 48, "n_max": 64}
+    assert default["settings"]["draft_max"] == 64
+
+
+@pytest.mark.real
+def test_sample_and_match_with_the_new_types_is_target_only_sampling(tiny, batch_invariant):
+    sampled = ("--temp", "0.8", "-s", "7", "--spec-accept", "match")
+    alone = tiny_run(tiny, "--spec-type", "none", *sampled)
+    out = tiny_run(tiny, "--spec-type", "ngram-cache,ngram-mod,ngram-map-k4v", *SMALL_FLAGS, *sampled)
+    assert out["tokens"] == alone["tokens"] and out["n_drafted"] > 0
+    assert tiny_run(tiny, "--spec-type", "ngram-mod", *SMALL_FLAGS, "--temp", "0.8", "-s", "7")["n_predict"] == 40
+
+
+@pytest.mark.real
+def test_lookup_cache_files_round_trip_through_runs_and_llama_cpp(tiny, batch_invariant, harness, tmp_path):
+    alone = tiny_run(tiny, "--spec-type", "none")
+    dynamic = tmp_path / "dynamic.bin"
+    first = tiny_run(tiny, "--spec-type", "ngram-cache", "-lcd", str(dynamic))
+    assert first["tokens"] == alone["tokens"] and first["settings"]["lookup_cache_dynamic"] == str(dynamic)
+    written = lookup_cache.read(dynamic)
+    assert rows(written) == dump(harness, dynamic)  # llama.cpp reads what the run wrote
+    assert written.part(first["tokens"][-3:-1]) is not None  # the output's n-grams are in it
+    second = tiny_run(tiny, "--spec-type", "ngram-cache", "-lcd", str(dynamic), "-lcs", str(dynamic))
+    assert second["tokens"] == alone["tokens"]
+    # the same prompt and output again: every count doubled
+    assert rows(lookup_cache.read(dynamic)) == [(*row[:5], 2 * row[5]) for row in rows(written)]
+    # a static cache llama.cpp wrote (llama-lookup-create's 2-grams of the prompt and output) drafts
+    static = tmp_path / "static.bin"
+    subprocess.run([str(harness), "write", str(static), "2", "2"], input=" ".join(map(str, alone["tokens"])),
+                   check=True, capture_output=True, text=True)
+    out = tiny_run(tiny, "--spec-type", "ngram-cache", "-lcs", str(static))
+    assert out["tokens"] == alone["tokens"] and out["n_accept"] > 0
+
+
+@pytest.mark.real
+def test_damaged_and_foreign_cache_files_are_one_line_notices(tiny, batch_invariant, tmp_path):
+    alone = tiny_run(tiny, "--spec-type", "none")
+    cut = tmp_path / "cut.bin"
+    lookup_cache.write(cut, table_of({(1, 2): {3: 2}, (5,): {6: 1}}))
+    cut.write_bytes(cut.read_bytes()[:-2])
+    foreign = tmp_path / "foreign.bin"
+    lookup_cache.write(foreign, table_of({(1, 2): {100000: 2}}))  # the tiny vocabulary has 369 tokens
+    proc = cli("-m", str(tiny["model"]), "-f", str(tiny["prompt"]), *TINY_RUN, "--spec-type", "ngram-cache",
+               "-lcd", str(cut), "-lcs", str(foreign))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["tokens"] == alone["tokens"]
+    notices = [line for line in proc.stderr.splitlines() if line.startswith(("-lcs", "-lcd"))]
+    assert notices == [
+        f"-lcs {foreign}: token 100000 is not in the target's vocabulary of 369 tokens (a cache written for another "
+        "tokenizer?); ignored",
+        f"-lcd {cut}: damaged: cut short at byte 28; ignored; what this run generates will replace it"]
+    assert "Traceback" not in proc.stderr
+    assert len(lookup_cache.read(cut)) > 10  # replaced by this run's n-grams
