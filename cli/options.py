@@ -12,6 +12,7 @@ from typing import Callable, List, Optional
 
 import typer
 
+from speculative import lookup_cache
 from speculative.engine import MAX_SNAPSHOTS, ModelSpec, no_mtp_layers
 from speculative.errors import UsageError
 from speculative.gguf_meta import has_nextn_layers, is_mtp_head
@@ -19,8 +20,9 @@ from speculative.pool import POOL_TOKENS, check_pool_file
 from speculative import rpc
 from speculative.llamacpp import FLASH_ATTN_MODES, offload_devices
 from speculative.registry import Registry, check_gguf_file
-from speculative.settings import (DEFAULT_SEQUENCE, DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, NGRAM_N_AUTO, NGRAM_N_FIXED,
-                                  NgramSettings, SamplerSettings, SpecSettings)
+from speculative.settings import (DEFAULT_SEQUENCE, DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, NGRAM_CACHE_DRAFT, NGRAM_N_AUTO,
+                                  NGRAM_N_FIXED, LookupCacheSettings, NgramModSettings, NgramSettings,
+                                  SamplerSettings, SpecSettings)
 
 from .models import resolve_models
 
@@ -98,11 +100,17 @@ LORA_DRAFT = typer.Option(
 SPEC_TYPE = typer.Option(
     None, "--spec-type", rich_help_panel=D, metavar="TYPES",
     help="Comma-separated, tried in order: draft (the -md model), draft-mtp (the target's own NextN/MTP "
-         "layers), ngram-simple, ngram-map-k; auto (the default): choose drafter and k each step by "
-         "measured cost, k = 0 included; none: target only, same code path.")
+         "layers), ngram-simple, ngram-map-k, and llama.cpp's ngram-map-k4v, ngram-mod, ngram-cache; auto "
+         "(the default): choose among ngram-simple, draft and draft-mtp and k each step by measured cost, "
+         "k = 0 included; none: target only, same code path.")
+SPEC_DEFAULT = typer.Option(
+    False, "--spec-default", rich_help_panel=D,
+    help="llama.cpp's default speculation: adds ngram-mod (n-match 24, n-min 48, n-max 64) to --spec-type, "
+         "before ngram-cache and the model drafters, as llama.cpp's order of types puts it.")
 DRAFT_MAX = typer.Option(
     None, "--draft-max", "--draft", "--spec-draft-n-max", rich_help_panel=D,
-    help=f"Most tokens drafted per step [default: {DRAFT_MAX_FIXED}; auto: up to {DRAFT_MAX_AUTO}].")
+    help=f"Most tokens drafted per step (default {DRAFT_MAX_FIXED}; auto: up to {DRAFT_MAX_AUTO}; llama.cpp's "
+         f"ngram-mod, ngram-map-k4v: their own n-max, size-m; ngram-cache: {NGRAM_CACHE_DRAFT}).")
 DRAFT_MIN = typer.Option(
     0, "--draft-min", "--spec-draft-n-min", rich_help_panel=D,
     help="Drafts shorter than this are not verified.")
@@ -144,6 +152,25 @@ def _own_ngram_flags(kind: str) -> tuple:
 
 SIMPLE_N, SIMPLE_M, SIMPLE_HITS = _own_ngram_flags("simple")
 MAP_N, MAP_M, MAP_HITS = _own_ngram_flags("map-k")
+K4V_N, K4V_M, K4V_HITS = _own_ngram_flags("map-k4v")
+MOD_N_MATCH = typer.Option(
+    None, "--spec-ngram-mod-n-match", rich_help_panel=D,
+    help=f"ngram-mod: length of the n-gram looked up, 1-1024 (default {NgramModSettings.n_match}).")
+MOD_N_MIN = typer.Option(
+    None, "--spec-ngram-mod-n-min", rich_help_panel=D,
+    help=f"ngram-mod: a draft shorter than this is dropped, 0-1024 (default {NgramModSettings.n_min}).")
+MOD_N_MAX = typer.Option(
+    None, "--spec-ngram-mod-n-max", rich_help_panel=D,
+    help=f"ngram-mod: most tokens drafted, 0-1024 (default {NgramModSettings.n_max}).")
+LOOKUP_STATIC = typer.Option(
+    None, "-lcs", "--lookup-cache-static", rich_help_panel=D, metavar="FNAME",
+    help="ngram-cache: a static n-gram cache in llama.cpp's format (llama-lookup-create), read only. It "
+         "carries no tokenizer identity: one from another model's tokenizer drafts tokens that are rejected.")
+LOOKUP_DYNAMIC = typer.Option(
+    None, "-lcd", "--lookup-cache-dynamic", rich_help_panel=D, metavar="FNAME",
+    help="ngram-cache: a dynamic n-gram cache in llama.cpp's format (llama-lookup's), read at start if it "
+         "exists and replaced at the end with what the run generated added. A file that is not an n-gram "
+         "cache is never overwritten.")
 
 SPEC_POOL = typer.Option(
     None, "--spec-pool", rich_help_panel=D, metavar="FILE",
@@ -197,10 +224,15 @@ def spec_settings(*, spec_type: Optional[str], draft_max: Optional[int], draft_m
                   ngram_m: Optional[int], ngram_min_hits: Optional[int], simple_n: Optional[int],
                   simple_m: Optional[int], simple_hits: Optional[int], map_n: Optional[int],
                   map_m: Optional[int], map_hits: Optional[int], n_predict: int = -1,
-                  ignore_eos: bool = False) -> SpecSettings:
+                  ignore_eos: bool = False, k4v_n: Optional[int] = None, k4v_m: Optional[int] = None,
+                  k4v_hits: Optional[int] = None, mod_n_match: Optional[int] = None,
+                  mod_n_min: Optional[int] = None, mod_n_max: Optional[int] = None, spec_default: bool = False,
+                  lookup_static: Optional[Path] = None, lookup_dynamic: Optional[Path] = None) -> SpecSettings:
     """The speculation flags as validated settings. An n-gram type's own flag wins over the
-    common --spec-ngram-* one, which wins over the default."""
-    types = tuple(t.strip() for t in (spec_type if spec_type is not None else "auto").split(","))
+    common --spec-ngram-* one, which wins over the default. The -lcs/-lcd files are checked
+    here, before any model loads."""
+    types = with_spec_default(tuple(t.strip() for t in spec_type.split(",")) if spec_type is not None else None,
+                              spec_default)
     common = (ngram_n, ngram_m, ngram_min_hits)
 
     def one(own: Ngram) -> NgramSettings:
@@ -208,12 +240,21 @@ def spec_settings(*, spec_type: Optional[str], draft_max: Optional[int], draft_m
                       zip(own, common, (NgramSettings.n, NgramSettings.m, NgramSettings.min_hits)))
         return NgramSettings(n, m, hits)
 
+    mod = NgramModSettings(*(_first(given, default) for given, default in zip(
+        (mod_n_match, mod_n_min, mod_n_max), (NgramModSettings.n_match, NgramModSettings.n_min, NgramModSettings.n_max))))
     spec = SpecSettings(
         types=types, draft_min=draft_min, draft_p_min=draft_p_min, n_predict=n_predict,
         draft_max=draft_max if draft_max is not None else DRAFT_MAX_AUTO if "auto" in types else DRAFT_MAX_FIXED,
+        draft_max_given=draft_max is not None,
         ignore_eos=ignore_eos, accept=spec_accept, branches=branches, p_split=draft_p_split,
-        ngram_simple=one((simple_n, simple_m, simple_hits)), ngram_map_k=one((map_n, map_m, map_hits)))
+        ngram_simple=one((simple_n, simple_m, simple_hits)), ngram_map_k=one((map_n, map_m, map_hits)),
+        ngram_map_k4v=one((k4v_n, k4v_m, k4v_hits)), ngram_mod=mod,
+        lookup_cache=LookupCacheSettings(lookup_static, lookup_dynamic))
     spec.validate()
+    if lookup_static is not None:
+        lookup_cache.check_static(lookup_static)
+    if lookup_dynamic is not None:
+        lookup_cache.check_writable(lookup_dynamic)  # refused now, not after loading the models
     return spec
 
 
@@ -238,6 +279,24 @@ class PoolOptions:
 
 def pool_options(spec_pool: Optional[Path] = None, spec_pool_tokens: int = POOL_TOKENS) -> PoolOptions:
     return PoolOptions(spec_pool, spec_pool_tokens)
+
+
+def with_spec_default(types: tuple[str, ...] | None, spec_default: bool) -> tuple[str, ...]:
+    """--spec-type's list (None: not given), with ngram-mod added by --spec-default. llama.cpp's
+    flag pushes ngram-mod onto the list, and llama.cpp tries the types in a fixed order (n-gram
+    types, ngram-mod after ngram-simple, -map-k and -map-k4v, then ngram-cache, then models):
+    here it goes where that order puts it. Without --spec-type, it is the only type."""
+    if not spec_default:
+        return types if types is not None else ("auto",)
+    if types is None:
+        return ("ngram-mod",)
+    if "ngram-mod" in types:
+        return types
+    if "none" in types or "auto" in types:
+        raise UsageError(f"--spec-default adds ngram-mod, which --spec-type {','.join(types)} cannot take")
+    later = [i for i, t in enumerate(types) if t in ("ngram-cache", "draft", "draft-mtp")]
+    at = later[0] if later else len(types)
+    return (*types[:at], "ngram-mod", *types[at:])
 
 
 def _first(*values):
@@ -448,6 +507,10 @@ SPECULATION = Group("spec", (
     ("ngram_min_hits", Optional[int], NGRAM_MIN_HITS), ("simple_n", Optional[int], SIMPLE_N),
     ("simple_m", Optional[int], SIMPLE_M), ("simple_hits", Optional[int], SIMPLE_HITS),
     ("map_n", Optional[int], MAP_N), ("map_m", Optional[int], MAP_M), ("map_hits", Optional[int], MAP_HITS),
+    ("k4v_n", Optional[int], K4V_N), ("k4v_m", Optional[int], K4V_M), ("k4v_hits", Optional[int], K4V_HITS),
+    ("mod_n_match", Optional[int], MOD_N_MATCH), ("mod_n_min", Optional[int], MOD_N_MIN),
+    ("mod_n_max", Optional[int], MOD_N_MAX), ("spec_default", bool, SPEC_DEFAULT),
+    ("lookup_static", Optional[Path], LOOKUP_STATIC), ("lookup_dynamic", Optional[Path], LOOKUP_DYNAMIC),
 ), spec_settings)
 
 

@@ -5,6 +5,9 @@
 #      greedy speculative output can be compared token for token with target-only
 #      output (see README, "Exactness and the CPU build"); the wheel is kept in
 #      .cache/wheels under a key of the flags and this machine, and rebuilt when absent;
+#      the source distribution it is built from is kept in .cache/sdist, from which
+#      tests/test_ngram_llama.py compiles llama.cpp's own n-gram cache code (g++) to
+#      check that our -lcs/-lcd files and llama.cpp's read each other;
 #   3. speculate itself with its test extras;
 #   4. the real models the tests use (verified by sha256 on pull);
 # then pytest, with any arguments given to this script.
@@ -22,12 +25,17 @@ TEST_MODELS="smollm2-135m-instruct qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5
 
 machine=$(uname -m; "$VENV/bin/python" -c 'import sys; print(sys.version_info[:2])'; grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
 key=$(printf '%s\n%s\n%s\n' "$LLAMA_VERSION" "$LLAMA_CMAKE_ARGS" "$machine" | sha256sum | cut -c1-16)
+sdist=.cache/sdist/llama_cpp_python-$LLAMA_VERSION.tar.gz
+if [ ! -f "$sdist" ]; then
+    "$VENV/bin/python" -m pip download --quiet --no-binary :all: --no-deps \
+        "llama-cpp-python==$LLAMA_VERSION" -d .cache/sdist
+fi
 wheels=.cache/wheels/$key
 if ! ls "$wheels"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
     echo "building llama-cpp-python $LLAMA_VERSION with CMAKE_ARGS=\"$LLAMA_CMAKE_ARGS\" (several minutes)"
     start=$SECONDS
     CMAKE_ARGS="$LLAMA_CMAKE_ARGS" "$VENV/bin/python" -m pip wheel --quiet --no-deps --no-cache-dir \
-        --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_VERSION" -w "$wheels.tmp"
+        "$sdist" -w "$wheels.tmp"
     mv "$wheels.tmp" "$wheels"
     echo "built in $((SECONDS - start)) s"
 fi

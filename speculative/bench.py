@@ -150,7 +150,10 @@ def _set(spec: SpecSettings, key: str, value) -> SpecSettings:
     name = SWEEP_KEYS[key][0]
     if key.startswith("ngram-"):
         return replace(spec, ngram_simple=replace(spec.ngram_simple, **{name: value}),
-                       ngram_map_k=replace(spec.ngram_map_k, **{name: value}))
+                       ngram_map_k=replace(spec.ngram_map_k, **{name: value}),
+                       ngram_map_k4v=replace(spec.ngram_map_k4v, **{name: value}))
+    if key == "draft-max":  # a draft-max swept caps llama.cpp's n-gram types too, as the flag does
+        return replace(spec, draft_max=value, draft_max_given=True)
     return replace(spec, **{name: value})
 
 

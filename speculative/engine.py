@@ -7,7 +7,9 @@ loop. Between runs the caches (cache.py) keep what they hold: a prompt that star
 like the previous conversation (the same system prompt, document, or chat so far) only
 processes what is new. With a prompt cache file (--prompt-cache), the first run
 starts from the caches a previous process saved there, and every run saves its
-prompt's caches for the next process.
+prompt's caches for the next process. What llama.cpp's n-gram drafters keep between
+requests is kept here too: ngram-mod's hash table, and ngram-cache's -lcs/-lcd files
+(read once; -lcd written back, with what the requests learned, when the engine closes).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import numpy as np
 from . import calibrate, chat, prompt_cache
 from .auto import Auto, Rewind
 from .cache import Cache, MtpCache
-from .drafters import Chain, Drafter, ModelDrafter, MtpDrafter, NgramMapK, NgramSimple
+from .drafters import (Chain, Drafter, LookupFiles, ModelDrafter, ModTable, MtpDrafter, NgramCache, NgramMapK,
+                       NgramMapK4v, NgramMod, NgramSimple)
 from .errors import GenerationError, ModelError, UsageError
 from .events import Event, Prefilled, PromptCache, Token
 from .llamacpp import LlamaModel
@@ -73,6 +76,7 @@ class Engine:
             if other is not None and other.resolve() != target.path.resolve():
                 check_compatible(read_vocab(target.path), read_vocab(other))
         self.pool_file: PoolFile | None = None  # (close() may run before the pool is set up)
+        self._lookup_files: dict[tuple, LookupFiles] = {}  # ngram-cache's -lcs/-lcd, read once
         t0 = time.perf_counter()
         self.target = _load(target)
         self.draft = None
@@ -104,6 +108,7 @@ class Engine:
             self.pool_file = PoolFile(pool_file, fingerprint(vocab.tokens, vocab.type, vocab.bos, vocab.eos),
                                       notify or (lambda message: None))
             self.pool_file.load(self.pool)
+        self._mod_tables: dict[int, ModTable] = {}  # ngram-mod's tables by n_match, shared by runs
 
     def prompt_tokens(self, text: str, use_chat: bool = False, system: str | None = None) -> list[int]:
         if use_chat:
@@ -145,18 +150,21 @@ class Engine:
         self.drafter = self.make_drafter(spec, draft_sampler)  # may calibrate, which uses the caches
         restored = self._restore_pending
         t_restore = self._restore_prompt_cache() if restored else 0.0
-        written: list[int] = []
+        context = list(prompt)
         try:
-            for event in generate(self.caches["target"], prompt, Sampler(sampling, seed, banned), spec, self.drafter):
+            for event in generate(self.caches["target"], prompt, Sampler(sampling, seed, banned), spec,
+                                  self.drafter):
                 if isinstance(event, Token):
-                    written.append(event.id)
+                    context.append(event.id)
                 yield event
                 if isinstance(event, Prefilled) and self.prompt_cache_file is not None:
                     # restored: the caches held nothing else before
                     yield PromptCache(event.n_cached if restored else 0, t_restore, self._save_prompt_cache(prompt))
-        finally:  # a run stopped early (a stop string, a client gone) wrote this much too
+        finally:  # whatever ended the run (a stop string, a client gone): what it generated is text
+            if self.drafter is not None:
+                self.drafter.finish(context)
             if self.pool is not None and self.learn:
-                self.pool.add(written)
+                self.pool.add(context[len(prompt):])
 
     def notes(self) -> list[str]:
         """What the latest run's drafter has to say about it (why auto declined a drafter)."""
@@ -184,7 +192,7 @@ class Engine:
             k_max = min(spec.draft_max, _largest_batch(self.target) - 1)
             return Auto(drafters, self.costs("target", k_max + 1), k_max, draft_costs, catchup_costs,
                         self._rewind(k_max))
-        return drafters[0] if len(drafters) == 1 else Chain(drafters)
+        return drafters[0] if len(drafters) == 1 else Chain(drafters, [spec.draft_limit(n) for n in names])
 
     def _drafter(self, name: str, spec: SpecSettings, draft_sampler: Sampler | None) -> Drafter:
         if name == "draft":
@@ -203,9 +211,24 @@ class Engine:
             if self.pool is None:
                 raise UsageError("--spec-type ngram-pool: the pool is off (--spec-pool-tokens 0)")
             return PoolDrafter(self.pool)
-        ngram = spec.ngram_simple if name == "ngram-simple" else spec.ngram_map_k
-        kind = NgramSimple if name == "ngram-simple" else NgramMapK
+        if name == "ngram-mod":
+            mod = spec.ngram_mod
+            if mod.n_match not in self._mod_tables:
+                self._mod_tables[mod.n_match] = ModTable(mod.n_match)
+            return NgramMod(self._mod_tables[mod.n_match], mod.n_min, mod.n_max)
+        if name == "ngram-cache":
+            return NgramCache(self._lookup(spec))
+        ngram = {"ngram-simple": spec.ngram_simple, "ngram-map-k": spec.ngram_map_k,
+                 "ngram-map-k4v": spec.ngram_map_k4v}[name]
+        kind = {"ngram-simple": NgramSimple, "ngram-map-k": NgramMapK, "ngram-map-k4v": NgramMapK4v}[name]
         return kind(ngram.size(spec.auto), ngram.m, ngram.min_hits)
+
+    def _lookup(self, spec: SpecSettings) -> LookupFiles:
+        """ngram-cache's files, read the first time a run asks for them (notices for what is unusable)."""
+        key = (spec.lookup_cache.static, spec.lookup_cache.dynamic)
+        if key not in self._lookup_files:
+            self._lookup_files[key] = LookupFiles(*key, self.target.n_vocab, self.notify or (lambda _: None))
+        return self._lookup_files[key]
 
     def costs(self, role: str, max_batch: int) -> list[float]:
         """The measured decode cost of a model ("target", "draft", or "mtp": the target's MTP
@@ -305,6 +328,9 @@ class Engine:
                 self.pool_file.save(self.pool)
             except OSError as e:  # a full disk: the pool is a cache, the run's output is what matters
                 self.pool_file.notice(f"--spec-pool {self.pool_file.path}: not written: {e.strerror or e}")
+        for files in self._lookup_files.values():
+            files.save()  # -lcd: llama-lookup saves its dynamic cache at the end too
+        self._lookup_files.clear()
         for model in (self.draft, self.target):
             if model is not None:
                 model.close()

@@ -52,7 +52,7 @@ def generate(target: Cache, prompt: Sequence[int], sampler: Sampler, settings: S
             yield Done("length", time.perf_counter() - t_start)
             return
         t_draft = time.perf_counter()
-        draft = propose(drafter, context, k, settings)
+        draft = propose(drafter, context, min(k, target.model.n_batch - 1), settings)  # one verify batch
         t_verify = time.perf_counter()
         tree = Tree(draft.tree)
         rows = score(target, context[-1], draft, tree)
@@ -90,9 +90,9 @@ def room(target: Cache, settings: SpecSettings, n_context: int, n_generated: int
 
 
 def propose(drafter: Drafter | None, context: list[int], k: int, settings: SpecSettings) -> Draft:
-    """Up to k drafted tokens (and at most --draft-max, and at most a batch): none without a
-    drafter, or when fewer than --draft-min would come."""
-    k = min(k, settings.draft_max)
+    """Up to k drafted tokens (and at most the drafters' limits, --draft-max for most): none
+    without a drafter, or when fewer than --draft-min would come."""
+    k = min(k, settings.step_max)
     if drafter is None or k < max(1, settings.draft_min):
         return Draft([], "none")
     draft = drafter.propose(context, k)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -78,7 +79,12 @@ class SamplerSettings:
         return int.from_bytes(os.urandom(4), "little")
 
 
-SPEC_TYPES = ("none", "draft", "draft-mtp", "ngram-simple", "ngram-map-k", "ngram-pool", "auto")
+SPEC_TYPES = ("none", "draft", "draft-mtp", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod",
+              "ngram-cache", "ngram-pool", "auto")
+# llama.cpp's own n-gram drafters, ported as they are (drafters/ngram_mod.py, ngram_map.py,
+# ngram_cache.py): each drafts up to its own maximum, which --draft-max caps only when given.
+LLAMA_NGRAM_TYPES = ("ngram-map-k4v", "ngram-mod", "ngram-cache")
+NGRAM_CACHE_DRAFT = 8  # llama.cpp's ngram-cache type drafts 8 tokens (common/speculative.cpp)
 # llama.cpp's drafter types this build cannot drive, and why (README, the --spec-type table).
 UNAVAILABLE_TYPES = {
     t: "llama-cpp-python 0.3.36 does not bind the C++ functions llama.cpp drives it with"
@@ -112,6 +118,32 @@ class NgramSettings:
 
 
 @dataclass(frozen=True)
+class NgramModSettings:
+    """ngram-mod (llama.cpp's common_ngram_mod): a draft continues while the hash table knows
+    what follows the last n_match tokens, up to n_max tokens, and is dropped when shorter than
+    n_min. llama.cpp's defaults, which are also what its --spec-default sets."""
+    n_match: int = 24
+    n_min: int = 48
+    n_max: int = 64
+
+    def validate(self) -> None:
+        """llama.cpp's range checks (common/arg.cpp)."""
+        for flag, value, least in (("--spec-ngram-mod-n-match", self.n_match, 1),
+                                   ("--spec-ngram-mod-n-min", self.n_min, 0),
+                                   ("--spec-ngram-mod-n-max", self.n_max, 0)):
+            if not least <= value <= 1024:
+                raise UsageError(f"{flag} must be between {least} and 1024 inclusive, got {value}")
+
+
+@dataclass(frozen=True)
+class LookupCacheSettings:
+    """ngram-cache's files, as llama.cpp's -lcs and -lcd: a static cache only read (written by
+    llama-lookup-create), a dynamic one read at start and replaced by what it learned."""
+    static: Path | None = None
+    dynamic: Path | None = None
+
+
+@dataclass(frozen=True)
 class SpecSettings:
     types: tuple[str, ...] = ("auto",)  # --spec-type: drafters, tried in order, or auto over them
     draft_max: int = DRAFT_MAX_FIXED    # most tokens drafted per step
@@ -124,6 +156,11 @@ class SpecSettings:
     p_split: float = 0.1    # --draft-p-split: a candidate this likely to the draft starts a branch
     ngram_simple: NgramSettings = NgramSettings()
     ngram_map_k: NgramSettings = NgramSettings()
+    ngram_map_k4v: NgramSettings = NgramSettings()
+    ngram_mod: NgramModSettings = NgramModSettings()
+    lookup_cache: LookupCacheSettings = LookupCacheSettings()
+    draft_max_given: bool = False  # --draft-max was given: it caps llama.cpp's n-gram types
+                                   # (LLAMA_NGRAM_TYPES) too, which otherwise draft up to their own maximum
 
     @property
     def drafters(self) -> tuple[str, ...]:
@@ -142,10 +179,28 @@ class SpecSettings:
             return "named"
         return "auto" if self.auto and not self.drafters else None
 
+    def draft_limit(self, name: str) -> int:
+        """The most tokens drafter `name` drafts in a step. llama.cpp bounds its own n-gram
+        types by their own settings, not by the draft model's --spec-draft-n-max (our
+        --draft-max): ngram-mod by its n_max, ngram-map-k4v by its m, ngram-cache by 8. An
+        explicit --draft-max caps them too (and is ngram-cache's length, as llama-lookup's
+        --draft-max is); every other drafter drafts up to --draft-max."""
+        if name not in LLAMA_NGRAM_TYPES:
+            return self.draft_max
+        own = {"ngram-mod": self.ngram_mod.n_max, "ngram-map-k4v": self.ngram_map_k4v.m}.get(name)
+        if self.draft_max_given:
+            return self.draft_max if own is None else min(own, self.draft_max)
+        return NGRAM_CACHE_DRAFT if own is None else own
+
+    @property
+    def step_max(self) -> int:
+        """The most drafted tokens one step may verify: the largest of the drafters' limits."""
+        return max((self.draft_limit(t) for t in self.drafters), default=self.draft_max)
+
     @property
     def longest_draft(self) -> int:
         """The most drafted tokens one step may verify (and roll back)."""
-        return 0 if self.types == ("none",) else self.draft_max
+        return 0 if self.types == ("none",) else self.step_max
 
     def validate(self) -> None:
         for t in self.types:
@@ -165,8 +220,8 @@ class SpecSettings:
             raise UsageError(f"--draft-max must be >= 1, got {self.draft_max} (--spec-type none: no drafting)")
         if self.draft_min < 0:
             raise UsageError(f"--draft-min must be >= 0, got {self.draft_min}")
-        if self.draft_min > self.draft_max:
-            raise UsageError(f"--draft-min ({self.draft_min}) is larger than --draft-max ({self.draft_max})")
+        if self.draft_min > self.step_max:
+            raise UsageError(f"--draft-min ({self.draft_min}) is larger than --draft-max ({self.step_max})")
         if not 0.0 <= self.draft_p_min <= 1.0:
             raise UsageError(f"--draft-p-min must be in [0, 1], got {self.draft_p_min}")
         if not 1 <= self.branches <= MAX_BRANCHES:
@@ -181,6 +236,16 @@ class SpecSettings:
             raise UsageError(f"-n/--n-predict must be -1 (no limit) or >= 0, got {self.n_predict}")
         self.ngram_simple.validate("--spec-ngram-simple-*")
         self.ngram_map_k.validate("--spec-ngram-map-k-*")
+        self.ngram_map_k4v.validate("--spec-ngram-map-k4v-*")
+        self.ngram_mod.validate()
+        llama_types = [t for t in self.drafters if t in LLAMA_NGRAM_TYPES]
+        if self.auto and llama_types:
+            raise UsageError(f"--spec-type auto chooses among ngram-simple, draft and draft-mtp, not "
+                             f"{llama_types[0]}: name the types to try in order instead of auto")
+        cache = self.lookup_cache
+        if (cache.static or cache.dynamic) and "ngram-cache" not in self.drafters:
+            flag = "-lcs/--lookup-cache-static" if cache.static else "-lcd/--lookup-cache-dynamic"
+            raise UsageError(f"{flag} is for --spec-type ngram-cache, which this run does not use")
 
 def acceptance(sampling: SamplerSettings, spec: SpecSettings) -> str:
     """How drafted tokens are verified, decided once for the engine, the drafter and the loop:

@@ -3,12 +3,18 @@
 Every drafter has the same small interface: `propose(context, k)` returns a
 Draft of up to k tokens that might follow `context`, and `accept(outcome)` tells
 it what the target made of them. `prefill(prompt)` lets a drafter do its prompt
-work up front, so it is timed as prompt processing rather than drafting.
+work up front, so it is timed as prompt processing rather than drafting, and
+`finish(context)` tells it the run is over (a drafter that learns across runs
+keeps what it saw).
 
-  model.py   a small draft model (its greedy or sampled continuation)
-  mtp.py     the target's own NextN (MTP) layers
-  ngram.py   n-gram lookup in the prompt and output: no model at all
-  chain.py   several drafters tried in order
+  model.py        a small draft model (its greedy or sampled continuation)
+  mtp.py          the target's own NextN (MTP) layers
+  ngram.py        n-gram lookup in the prompt and output: no model at all
+  ngram_mod.py    llama.cpp's ngram-mod: a hash table of n-grams, shared by requests
+  ngram_map.py    llama.cpp's ngram-map-k4v: up to four continuations per n-gram, counted
+  ngram_cache.py  llama.cpp's ngram-cache (llama-lookup): context, dynamic and static
+                  n-gram statistics, with the -lcs/-lcd files (speculative/lookup_cache.py)
+  chain.py        several drafters tried in order
 The cost-aware choice among them (`--spec-type auto`) lives in speculative/auto.py.
 """
 
@@ -65,6 +71,9 @@ class Drafter:
     def accept(self, outcome: Outcome) -> None:
         """Optional: learn from what the target kept."""
 
+    def finish(self, context: Sequence[int]) -> None:
+        """Optional: the run is over; `context` is its prompt and every token it generated."""
+
     def behind(self, context: Sequence[int]) -> int:
         """Tokens of `context` to process before proposing (a draft model catching up)."""
         return 0
@@ -85,6 +94,9 @@ from .chain import Chain  # noqa: E402
 from .model import ModelDrafter, top_probability  # noqa: E402
 from .mtp import MtpDrafter  # noqa: E402
 from .ngram import NgramMapK, NgramSimple  # noqa: E402
+from .ngram_cache import LookupFiles, NgramCache  # noqa: E402
+from .ngram_map import NgramMapK4v  # noqa: E402
+from .ngram_mod import ModTable, NgramMod  # noqa: E402
 
-__all__ = ["Draft", "Outcome", "Drafter", "ModelDrafter", "MtpDrafter", "NgramSimple", "NgramMapK", "Chain",
-           "top_probability"]
+__all__ = ["Draft", "Outcome", "Drafter", "ModelDrafter", "MtpDrafter", "NgramSimple", "NgramMapK", "NgramMapK4v",
+           "NgramMod", "ModTable", "NgramCache", "LookupFiles", "Chain", "top_probability"]

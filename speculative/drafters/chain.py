@@ -1,5 +1,7 @@
 """Several drafters tried in order (`--spec-type ngram-simple,draft`): the first
-that proposes anything drafts this step, as in llama-server's --spec-type a,b."""
+that proposes anything drafts this step, as in llama-server's --spec-type a,b. Each
+drafts at most its own limit (SpecSettings.draft_limit): llama.cpp's n-gram types
+their own maximum, the others --draft-max."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ from . import Draft, Drafter, Outcome
 
 
 class Chain(Drafter):
-    def __init__(self, drafters: list[Drafter]):
+    def __init__(self, drafters: list[Drafter], limits: Sequence[int] | None = None):
         self.drafters = drafters
+        self.limits = list(limits) if limits is not None else [None] * len(drafters)
         self.name = ",".join(d.name for d in drafters)
 
     def prefill(self, prompt: Sequence[int]) -> None:
@@ -18,8 +21,8 @@ class Chain(Drafter):
             d.prefill(prompt)
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
-        for d in self.drafters:
-            draft = d.propose(context, k)
+        for d, limit in zip(self.drafters, self.limits):
+            draft = d.propose(context, k if limit is None else min(k, limit))
             if draft.tokens:
                 return draft
         return self.nothing()
@@ -27,6 +30,10 @@ class Chain(Drafter):
     def accept(self, outcome: Outcome) -> None:
         for d in self.drafters:
             d.accept(outcome)
+
+    def finish(self, context: Sequence[int]) -> None:
+        for d in self.drafters:
+            d.finish(context)
 
     def summary(self) -> list[str]:
         return [note for d in self.drafters for note in d.summary()]
