@@ -455,7 +455,8 @@ def harness(tmp_path_factory) -> Path:
     """tests/ngram_cache_harness.cpp built against the sdist's common/ngram-cache.cpp."""
     if not SDIST.is_file():
         pytest.fail(f"{SDIST} is missing: the llama.cpp cross-check compiles its source; run {FETCH}")
-    compiler = shutil.which(os.environ.get("CXX", "g++"))
+    # $CXX, else what built llama-cpp-python here (CMake finds c++, g++ or clang++)
+    compiler = next(filter(None, map(shutil.which, [os.environ.get("CXX") or "g++", "c++", "clang++"])), None)
     if compiler is None:
         pytest.fail("no C++ compiler (g++, or $CXX): install one (apt-get install g++) to build the llama.cpp "
                     "cross-check")
