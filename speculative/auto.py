@@ -52,6 +52,7 @@ PRIOR_WEIGHT = 3.0
 DECAY = 0.9                # per step: evidence older than a few dozen tokens fades
 COST_EMA = 0.1             # weight of a new timing in the running costs
 MODEL_ACCEPTANCE_CEILING = 0.95
+CAUTION = 0.5  # free drafters bet on their first-token estimate less this many standard deviations
 MARGIN = 0.03  # a draft must be expected to beat plain decoding by this much: estimates
                # and timings are noisy, and a marginal bet loses as often as it wins
 
@@ -85,9 +86,15 @@ class Acceptance:
         for i in range(min(n_drafted, n_accepted + 1)):
             self.observe(i, i < n_accepted)
 
-    def rates(self) -> np.ndarray:
+    def rates(self, cautious: bool = False) -> np.ndarray:
+        """Per-position acceptance; `cautious`: the first token's taken CAUTION standard
+        deviations low, so a bet needs evidence, not a prior alone or one lucky match (for
+        free drafters, whose every proposal is scored without drafting it: their evidence
+        costs nothing, and there is soon plenty where they are right)."""
         first, later = (self.prior * PRIOR_WEIGHT + self.accepted) / (PRIOR_WEIGHT + self.trials)
-        return np.array([first, *[later] * (self.k_max - 1)])
+        if cautious:
+            first -= CAUTION * np.sqrt(first * (1.0 - first) / (PRIOR_WEIGHT + self.trials[0]))
+        return np.array([max(first, 0.0), *[later] * (self.k_max - 1)])
 
 
 def expected_tokens(rates: np.ndarray) -> np.ndarray:
@@ -212,7 +219,7 @@ class Auto(Drafter):
         self._proposals[d.name] = draft
         if draft.tokens:
             self._pending.append([self.estimates(d, draft.kind), len(context), draft.tokens, 0])
-        return best_plan(self.estimates(d, draft.kind).rates(), verify, self.draft_cost[d.name], len(draft.tokens),
+        return best_plan(self.estimates(d, draft.kind).rates(cautious=True), verify, self.draft_cost[d.name], len(draft.tokens),
                          rewind=self.rewind)
 
     def _plan_model(self, d: Drafter, context: Sequence[int], k: int, verify: np.ndarray) -> tuple[int, float]:
