@@ -32,6 +32,9 @@ import time
 from pathlib import Path
 
 SPECULATE = str(Path(sys.executable).with_name("speculate"))
+# the batch-invariant CPU matmuls of scripts/test.sh's build, so texts with and without the
+# pool can be compared token for token (README, "Exactness and the CPU build")
+os.environ.setdefault("GGML_CPU_TILED_MM", "0")
 SERVICES = ["auth", "billing", "search", "checkout", "inventory", "notifications"]
 ERRORS = ["connection reset by peer", "timeout waiting for upstream", "invalid token signature",
           "database deadlock detected", "rate limit exceeded", "payload too large"]

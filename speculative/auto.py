@@ -46,7 +46,7 @@ from .drafters import Draft, Drafter, Outcome
 # token's acceptance, for a draft model and for each kind of n-gram proposal (the
 # longer the matched context, the likelier; see drafters/ngram.py, match_class) ...
 MODEL_PRIOR = 0.7
-FREE_PRIOR = {0: 0.4, 1: 0.7, 2: 0.9, 3: 0.6}
+FREE_PRIOR = {0: 0.4, 1: 0.7, 2: 0.9, 3: 0.6, 4: 0.8}  # 4: earlier outputs agree (pool.AGREED)
 CONTINUE_PRIOR = 0.85   # ... and of each later token, given the ones before it
 PRIOR_WEIGHT = 3.0
 DECAY = 0.9                # per step: evidence older than a few dozen tokens fades

@@ -39,6 +39,7 @@ POOL_N = 4              # n-gram length looked up (an output of another request 
                         # the 3 tokens that find a passage in the current one)
 POOL_TOKENS = 200_000   # most tokens kept, in memory and on disk (about 1 MB on disk)
 MIN_OUTPUT = 8          # shorter outputs teach nothing
+AGREED = 4              # a proposal's kind (auto's estimates): another earlier output continues alike
 _HEAD = struct.Struct("<8sI32sII")
 
 Notice = Callable[[str], None]
@@ -135,6 +136,13 @@ class PoolDrafter(Drafter):
         aligned = last is not None and serial == last[0] and abs(len(context) - i - last[1]) <= ALIGNED_SLACK
         self._last = (serial, len(context) - i)
         tokens = output[i:i + min(self.m, k)]
+        if len(found) >= 2:  # several earlier outputs: draft only as far as they agree (suffix
+            # decoding's frequency): the shared skeleton of a JSON answer, not one answer's values
+            alike = [self.pool.output(s)[j:j + len(tokens)] for s, j in found if (s, j) != (serial, i)]
+            n = 0
+            while n < len(tokens) and (alike := [o for o in alike if len(o) > n and o[n] == tokens[n]]):
+                n += 1
+            return Draft(tokens[:n], self.name, AGREED)
         return Draft(tokens, self.name, match_class(shared_suffix(output, i, context, self.pool.n), aligned))
 
 

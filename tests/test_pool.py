@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from speculative.errors import UsageError
-from speculative.pool import MAGIC, Pool, PoolDrafter, PoolFile, check_pool_file, fingerprint
+from speculative.pool import AGREED, MAGIC, Pool, PoolDrafter, PoolFile, check_pool_file, fingerprint
 
 from .conftest import SMOL, speculate, speculate_json
 
@@ -26,13 +26,20 @@ def output(start: int, n: int = 40) -> list[int]:
 def test_the_pool_proposes_what_followed_the_longest_match():
     pool = Pool(n=4)
     pool.add([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12])
-    pool.add([9, 9, 2, 3, 4, 5, 60, 61, 62, 63, 64, 65])  # the same 4-gram, less context before it
     drafter = PoolDrafter(pool)
-    draft = drafter.propose([50, 1, 2, 3, 4, 5], 3)
-    assert draft.tokens == [6, 7, 8] and draft.source == "ngram-pool"
-    assert PoolDrafter(pool).propose([9, 9, 2, 3, 4, 5], 10).tokens == [60, 61, 62, 63, 64, 65]
+    assert drafter.propose([50, 1, 2, 3, 4, 5], 3).tokens == [6, 7, 8]  # one earlier output: its continuation
     assert drafter.propose([7, 7, 7, 7], 5).tokens == []  # no earlier output has it
     assert not PoolDrafter(Pool()).can_draft([1, 2, 3])
+
+
+def test_several_earlier_outputs_are_drafted_only_as_far_as_they_agree():
+    pool = Pool(n=4)
+    pool.add([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12])
+    pool.add([9, 9, 2, 3, 4, 5, 6, 7, 8, 70, 71, 72])   # the same skeleton, another value after 8
+    pool.add([8, 8, 2, 3, 4, 5, 60, 61, 62, 63, 64, 65])
+    draft = PoolDrafter(pool).propose([50, 1, 2, 3, 4, 5], 6)  # longest match: the first output
+    assert draft.tokens == [6, 7, 8] and draft.kind == AGREED and draft.source == "ngram-pool"
+    assert PoolDrafter(pool).propose([8, 8, 2, 3, 4, 5], 6).tokens == []  # nobody else goes on 60, 61
 
 
 def test_the_pool_keeps_its_bound_and_forgets_the_oldest_first():
