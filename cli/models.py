@@ -124,12 +124,13 @@ def list_models(json_output: bool = typer.Option(False, "--json", help="One JSON
 def _hub_rows() -> list[dict]:
     """One row per model (split parts counted together) in the snapshots the caches' refs/main name."""
     rows: dict[str, dict] = {}
-    for c in hf.cached():
+    files = list(hf.cached())
+    for c in files:
         info = hf.split_info(c.file.path)
         if not hf.is_model(c.file.path) or info.index != 1:
             continue
-        parts = [p for p in hf.cached(c.repo) if (s := hf.split_info(p.file.path)).prefix == info.prefix
-                 and s.count == info.count] if info.count > 1 else [c]
+        parts = [p for p in files if p.repo == c.repo and p.path.parent == c.path.parent
+                 and (s := hf.split_info(p.file.path)).prefix == info.prefix and s.count == info.count]
         name = f"{c.repo}:{info.tag}" if info.tag else f"{c.repo}/{c.file.path}"
         if name in rows:  # the same quant twice (another file name or cache): name the file
             name = f"{c.repo}/{c.file.path}"

@@ -14,6 +14,7 @@ requests is kept here too: ngram-mod's hash table, and ngram-cache's -lcs/-lcd f
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,9 +73,10 @@ class Engine:
     def __init__(self, target: ModelSpec, draft: ModelSpec | None = None,
                  notify: Callable[[str], None] | None = None, prompt_cache_file: Path | None = None,
                  prompt_cache_ro: bool = False, pool_tokens: int = POOL_TOKENS, pool_file: Path | None = None):
+        target_vocab = functools.cache(lambda: read_vocab(target.path))  # read when needed, once
         for other in (draft.path if draft else None, target.mtp_sidecar):
             if other is not None and other.resolve() != target.path.resolve():
-                check_compatible(read_vocab(target.path), read_vocab(other))
+                check_compatible(target_vocab(), read_vocab(other))
         self.pool_file: PoolFile | None = None  # (close() may run before the pool is set up)
         self._lookup_files: dict[tuple, LookupFiles] = {}  # ngram-cache's -lcs/-lcd, read once
         t0 = time.perf_counter()
@@ -104,7 +106,7 @@ class Engine:
         self.pool = Pool(max_tokens=pool_tokens) if pool_tokens > 0 else None
         self.learn = True
         if pool_file is not None and self.pool is not None:
-            vocab = read_vocab(target.path)
+            vocab = target_vocab()
             self.pool_file = PoolFile(pool_file, fingerprint(vocab.tokens, vocab.type, vocab.bos, vocab.eos),
                                       notify or (lambda message: None))
             self.pool_file.load(self.pool)

@@ -29,7 +29,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from .drafters import Draft, Drafter
-from .drafters.ngram import ALIGNED_SLACK, MAX_CONTEXT, RECENT_OCCURRENCES, match_class
+from .drafters.ngram import ALIGNED_SLACK, RECENT_OCCURRENCES, match_class, shared_suffix
 from .errors import UsageError
 from .files import locked, write_atomic
 
@@ -94,15 +94,6 @@ class Pool:
         return self._index.get(tuple(context[-self.n:]), [])
 
 
-def shared_suffix(source: Sequence[int], end: int, context: Sequence[int], n: int, limit: int = MAX_CONTEXT) -> int:
-    """How many tokens before `end` in `source` equal the last tokens of `context` (n known)."""
-    length = n
-    while (length < limit and end - length - 1 >= 0 and len(context) - length - 1 >= 0
-           and source[end - length - 1] == context[-length - 1]):
-        length += 1
-    return length
-
-
 class PoolDrafter(Drafter):
     """`ngram-pool`: the continuation, in an earlier output, of the longest match of the
     context's end (among the recent occurrences of its last n-gram); a match that resumes
@@ -126,14 +117,16 @@ class PoolDrafter(Drafter):
             return self.nothing()
         last = self._last
 
+        def aligned(serial: int, i: int) -> bool:  # resumes the output the last proposal came from
+            return last is not None and serial == last[0] and abs(len(context) - i - last[1]) <= ALIGNED_SLACK
+
         def score(where: tuple[int, int]) -> tuple[int, int]:
             serial, i = where
-            aligned = last is not None and serial == last[0] and abs(len(context) - i - last[1]) <= ALIGNED_SLACK
-            return shared_suffix(self.pool.output(serial), i, context, self.pool.n) + ALIGNED_SLACK * aligned, serial
+            return (shared_suffix(self.pool.output(serial), i, context, self.pool.n)
+                    + ALIGNED_SLACK * aligned(serial, i), serial)
 
         serial, i = max(found, key=score)
         output = self.pool.output(serial)
-        aligned = last is not None and serial == last[0] and abs(len(context) - i - last[1]) <= ALIGNED_SLACK
         self._last = (serial, len(context) - i)
         tokens = output[i:i + min(self.m, k)]
         if len(found) >= 2:  # several earlier outputs: draft only as far as they agree (suffix
@@ -143,7 +136,7 @@ class PoolDrafter(Drafter):
             while n < len(tokens) and (alike := [o for o in alike if len(o) > n and o[n] == tokens[n]]):
                 n += 1
             return Draft(tokens[:n], self.name, AGREED)
-        return Draft(tokens, self.name, match_class(shared_suffix(output, i, context, self.pool.n), aligned))
+        return Draft(tokens, self.name, match_class(shared_suffix(output, i, context, self.pool.n), aligned(serial, i)))
 
 
 # -- the file ---------------------------------------------------------------------------

@@ -17,13 +17,20 @@ RECENT_OCCURRENCES = 16  # how many earlier occurrences of a key are weighed
 MAX_CONTEXT = 32         # how far back a match is compared to rank occurrences
 
 
+def shared_suffix(source: Sequence[int], end: int, context: Sequence[int], n: int, limit: int = MAX_CONTEXT) -> int:
+    """How many tokens before `end` in `source` equal the last tokens of `context`, the n
+    known to match included (up to `limit`)."""
+    length = n
+    while (length < limit and end - length - 1 >= 0 and len(context) - length - 1 >= 0
+           and source[end - length - 1] == context[-length - 1]):
+        length += 1
+    return length
+
+
 def context_match(history: Sequence[int], end: int, n: int, limit: int = MAX_CONTEXT) -> int:
     """How many tokens before `end` (an earlier occurrence of the last n-gram ends there)
     equal the last tokens of the history, the n-gram itself included."""
-    length = n
-    while length < limit and end - length - 1 >= 0 and history[end - length - 1] == history[-length - 1]:
-        length += 1
-    return length
+    return shared_suffix(history, end, history, n, limit)
 
 
 ALIGNED_SLACK = 8        # an occurrence this close to where the last copied passage went on
