@@ -53,6 +53,9 @@ DECAY = 0.9                # per step: evidence older than a few dozen tokens fa
 COST_EMA = 0.1             # weight of a new timing in the running costs
 MODEL_ACCEPTANCE_CEILING = 0.95
 CAUTION = 0.5  # free drafters bet on their first-token estimate less this many standard deviations
+STALE_BELOW = 0.5  # verifies this much faster than calibrated, over STALE_AFTER steps: the
+STALE_AFTER = 16   # calibration was measured while the machine was busy (Auto.calibration_stale)
+SLOTS = (0, 1)  # the first draft position of each pooled acceptance estimate (Acceptance)
 MARGIN = 0.03  # a draft must be expected to beat plain decoding by this much: estimates
                # and timings are noisy, and a marginal bet loses as often as it wins
 
@@ -60,17 +63,20 @@ MARGIN = 0.03  # a draft must be expected to beat plain decoding by this much: e
 class Acceptance:
     """Running acceptance estimates of one kind of proposal from one drafter.
 
-    Two numbers: the chance the first drafted token is accepted, and the chance each
-    later one is, given the ones before it were. Drafts that start right tend to go
-    on right (a copied passage continues), and pooling every later position into one
-    estimate lets it learn from a few drafts instead of a few hundred.
+    One number per slot of draft positions (SLOTS): the chance the first drafted token
+    is accepted, and the chance each later one is, given the ones before it were. Drafts
+    that start right tend to go on right (a copied passage continues), and pooling the
+    later positions into a few slots lets them learn from a few drafts instead of the
+    hundreds one estimate per position would need.
     """
 
     def __init__(self, k_max: int, first_prior: float, continue_prior: float = CONTINUE_PRIOR):
         self.k_max = k_max
-        self.prior = np.array([first_prior, continue_prior])
-        self.accepted = np.zeros(2)
-        self.trials = np.zeros(2)
+        self.starts = np.array(SLOTS)  # the first position of each slot
+        self.prior = np.array([first_prior, *[continue_prior] * (len(SLOTS) - 1)])
+        self.accepted = np.zeros(len(SLOTS))
+        self.trials = np.zeros(len(SLOTS))
+        self.slot_of = np.searchsorted(self.starts, np.arange(k_max), side="right") - 1
 
     def age(self) -> None:
         self.accepted *= DECAY
@@ -78,7 +84,7 @@ class Acceptance:
 
     def observe(self, position: int, accepted: bool) -> None:
         """Drafted token `position` (0-based), all before it accepted, was or was not."""
-        i = min(position, 1)
+        i = self.slot_of[min(position, self.k_max - 1)]
         self.trials[i] += 1
         self.accepted[i] += accepted
 
@@ -91,10 +97,11 @@ class Acceptance:
         deviations low, so a bet needs evidence, not a prior alone or one lucky match (for
         free drafters, whose every proposal is scored without drafting it: their evidence
         costs nothing, and there is soon plenty where they are right)."""
-        first, later = (self.prior * PRIOR_WEIGHT + self.accepted) / (PRIOR_WEIGHT + self.trials)
+        rates = (self.prior * PRIOR_WEIGHT + self.accepted) / (PRIOR_WEIGHT + self.trials)
         if cautious:
-            first -= CAUTION * np.sqrt(first * (1.0 - first) / (PRIOR_WEIGHT + self.trials[0]))
-        return np.array([max(first, 0.0), *[later] * (self.k_max - 1)])
+            rates[0] -= CAUTION * np.sqrt(rates[0] * (1.0 - rates[0]) / (PRIOR_WEIGHT + self.trials[0]))
+            rates[0] = max(rates[0], 0.0)
+        return rates[self.slot_of]
 
 
 def expected_tokens(rates: np.ndarray) -> np.ndarray:
@@ -150,6 +157,7 @@ class Auto(Drafter):
         self.k_max = k_max
         self.calibrated = np.array([np.inf, *verify_costs], dtype=float)  # v(b) at index b
         self.speed_factor = 1.0   # how much slower than at calibration the machine runs now
+        self.n_timed = 0          # verifies that updated it
         self.draft_cost = {d.name: (draft_costs or {}).get(d.name, 0.0) for d in drafters}
         # per token a draft model must catch up on before drafting (what it did not see)
         self.catchup_cost = {d.name: (catchup_costs or {}).get(d.name, 0.0) for d in drafters}
@@ -270,15 +278,26 @@ class Auto(Drafter):
         if b < len(self.calibrated) and not checkpointed:
             ratio = outcome.t_verify / self.calibrated[b]
             self.speed_factor += COST_EMA * (ratio - self.speed_factor)
+            self.n_timed += 1
         model = next((d for d in self.drafters if d.name == source and not d.free), None)
         if drafted and model is not None:
             self.estimates(model, outcome.draft.kind).observe_draft(len(drafted), m)
             per_token = max(outcome.t_draft - self._catchup, 0.0) / len(drafted)
             self.draft_cost[source] += COST_EMA * (per_token - self.draft_cost[source])
 
+    def calibration_stale(self) -> bool:
+        """Whether the target verified far faster than its calibration says, step after step.
+        A machine slower than at calibration (throttled, shared) is what speed_factor is for;
+        one much faster had a calibration measured while something else ran, which makes every
+        size look slow and distorts the ratios between sizes that choose draft lengths."""
+        return self.n_timed >= STALE_AFTER and self.speed_factor < STALE_BELOW
+
     def summary(self) -> list[str]:
         """Why auto never tried a drafter (a model's, not a free one), if it did not."""
         never = [f"auto never chose {name}: at best it was expected at {ratio:.2f}x the target alone's speed"
                  for name, ratio in self.best_ratio.items() if name not in self.chosen and name not in self.declined]
-        return [*(f"auto declined {name}: {why}" for name, why in self.declined.items()), *never,
+        stale = [f"the target verified {1 / self.speed_factor:.1f}x faster than its calibration says "
+                 "(measured while the machine was busy?): it is measured again at the next run"
+                 ] if self.calibration_stale() else []
+        return [*(f"auto declined {name}: {why}" for name, why in self.declined.items()), *never, *stale,
                 *(note for d in self.drafters for note in d.summary())]

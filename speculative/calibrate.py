@@ -19,11 +19,11 @@ from typing import Callable
 import numpy as np
 
 from .cache import Cache, MtpCache
-from .files import write_atomic
+from .files import locked, write_atomic
 from .registry import home
 
 FILLER_TOKENS = 32   # the batches are scored after a short context, like a real step
-QUICK_REPEATS = 3    # single tokens (the baseline) are cheap and noisy: best of several
+QUICK_REPEATS = 3    # every size is timed this many times, in rounds over the sizes: best of each
 DENSE_UP_TO = 9      # kernels switch below here (8 rows on x86): every size is timed ...
 SPARSE_STEP = 4      # ... and beyond, every 4th
 
@@ -37,7 +37,7 @@ def batch_costs(cache: Cache | MtpCache, max_batch: int, identity: dict, notify:
     """v(1..max_batch) in seconds, from the cache or measured now (and cached) by
     `measured_by`: `measure` (the default) or `measure_mtp`."""
     path = path or cache_path()
-    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+    key = _key(identity)
     stored = _load(path)
     known = stored.get(key, {}).get("seconds", [])
     if len(known) >= max_batch:
@@ -50,9 +50,17 @@ def batch_costs(cache: Cache | MtpCache, max_batch: int, identity: dict, notify:
     if notify:
         notify("calibrated in {:.1f} s: {}".format(
             time.perf_counter() - t0, " ".join(f"{b}:{1000 * c:.0f}ms" for b, c in enumerate(costs, 1))))
-    stored[key] = {"identity": identity, "seconds": costs}
-    _store(path, stored)
+    _update(path, lambda stored: stored.update({key: {"identity": identity, "seconds": costs}}))
     return costs
+
+
+def forget(identity: dict, path: Path | None = None) -> None:
+    """Drop a model's calibration, so that the next run measures it again."""
+    _update(path or cache_path(), lambda stored: stored.pop(_key(identity), None))
+
+
+def _key(identity: dict) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 
 
 def measure(cache: Cache, max_batch: int) -> list[float]:
@@ -92,22 +100,25 @@ def _tokens(first: int, n: int, n_vocab: int) -> list[int]:
 def _timed(max_batch: int, n_vocab: int, decode: Callable[[list[int]], object],
            undo: Callable[[], None]) -> list[float]:
     """Seconds `decode` takes for batches of 1..max_batch tokens, `undo` after each: every size
-    up to DENSE_UP_TO, every SPARSE_STEP-th beyond, the ones between interpolated."""
+    up to DENSE_UP_TO, every SPARSE_STEP-th beyond, the ones between interpolated.
+
+    Each size is timed QUICK_REPEATS times, in rounds over all the sizes, and its best time
+    kept: a moment of load (another process, a noisy VM) then spoils one round's figure, not
+    one size's, and the ratios between sizes, by which auto chooses draft lengths, hold."""
     sizes = sorted({*range(1, min(max_batch, DENSE_UP_TO) + 1),
                     *range(DENSE_UP_TO, max_batch + 1, SPARSE_STEP), max_batch})
-    timed = []
-    for b in sizes:
-        batch = _tokens(2000, b, n_vocab)
-        decode(batch)  # untimed: a batch of a new size sets up its graph first (over RPC, in
-        undo()         # round trips: seconds on a slow link, once, where generation repeats sizes)
-        best = float("inf")
-        for _ in range(QUICK_REPEATS if b <= 2 else 1):
+    batches = [_tokens(2000, b, n_vocab) for b in sizes]
+    for batch in batches:  # untimed: a batch of a new size sets up its graph first (over RPC, in
+        decode(batch)      # round trips: seconds on a slow link, once, where generation repeats sizes)
+        undo()
+    best = [float("inf")] * len(sizes)
+    for _ in range(QUICK_REPEATS):
+        for i, batch in enumerate(batches):
             t0 = time.perf_counter()
             decode(batch)
-            best = min(best, time.perf_counter() - t0)
+            best[i] = min(best[i], time.perf_counter() - t0)
             undo()
-        timed.append(best)
-    return [float(c) for c in np.interp(np.arange(1, max_batch + 1), sizes, timed)]
+    return [float(c) for c in np.interp(np.arange(1, max_batch + 1), sizes, best)]
 
 
 def _load(path: Path) -> dict:
@@ -118,10 +129,14 @@ def _load(path: Path) -> dict:
         return {}  # no cache yet, or a damaged one: measure again
 
 
-def _store(path: Path, stored: dict) -> None:
+def _update(path: Path, change: Callable[[dict], object]) -> None:
+    """Change the stored calibrations, one process at a time (others may calibrate too)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, [json.dumps(stored, indent=1).encode()])
+        with locked(path):
+            stored = _load(path)
+            change(stored)
+            write_atomic(path, [json.dumps(stored, indent=1).encode()])
     except OSError:
         pass  # a read-only home only costs a new calibration next time
 

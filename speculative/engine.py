@@ -165,6 +165,9 @@ class Engine:
         finally:  # whatever ended the run (a stop string, a client gone): what it generated is text
             if self.drafter is not None:
                 self.drafter.finish(context)
+            if isinstance(self.drafter, Auto) and self.drafter.calibration_stale():
+                calibrate.forget(self.caches["target"].model.identity())
+                self._costs.pop("target", None)
             if self.pool is not None and self.learn:
                 self.pool.add(context[len(prompt):])
 

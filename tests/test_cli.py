@@ -301,6 +301,22 @@ def test_auto_reports_its_plans_and_python_overhead(model_path):
 
 
 @pytest.mark.real
+def test_a_calibration_measured_under_load_is_measured_again(model_path, tmp_path):
+    env = {"SPECULATE_HOME": str(tmp_path)}
+    flags = ("-m", str(model_path(SMOL)), "-p", "def fib(n):", "-n", "48", "--temp", "0", "-t", "1")
+    assert "calibrating" in speculate(*flags, env=env).stderr
+    path = tmp_path / "calibration.json"
+    (key, entry), = json.loads(path.read_text()).items()
+    entry["seconds"] = [20 * s for s in entry["seconds"]]  # as if something else ran meanwhile
+    path.write_text(json.dumps({key: entry}))
+    proc = speculate(*flags, env=env)
+    assert proc.returncode == 0 and "faster than its calibration" in proc.stderr, proc.stderr
+    assert json.loads(path.read_text()) == {}
+    proc = speculate(*flags, env=env)
+    assert "calibrating" in proc.stderr and "faster than its calibration" not in proc.stderr
+
+
+@pytest.mark.real
 def test_autos_own_planning_is_timed_apart_from_drafting(model_path):
     flags = ("-m", str(model_path(SMOL)), "-p", "def fib(n):", "-n", "48", "--temp", "0", "-t", "1")
     auto = speculate_json(*flags)

@@ -7,7 +7,7 @@ import pytest
 
 from speculative.auto import Acceptance, Auto, best_plan, expected_tokens
 from speculative.cache import Cache
-from speculative.calibrate import batch_costs
+from speculative.calibrate import _timed, batch_costs
 from speculative.drafters import Chain, Draft, ModelDrafter, NgramMapK, NgramSimple, Outcome
 from speculative.drafters.ngram import NgramIndex
 from speculative.events import Step, Token
@@ -118,10 +118,11 @@ class Clock:
         return backend
 
 
-def run_auto(model, drafters, verify_costs, n=60, draft_costs=None):
+def run_auto(model, drafters, verify_costs, n=60, draft_costs=None, calibrated=None):
+    """`calibrated`: what auto was told verifies cost (default: what they do cost)."""
     clock = Clock(verify_costs)
     target = Cache(clock.timed(FakeBackend(model)))
-    auto = Auto(drafters, verify_costs, k_max=8, draft_costs=draft_costs)
+    auto = Auto(drafters, calibrated or verify_costs, k_max=8, draft_costs=draft_costs)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("speculative.loop.time", clock)
         patch.setattr("speculative.auto.time", clock)
@@ -178,6 +179,35 @@ def test_calibration_is_measured_once_and_cached(tmp_path):
     assert messages == []  # no new measurement
     other = batch_costs(cache, 4, {**identity, "threads": 4}, messages.append, path=tmp_path / "cal.json")
     assert messages and len(other) == 4
+
+
+def test_calibration_keeps_each_sizes_best_round(monkeypatch):
+    """A moment of load spoils one round's time of one size, not the calibration."""
+    clock = Clock([])
+    spikes = {5: 1.0}  # the first timed decode of 5 tokens meets another process
+    warmed = set()
+
+    def decode(batch):
+        if len(batch) not in warmed:  # the untimed first decode of each size
+            warmed.add(len(batch))
+        else:
+            clock.now += spikes.pop(len(batch), 0.0)
+        clock.now += 1e-3 * len(batch)
+
+    monkeypatch.setattr("speculative.calibrate.time", clock)
+    costs = _timed(9, 100, decode, lambda: None)
+    assert costs == pytest.approx([1e-3 * b for b in range(1, 10)])
+
+
+def test_a_calibration_measured_under_load_is_noticed():
+    model = cyclic_model()
+    real = [1e-3 * b for b in range(1, 10)]
+    _, auto = run_auto(model, [NgramSimple(n=2, m=8)], real, calibrated=[4 * c for c in real])
+    assert auto.calibration_stale()
+    assert any("4.0x faster than its calibration" in note for note in auto.summary())
+    # a machine slower than at calibration (throttled, shared) is what speed_factor is for
+    _, auto = run_auto(model, [NgramSimple(n=2, m=8)], real, calibrated=[c / 4 for c in real])
+    assert not auto.calibration_stale() and auto.speed_factor == pytest.approx(4.0, rel=0.05)
 
 
 def test_a_damaged_calibration_cache_is_measured_again(tmp_path):
