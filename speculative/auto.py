@@ -55,7 +55,9 @@ MODEL_ACCEPTANCE_CEILING = 0.95
 CAUTION = 0.5  # free drafters bet on their first-token estimate less this many standard deviations
 STALE_BELOW = 0.5  # verifies this much faster than calibrated, over STALE_AFTER steps: the
 STALE_AFTER = 16   # calibration was measured while the machine was busy (Auto.calibration_stale)
-SLOTS = (0, 1)  # the first draft position of each pooled acceptance estimate (Acceptance)
+SLOTS = (0, 1, 4)  # the first draft position of each pooled acceptance estimate (Acceptance):
+                   # a short match often yields a few tokens of a common phrase and stops, a
+                   # copied passage goes on for dozens, so tokens 2-4 and 5 on are told apart
 MARGIN = 0.03  # a draft must be expected to beat plain decoding by this much: estimates
                # and timings are noisy, and a marginal bet loses as often as it wins
 

@@ -40,12 +40,13 @@ def match_class(length: int, aligned: bool = False) -> int:
     """Classes of proposals, for acceptance estimates: the longer the history agrees
     with an earlier passage, the likelier the passage goes on (0 short, 1 medium,
     2 long); 3: a short match that resumes the passage copied before, as after a
-    renamed identifier in otherwise copied code."""
+    renamed identifier in otherwise copied code. Length comes first: a medium match
+    predicts a long run whether it resumes a passage or not."""
     if length >= 16:
         return 2
-    if aligned:
-        return 3
-    return 1 if length >= 8 else 0
+    if length >= 8:
+        return 1
+    return 3 if aligned else 0
 
 
 class NgramIndex:
