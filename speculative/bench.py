@@ -285,7 +285,9 @@ def ngram_bound(prompt: list[int], output: list[int], verify: list[float], n: in
 
 
 def summarize(runs: list[Run]) -> list[dict]:
-    """One row per (category, config), then per config over all prompts ('all')."""
+    """One row per (category, config), then per config over all prompts ('all'). Speedups
+    are medians over the prompts of each prompt's median over its repeats (single runs
+    swing by 10% and more on a shared machine), and `min_speedup` is the worst prompt's."""
     rows = []
     groups: dict[tuple[str, str], list[Run]] = {}
     for run in runs:
@@ -294,10 +296,11 @@ def summarize(runs: list[Run]) -> list[dict]:
     for (category, config), group in groups.items():
         drafted = sum(r.n_drafted for r in group)
         decode = sum(r.t_decode_s for r in group) or 1.0
+        speedups, modelled = per_prompt(group, "speedup"), per_prompt(group, "modelled_speedup")
         rows.append({
             "category": category, "config": config, "runs": len(group),
-            "median_speedup": statistics.median(r.speedup for r in group),
-            "min_speedup": min(r.speedup for r in group),
+            "median_speedup": statistics.median(speedups.values()),
+            "min_speedup": min(speedups.values()),
             "median_tps": statistics.median(r.decode_tps for r in group),
             "accept_rate": sum(r.n_accept for r in group) / drafted if drafted else 0.0,
             "mean_accepted_length": statistics.mean(r.mean_accepted_length for r in group),
@@ -305,13 +308,22 @@ def summarize(runs: list[Run]) -> list[dict]:
             "verify_share": sum(r.t_verify_s for r in group) / decode,
             "python_share": sum(r.python_share * r.t_decode_s for r in group) / decode,
             "plan_share": sum(r.t_plan_s for r in group) / decode,
-            "median_modelled_speedup": statistics.median(r.modelled_speedup for r in group),
+            "median_modelled_speedup": statistics.median(modelled.values()),
+            "min_modelled_speedup": min(modelled.values()),
             "mismatches": sum(r.mismatch is not None for r in group),
         })
         bounds = [r.ngram_bound for r in group if r.ngram_bound is not None]
         if bounds:
             rows[-1]["median_ngram_bound"] = statistics.median(bounds)
     return rows
+
+
+def per_prompt(runs: list[Run], field: str) -> dict[str, float]:
+    """Each prompt's median of `field` over its repeats."""
+    values: dict[str, list[float]] = {}
+    for run in runs:
+        values.setdefault(run.prompt, []).append(getattr(run, field))
+    return {prompt: statistics.median(xs) for prompt, xs in values.items()}
 
 
 def report(runs: list[Run], rows: list[dict], meta: dict) -> dict:
