@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from speculative import bench
 from speculative.bench import expects_identity, load_prompts, make_configs, parse_sweeps
 from speculative.errors import UsageError
 from speculative.settings import DRAFT_MAX_AUTO, SamplerSettings, SpecSettings
@@ -96,3 +97,15 @@ def test_only_runs_that_must_reproduce_the_baseline_are_compared():
     assert expects_identity(SpecSettings(), greedy)
     assert expects_identity(SpecSettings(accept="match"), sampled)
     assert not expects_identity(SpecSettings(accept="rejection"), sampled)
+
+
+def test_categories_are_judged_by_each_prompts_median_over_its_repeats():
+    def run(prompt, speedup):
+        return bench.Run(prompt, "edit", "auto", 0, 128, 20.0, speedup=speedup, modelled_speedup=speedup)
+
+    # one bad run of prompt a and one of b (noise); c is slow every time
+    runs = [run("a", s) for s in (1.2, 0.7, 1.1)] + [run("b", s) for s in (1.0, 1.05, 0.6)] + \
+        [run("c", s) for s in (0.95, 0.9, 0.92)]
+    row = next(r for r in bench.summarize(runs) if r["category"] == "edit")
+    assert row["median_speedup"] == 1.0 and row["min_speedup"] == 0.92  # medians 1.1, 1.0, 0.92
+    assert row["median_modelled_speedup"] == 1.0 and row["min_modelled_speedup"] == 0.92
