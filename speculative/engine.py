@@ -108,7 +108,8 @@ class Engine:
         # --cache-ram: earlier conversations' caches in host memory (0: none; -1: no size limit)
         target_cache = self.caches["target"]
         self.ram_cache = ram_cache.RamCache(cache_ram_mib, lambda state, tokens, limit: (
-            target_cache.keepable_after_restore(state.tokens, tokens, limit, state.checkpoint))) if cache_ram_mib else None
+            target_cache.keepable_after_restore(state.tokens, tokens, limit, state.checkpoint))
+        ) if cache_ram_mib else None
         # What earlier runs wrote (pool.py): learnt after each run while `learn` is set (bench
         # clears it so no run drafts from its own configuration's earlier output).
         self.pool = Pool(max_tokens=pool_tokens) if pool_tokens > 0 else None
@@ -279,9 +280,12 @@ class Engine:
         if swap:
             self.ram_cache.use(entry)  # first: making room for what the caches hold evicts others
         if len(target) and (swap or len(target) - kept >= ram_cache.MIN_TOKENS):
-            self.ram_cache.add({role: ram_cache.State(tokens, copy(), self.caches[role].saved_checkpoint()
-                                                      if role in self.caches else None)
-                                for role, (tokens, copy) in self._cache_states().items()})
+            try:
+                self.ram_cache.add({role: ram_cache.State(tokens, copy(), self.caches[role].saved_checkpoint()
+                                                          if role in self.caches else None)
+                                    for role, (tokens, copy) in self._cache_states().items()})
+            except (GenerationError, MemoryError) as e:  # a cache problem never fails the request
+                ram_cache.log.warning("cache-ram: could not save the caches: %s", e or "out of memory")
         if swap:  # (evicted by now if the budget holds only one entry: restored all the same)
             for role, state in entry.parts.items():
                 if not self._load_state(role, state.tokens, state.data, state.checkpoint):

@@ -16,6 +16,7 @@ from speculative.cache import Cache, _common_prefix
 from speculative.engine import NEXTN_ROLE, Engine, ModelSpec
 from speculative.ram_cache import MIN_TOKENS, RamCache, State
 from speculative.doctor import batch_invariance
+from speculative.errors import GenerationError
 from speculative.settings import SamplerSettings, SpecSettings
 from speculative.stats import Stats
 from speculative.stream import complete
@@ -257,3 +258,22 @@ def test_draft_mtp_gets_the_targets_nextn_rows_back(tmp_path, batch_invariant):
             assert cached[turn] == alone[turn], turn
         assert cached[turn][0] == alone[turn][0]
     assert all(alone[name, t][1][1] > 0 for name in "AB" for t in (1, 2))  # it drafted
+
+
+@pytest.mark.real
+def test_a_state_that_cannot_be_copied_fails_no_request(tiny, caplog):
+    """llama.cpp refusing to copy a state (or memory running out) costs the cache, not the answer."""
+    spec = SpecSettings(types=("none",), n_predict=8, ignore_eos=True)
+    target = ModelSpec(tiny("llama"), "target", n_ctx=512, n_threads=1)
+    prompts = [list(range(10, 60)), list(range(70, 120))]
+
+    def refuse(partial: bool = False) -> bytes:
+        raise GenerationError("target: llama.cpp could not copy the KV cache")
+
+    with Engine(target, cache_ram_mib=64) as engine:
+        engine.target.save_state = refuse
+        answers = [complete(engine, prompt, GREEDY, spec, seed=1).tokens for prompt in prompts]
+        assert len(engine.ram_cache) == 0
+    assert "cache-ram: could not save the caches: target: llama.cpp could not copy the KV cache" in caplog.text
+    with Engine(target) as engine:
+        assert answers == [complete(engine, prompt, GREEDY, spec, seed=1).tokens for prompt in prompts]
