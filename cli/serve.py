@@ -11,6 +11,7 @@ import typer
 
 from speculative.engine import Engine
 from speculative.errors import UsageError
+from speculative.ram_cache import DEFAULT_MIB
 from speculative.settings import SpecSettings
 
 from . import options
@@ -39,6 +40,11 @@ def serve_command(
         600.0, "-to", "--timeout", rich_help_panel=N,
         help="Seconds a request may take, waiting included: a generation still running then ends "
              "with what it has (finish_reason length); one still waiting gets 503."),
+    cache_ram: int = typer.Option(
+        DEFAULT_MIB, "-cram", "--cache-ram", rich_help_panel=N, metavar="MiB", envvar="LLAMA_ARG_CACHE_RAM",
+        help="Host memory for earlier conversations' caches (llama-server's prompt cache): a request that "
+             "does not continue the cached one saves it there, and restores the saved one sharing the "
+             "longest prefix with it; least recently used go first. 0: off; -1: no limit."),
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions
     (streamed or not), /v1/models and /health. One generation runs at a time; Ctrl-C or SIGTERM
@@ -52,10 +58,12 @@ def serve_command(
                          "(SPECULATE_API_KEY or --api-key), or listen on 127.0.0.1")
     if not 0 <= port <= 65535 or parallel < 0 or not timeout > 0:
         raise UsageError("--port must be in [0, 65535], --parallel >= 0 and --timeout > 0")
+    if cache_ram < -1:
+        raise UsageError(f"--cache-ram must be a size in MiB, 0 (off) or -1 (no limit), got {cache_ram}")
     target, draft = models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft, spec.mtp)
     sock = _bind(host, port)  # before loading: a taken port fails at once, not after the models load
     with sock, Engine(target, draft, notify=lambda message: print(message, file=sys.stderr),
-                      **pool.engine_args()) as engine:
+                      cache_ram_mib=cache_ram, **pool.engine_args()) as engine:
         engine.make_drafter(spec)  # auto measures its costs now rather than in the first request
         model_info = {"id": target.name, "created": int(time.time()),
                       "meta": {"n_ctx": engine.target.n_ctx, "draft": draft.name if draft else None,

@@ -4,7 +4,8 @@ A Cache wraps a loaded model (a Backend) and knows, for each sequence, the token
 it holds from position 0. The loop, the draft-model drafter, calibration and the
 engine all go through it: to extend sequence 0, keep the prefix a new context
 shares with it, roll back to a length, fork draft-tree branches and fold one back
-into sequence 0, and save or restore it for the prompt cache file. Positions follow
+into sequence 0, and save or restore it for the prompt cache file and --cache-ram
+(what a restored state would keep, too: ram_cache.py chooses by it). Positions follow
 from what a sequence holds, so no caller computes one.
 
 What a model's cache can undo is decided here too. `Backend.rollback_limit` is None
@@ -72,6 +73,22 @@ class Cache:
         else:
             self._rewind(n, redecode=False)
         return len(self)
+
+    def keepable(self, tokens: Sequence[int], limit: int | None = None) -> int:
+        """What keep_prefix(tokens, limit) would keep, changing nothing (unless a checkpoint
+        it would come back to cannot be loaded)."""
+        self._settle()
+        return self._kept(self._seqs[0], tokens, limit, self._undoable, self._checkpoint)
+
+    def _kept(self, held: list[int], tokens: Sequence[int], limit: int | None, undoable: int,
+              checkpoint: tuple[int, bytes] | None) -> int:
+        """What keep_prefix keeps of a cache holding `held` (its latest `undoable` tokens
+        undoable, a checkpoint at checkpoint[0]): the shared prefix, or for a recurrent state
+        that cannot be cut there, the checkpoint at or before it, else nothing."""
+        n = _common_prefix(held, tokens, min(len(held), len(tokens), len(tokens) if limit is None else limit))
+        if self._can_undo(len(held) - n, undoable):
+            return n
+        return checkpoint[0] if checkpoint is not None and checkpoint[0] <= n else 0
 
     def extend(self, tokens: Sequence[int], outputs: Outputs = "none") -> list[np.ndarray]:
         """Decode `tokens` after what sequence 0 holds (Backend.decode's rows)."""
@@ -157,20 +174,31 @@ class Cache:
         self.model.keep_branch(seq, n)
         self._seqs = {0: kept}
 
-    # -- the prompt cache file -------------------------------------------------
+    # -- the prompt cache file and --cache-ram -----------------------------------
 
     def save(self) -> bytes:
         """Sequence 0's state as llama.cpp serialises it (it holds self.tokens())."""
         return self.model.save_state()
 
-    def restore(self, state: bytes, tokens: Sequence[int]) -> bool:
-        """Replace the cache with a saved state holding `tokens`; False (and an empty cache)
-        when the model cannot load it."""
+    def restore(self, state: bytes, tokens: Sequence[int], checkpoint: tuple[int, bytes] | None = None) -> bool:
+        """Replace the cache with a saved state holding `tokens` (and a recurrent model's
+        `checkpoint`, saved_checkpoint()'s, to come back to); False (and an empty cache) when
+        the model cannot load it."""
         self._settle()
         loaded = self.model.load_state(state, len(tokens))
         self._seqs = {0: list(tokens) if loaded else []}
-        self._undoable, self._checkpoint = 0, None
+        self._undoable, self._checkpoint = 0, checkpoint if loaded else None
         return loaded
+
+    def saved_checkpoint(self) -> tuple[int, bytes] | None:
+        """The checkpoint a recurrent model's cache can come back to (length, state), if any."""
+        return self._checkpoint
+
+    def keepable_after_restore(self, held: Sequence[int], tokens: Sequence[int], limit: int | None = None,
+                               checkpoint: tuple[int, bytes] | None = None) -> int:
+        """What keep_prefix(tokens, limit) would keep right after restore(state, held, checkpoint):
+        for a recurrent state, all of `held` or the checkpoint (nothing of it can be undone)."""
+        return self._kept(list(held), tokens, limit, 0, checkpoint)
 
     # -- keeping the bookkeeping true ------------------------------------------
 
@@ -186,10 +214,12 @@ class Cache:
                 self._undoable = 0
                 self._rewind(len(self._seqs[0]))
 
-    def _can_undo(self, n_tokens: int) -> bool:
-        """Whether the model can drop its latest `n_tokens` (the one place this is decided)."""
+    def _can_undo(self, n_tokens: int, undoable: int | None = None) -> bool:
+        """Whether the model can drop its latest `n_tokens` (the one place this is decided);
+        `undoable`: of a cache whose latest decode left that many undoable (default: this one)."""
         limit = self.model.rollback_limit
-        return n_tokens <= 0 or limit is None or n_tokens <= min(limit, self._undoable)
+        undoable = self._undoable if undoable is None else undoable
+        return n_tokens <= 0 or limit is None or n_tokens <= min(limit, undoable)
 
     def _rewind(self, n: int, redecode: bool = True) -> None:
         """Hold positions 0..n-1 where the model cannot simply drop the rest: from the

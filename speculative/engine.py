@@ -7,13 +7,16 @@ loop. Between runs the caches (cache.py) keep what they hold: a prompt that star
 like the previous conversation (the same system prompt, document, or chat so far) only
 processes what is new. With a prompt cache file (--prompt-cache), the first run
 starts from the caches a previous process saved there, and every run saves its
-prompt's caches for the next process. What llama.cpp's n-gram drafters keep between
+prompt's caches for the next process. With a RAM cache (--cache-ram, ram_cache.py), a
+prompt that would cut the caches saves them in host memory first, and one that an earlier
+saved conversation continues better restores that. What llama.cpp's n-gram drafters keep between
 requests is kept here too: ngram-mod's hash table, and ngram-cache's -lcs/-lcd files
 (read once; -lcd written back, with what the requests learned, when the engine closes).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from dataclasses import dataclass
@@ -22,7 +25,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from . import calibrate, chat, prompt_cache
+from . import calibrate, chat, prompt_cache, ram_cache
 from .auto import Auto, Rewind
 from .cache import Cache, MtpCache
 from .drafters import (Chain, Drafter, LookupFiles, ModelDrafter, ModTable, MtpDrafter, NgramCache, NgramMapK,
@@ -72,7 +75,8 @@ class ModelSpec:
 class Engine:
     def __init__(self, target: ModelSpec, draft: ModelSpec | None = None,
                  notify: Callable[[str], None] | None = None, prompt_cache_file: Path | None = None,
-                 prompt_cache_ro: bool = False, pool_tokens: int = POOL_TOKENS, pool_file: Path | None = None):
+                 prompt_cache_ro: bool = False, pool_tokens: int = POOL_TOKENS, pool_file: Path | None = None,
+                 cache_ram_mib: int = 0):
         target_vocab = functools.cache(lambda: read_vocab(target.path))  # read when needed, once
         for other in (draft.path if draft else None, target.mtp_sidecar):
             if other is not None and other.resolve() != target.path.resolve():
@@ -101,6 +105,11 @@ class Engine:
         self.prompt_cache_ro = prompt_cache_ro
         self._restore_pending = prompt_cache_file is not None  # the first run restores it
         self._file_holds: dict[str, tuple[int, ...]] = {}  # role -> tokens the cache file holds
+        # --cache-ram: earlier conversations' caches in host memory (0: none; -1: no size limit)
+        target_cache = self.caches["target"]
+        self.ram_cache = ram_cache.RamCache(cache_ram_mib, lambda state, tokens, limit: (
+            target_cache.keepable_after_restore(state.tokens, tokens, limit, state.checkpoint))
+        ) if cache_ram_mib else None
         # What earlier runs wrote (pool.py): learnt after each run while `learn` is set (bench
         # clears it so no run drafts from its own configuration's earlier output).
         self.pool = Pool(max_tokens=pool_tokens) if pool_tokens > 0 else None
@@ -152,12 +161,15 @@ class Engine:
         self.drafter = self.make_drafter(spec, draft_sampler)  # may calibrate, which uses the caches
         restored = self._restore_pending
         t_restore = self._restore_prompt_cache() if restored else 0.0
+        t_swap = self._swap_ram_cache(prompt) if self.ram_cache is not None else 0.0
         context = list(prompt)
         try:
             for event in generate(self.caches["target"], prompt, Sampler(sampling, seed, banned), spec,
                                   self.drafter):
                 if isinstance(event, Token):
                     context.append(event.id)
+                elif isinstance(event, Prefilled) and t_swap:  # part of processing this prompt
+                    event = dataclasses.replace(event, seconds=event.seconds + t_swap)
                 yield event
                 if isinstance(event, Prefilled) and self.prompt_cache_file is not None:
                     # restored: the caches held nothing else before
@@ -259,6 +271,33 @@ class Engine:
             return None
         return Rewind(limit, *calibrate.checkpoint_costs(self.caches["target"]))
 
+    def _swap_ram_cache(self, prompt: list[int]) -> float:
+        """--cache-ram (ram_cache.py): keep the caches in host memory when this prompt would cut
+        them, and restore the entry that keeps more of it; the seconds it took."""
+        t0 = time.perf_counter()
+        target = self.caches["target"]
+        limit = len(prompt) - 1  # the prompt's last token is always decoded (loop.prefill)
+        kept = target.keepable(prompt, limit)
+        entry, reused = self.ram_cache.best(prompt, limit)
+        swap = entry is not None and reused >= kept + ram_cache.MIN_TOKENS
+        if swap:
+            self.ram_cache.use(entry)  # first: making room for what the caches hold evicts others
+        if len(target) and (swap or len(target) - kept >= ram_cache.MIN_TOKENS):
+            try:
+                self.ram_cache.add({role: ram_cache.State(tokens, copy(), self.caches[role].saved_checkpoint()
+                                                          if role in self.caches else None)
+                                    for role, (tokens, copy) in self._cache_states().items()})
+            except (GenerationError, MemoryError) as e:  # a cache problem never fails the request
+                ram_cache.log.warning("cache-ram: could not save the caches: %s", e or "out of memory")
+        if swap:  # (evicted by now if the budget holds only one entry: restored all the same)
+            for role, state in entry.parts.items():
+                if not self._load_state(role, state.tokens, state.data, state.checkpoint):
+                    ram_cache.log.warning("cache-ram: could not restore the %s part of %d tokens", role,
+                                          len(state.tokens))
+            ram_cache.log.info("cache-ram: restored %d tokens, %d of them this prompt's", len(entry.tokens),
+                               target.keepable(prompt, limit))
+        return time.perf_counter() - t0
+
     def _restore_prompt_cache(self) -> float:
         """Load every part of the prompt cache file that these models can use; the seconds
         it took. What cannot be used is left out with a notice, never an error."""
@@ -276,12 +315,7 @@ class Engine:
         for notice in notices:
             self._notice(notice)
         for part in parts:
-            if part.role == NEXTN_ROLE:  # the rows of the tokens the target part restored
-                loaded = (self.caches["target"].tokens() == part.tokens and
-                          self.target.load_nextn_state(part.state, len(part.tokens)))
-            else:
-                loaded = self.caches[part.role].restore(part.state, part.tokens)
-            if loaded:
+            if self._load_state(part.role, part.tokens, part.state):
                 self._file_holds[part.role] = part.tokens
             else:
                 self._notice(f"could not load the {part.role} part (-c smaller than its {len(part.tokens)} "
@@ -295,16 +329,30 @@ class Engine:
             identities[NEXTN_ROLE] = {**identities["target"], "nextn_rows": self.mtp.head.n_embd}
         return identities
 
+    def _load_state(self, role: str, tokens: tuple[int, ...], state: bytes,
+                    checkpoint: tuple[int, bytes] | None = None) -> bool:
+        """Restore one part that _cache_states gave (the prompt cache file's or --cache-ram's);
+        False (and that cache empty) when it cannot be loaded."""
+        if role == NEXTN_ROLE:  # the rows of the tokens the target part restored
+            return self.caches["target"].tokens() == tokens and self.target.load_nextn_state(state, len(tokens))
+        return self.caches[role].restore(state, tokens, checkpoint)
+
+    def _cache_states(self) -> dict[str, tuple[tuple[int, ...], Callable[[], bytes]]]:
+        """What each cache holding anything holds, and how to copy its state: role -> (tokens,
+        copy), the target first, then the target's NextN rows where all are known."""
+        states = {role: (cache.tokens(), cache.save) for role, cache in self.caches.items() if len(cache)}
+        rows = self.target.nextn_state(len(self.caches["target"])) if "target" in states else None
+        if rows is not None:  # an MTP head follows a restored target from these
+            states[NEXTN_ROLE] = (states["target"][0], lambda: rows)
+        return states
+
     def _save_prompt_cache(self, prompt: list[int]) -> float:
         """Write the caches for the prompt just processed (the target holds all of it but its
         last token) to the prompt cache file, unless it holds them already; the seconds it took."""
         if self.prompt_cache_ro:
             return 0.0
         t0 = time.perf_counter()
-        states = {role: (cache.tokens(), cache.save) for role, cache in self.caches.items() if len(cache)}
-        rows = self.target.nextn_state(len(self.caches["target"])) if "target" in states else None
-        if rows is not None:  # an MTP head follows a restored target from these
-            states[NEXTN_ROLE] = (states["target"][0], lambda: rows)
+        states = self._cache_states()
         holds = {role: tokens for role, (tokens, _) in states.items()}
         if holds == self._file_holds:
             return 0.0

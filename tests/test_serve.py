@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from scripts.tiny_model import write_model
 from tests.conftest import SMOL, SPECULATE, speculate, speculate_json
 from tests.gguf_builder import write_tiny_llama
 
@@ -30,6 +31,7 @@ openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.real
 
 KEY = "sk-test-" + secrets.token_hex(12)
+MIB = 1 << 20
 SPEC = ("--spec-type", "draft", "--draft-max", "4", "-c", "2048")
 
 
@@ -230,6 +232,102 @@ def test_a_second_chat_turn_reuses_the_cached_conversation(server):
     other = client.chat.completions.create(model="any", max_tokens=4, temperature=0, messages=[
         {"role": "system", "content": system}, {"role": "user", "content": "Are you open on Sunday?"}])
     assert 30 <= other.model_extra["timings"]["cache_n"] < other.usage.prompt_tokens  # the system prompt
+
+
+# -- --cache-ram: earlier conversations in host memory -----------------------------------
+
+SYSTEM = "You are a helpful assistant. Answer briefly."
+QUESTIONS = {"A": ["What is a prime number?", "Give an example of one.", "Is 91 one of them?"],
+             "B": ["Who wrote Hamlet?", "When was he born?", "Name another play of his."]}
+
+
+def take_turns(server: Server, order: str, questions: dict[str, list[str]], max_tokens: int,
+               **extra) -> list:
+    """One OpenAI client per conversation; each letter of `order` is its client asking the
+    conversation's next question, with the conversation so far (greedy): the answers in order."""
+    clients = {name: server.client() for name in questions}
+    history = {name: [{"role": "system", "content": SYSTEM}] for name in questions}
+    answers = []
+    for name in order:
+        turn = sum(1 for m in history[name] if m["role"] == "user")
+        history[name].append({"role": "user", "content": questions[name][turn]})
+        answer = clients[name].chat.completions.create(model="any", messages=history[name], max_tokens=max_tokens,
+                                                       temperature=0, extra_body=extra)
+        history[name].append({"role": "assistant", "content": answer.choices[0].message.content})
+        answers.append(answer)
+    return answers
+
+
+def cache_n(answer) -> int:
+    return answer.model_extra["timings"]["cache_n"]
+
+
+def test_two_clients_taking_turns_keep_their_conversations_with_cache_ram(server, model_path, tmp_path,
+                                                                           batch_invariant):
+    """The module's server has llama-server's default --cache-ram (8192 MiB): each turn restores
+    its conversation so far (prompt and answer) from host memory, where with --cache-ram 0 the
+    other client's turn left only the system prompt in the caches; the answers are the same."""
+    cached = take_turns(server, "ABABAB", QUESTIONS, 24)
+    plain_server = start_server(model_path, tmp_path, "-md", str(model_path(SMOL)), *SPEC, "--cache-ram", "0")
+    try:
+        plain = take_turns(plain_server, "ABABAB", QUESTIONS, 24)
+    finally:
+        stop_server(plain_server)
+    assert [a.choices[0].message.content for a in cached] == [a.choices[0].message.content for a in plain]
+    template = cache_n(plain[1])  # the system prompt, which B's first turn shares with A's
+    assert 0 < template < plain[0].usage.prompt_tokens
+    assert [cache_n(a) for a in plain[1:]] == [template] * 5
+    for before, now in zip(cached, cached[2:]):  # the same client's previous turn, and this one
+        history = before.usage.prompt_tokens + before.usage.completion_tokens  # (+ its end of turn)
+        assert history - 1 <= cache_n(now) <= history + 1 and cache_n(now) < now.usage.prompt_tokens
+        assert now.usage.prompt_tokens_details.cached_tokens == cache_n(now)
+    assert "cache-ram:" not in plain_server.log_text()
+
+
+def test_cache_ram_evicts_the_least_recently_used_under_a_small_budget(model_path, tmp_path, batch_invariant):
+    """--cache-ram 1 with a tiny model of 4 KiB per token: 1 MiB holds two conversations of
+    about 100 tokens, not three. A second turn finds its conversation when it was used more
+    recently than another, and answers as with no cache; a state larger than the budget is not
+    kept; nothing fails."""
+    model = str(write_model("llama", tmp_path / "tiny.gguf", n_embd=256, n_layer=8))
+    words = "Tell me about the {} and its people."  # with the system prompt, 86 tokens
+    questions = {name: [words.format(topic), "Why?", "And then?"]
+                 for name, topic in (("A", "city of Rome"), ("B", "island of Crete"), ("C", "valley of Nile"))}
+    questions["D"] = [" ".join(["a long question about everything"] * 20)]  # 517 tokens: 2 MiB
+    order = "ABCABCDA"
+    args = ("-t", "1", "--spec-type", "ngram-simple", "-c", "1024")
+    answers, logs = {}, {}
+    for budget in ("1", "0"):
+        server = start_server(model_path, tmp_path, *args, "--cache-ram", budget, model=model)
+        try:
+            answers[budget] = take_turns(server, order, questions, 8, ignore_eos=True)
+        finally:
+            assert stop_server(server) == 0
+        logs[budget] = server.log_text()
+        assert "Traceback" not in logs[budget] and "ERROR" not in logs[budget]
+    cached, plain = answers["1"], answers["0"]
+    assert [a.choices[0].message.content for a in cached] == [a.choices[0].message.content for a in plain]
+    template = cache_n(plain[1])  # the system prompt (D's question starts otherwise: less)
+    assert all(cache_n(a) <= template for a in plain[1:])
+    a1, b1, c1, a2, b2, c2, d1, a3 = cached
+    assert 0.3 < (a1.usage.prompt_tokens + 8) * 4096 / MIB < 0.4  # each first turn's state
+    # A's second turn makes room for C's first by evicting B's, the least recently used
+    assert cache_n(a2) >= a1.usage.prompt_tokens and cache_n(b2) == cache_n(plain[4]) == template
+    assert cache_n(c2) >= c1.usage.prompt_tokens  # C was used more recently than A's second turn
+    assert cache_n(a3) == cache_n(plain[7]) < template  # A's went for B's: what D's question shares
+    # B's first turn, A's second, and the first turns A's and C's replaced (a random model's
+    # answer written back into the conversation may tokenize otherwise: the old entry stays)
+    assert logs["1"].count("the least recently used") >= 2, logs["1"]
+    too_large = re.findall(r"a state of (\d+) tokens \(([\d.]+) MiB\) is larger than --cache-ram 1\.00 MiB; not kept",
+                           logs["1"])
+    assert [int(n) for n, _ in too_large] == [d1.usage.prompt_tokens + 7] and float(too_large[0][1]) > 2
+
+
+def test_cache_ram_bad_values_are_usage_errors():
+    for value in ("-2", "lots", "1.5"):
+        proc = speculate("serve", "--cache-ram", value, "-m", "/nonexistent.gguf")
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert proc.stderr.startswith("speculate: error:") and "cache-ram" in proc.stderr
 
 
 def test_draft_trees_serve_the_one_shot_commands_greedy_output(model_path, tmp_path, batch_invariant):

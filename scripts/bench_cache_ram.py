@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""What --cache-ram saves: two chat clients taking turns on one `speculate serve`.
+
+    scripts/bench_cache_ram.py [-m MODEL] [--turns N] [--max-tokens N] [--cache-ram MiB]
+                               [--conversations ID,ID] [-- extra serve flags]
+
+Two conversations alternate, A1 B1 A2 B2 ..., each turn sending the conversation so far with
+the next question (greedy), against a server started with --cache-ram 0 and then one with
+--cache-ram MiB (default 8192, llama-server's). Each conversation opens with a prompt of
+../shared/prompts/dev.jsonl (by id; default two `rag` prompts: a module's documentation and a
+question about it) and goes on with the follow-up questions below. The table gives each turn's
+prompt tokens, `timings.cache_n` (prompt tokens not processed again) and `timings.prompt_ms`
+(prompt processing, saving and restoring included) for both servers; the script exits 1 if any
+answer differs between them. Without -m the server loads the registry's default pair (README);
+-m MODEL (a path or a registry name) runs that model alone, quickly for a small one.
+GGML_CPU_TILED_MM=0 keeps the CPU build batch-invariant (README, "Exactness").
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = ROOT.parent / "shared" / "prompts" / "dev.jsonl"
+FOLLOW_UPS = ("Show a short example of that.", "What happens with invalid input?",
+              "Summarise your answers so far in two sentences.", "Which mistake do beginners make most often here?",
+              "Give one more example, different from the first.")
+
+
+def first_turns(ids: list[str]) -> list[list[dict]]:
+    """The opening messages of each conversation, from dev.jsonl."""
+    rows = {row["id"]: row for row in map(json.loads, PROMPTS.read_text().splitlines()) if row.get("messages")}
+    missing = [i for i in ids if i not in rows]
+    if missing:
+        sys.exit(f"{PROMPTS}: no chat prompt with id {', '.join(missing)}")
+    return [rows[i]["messages"] for i in ids]
+
+
+class Server:
+    """`speculate serve` on a free port, until closed."""
+
+    def __init__(self, flags: list[str], log: Path):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        speculate = shutil.which("speculate") or str(Path(sys.executable).with_name("speculate"))
+        self.log = log
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen([speculate, "serve", "--port", str(self.port), *flags], stdout=out,
+                                         stderr=subprocess.STDOUT, env={"GGML_CPU_TILED_MM": "0", **os.environ,
+                                                                        "SPECULATE_API_KEY": ""})
+        deadline = time.monotonic() + 1800  # the default pair may be pulled first
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                sys.exit(f"speculate serve exited {self.proc.returncode}:\n{log.read_text()[-2000:]}")
+            try:
+                if self.post("/health", None)[0] == 200:
+                    return
+            except OSError:
+                time.sleep(0.5)
+        self.close()
+        sys.exit("speculate serve did not start")
+
+    def post(self, path: str, body: dict | None) -> tuple[int, dict]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=3600)
+        try:
+            conn.request("POST" if body is not None else "GET", path, body=json.dumps(body) if body else None,
+                         headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            return resp.status, json.loads(resp.read() or b"{}")
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=120)
+
+
+def take_turns(server: Server, openings: list[list[dict]], turns: int, max_tokens: int) -> list[dict]:
+    """Conversations alternating, `turns` each: per request its conversation, turn, answer and timings."""
+    history = [list(messages) for messages in openings]
+    results = []
+    for turn in range(turns):
+        for c, messages in enumerate(history):
+            if turn > 0:
+                messages.append({"role": "user", "content": FOLLOW_UPS[(turn - 1) % len(FOLLOW_UPS)]})
+            status, answer = server.post("/v1/chat/completions", {
+                "messages": messages, "max_tokens": max_tokens, "temperature": 0})
+            if status != 200:
+                sys.exit(f"request failed ({status}): {answer}")
+            text = answer["choices"][0]["message"]["content"]
+            messages.append({"role": "assistant", "content": text})
+            results.append({"conversation": "AB"[c] if len(history) == 2 else str(c), "turn": turn + 1,
+                            "text": text, "prompt_tokens": answer["usage"]["prompt_tokens"], **answer["timings"]})
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-m", "--model", help="target model (default: the registry's default pair)")
+    parser.add_argument("--turns", type=int, default=4, help="turns per conversation (default 4)")
+    parser.add_argument("--max-tokens", type=int, default=96, help="tokens per answer (default 96)")
+    parser.add_argument("--cache-ram", type=int, default=8192, help="MiB for the cached run (default 8192)")
+    parser.add_argument("--conversations", default="rag-json,rag-heapq", help="dev.jsonl ids, comma-separated")
+    args, extra = parser.parse_known_args()
+    extra = [a for a in extra if a != "--"]
+    openings = first_turns(args.conversations.split(","))
+    flags = [*(["-m", args.model] if args.model else []), "-c", "8192", *extra]
+    runs, saved = {}, []
+    with tempfile.TemporaryDirectory() as tmp:
+        for budget in (0, args.cache_ram):
+            server = Server([*flags, "--cache-ram", str(budget)], Path(tmp) / f"serve-{budget}.log")
+            try:
+                runs[budget] = take_turns(server, openings, args.turns, args.max_tokens)
+            finally:
+                server.close()
+            if budget:
+                saved = re.findall(r"cache-ram: saved (\d+) tokens \(([\d.]+) MiB\)", server.log.read_text())
+    plain, cached = runs[0], runs[args.cache_ram]
+    print(f"speculate serve {' '.join(flags)}: {len(openings)} conversations ({args.conversations}) taking "
+          f"turns, {args.turns} turns each, {args.max_tokens} tokens per answer, greedy")
+    print(f"{'turn':>5} {'prompt':>7} | {'--cache-ram 0':^23} | {f'--cache-ram {args.cache_ram}':^23} | "
+          f"{'speed-up':>8} {'answer':>9}")
+    print(f"{'':>5} {'tokens':>7} | {'cache_n':>9} {'prompt_ms':>13} | {'cache_n':>9} {'prompt_ms':>13} |")
+    for p, c in zip(plain, cached):
+        same = "same" if p["text"] == c["text"] else "DIFFERENT"
+        print(f"{c['conversation'] + str(c['turn']):>5} {c['prompt_tokens']:7d} | {p['cache_n']:9d} "
+              f"{p['prompt_ms']:13.1f} | {c['cache_n']:9d} {c['prompt_ms']:13.1f} | "
+              f"{p['prompt_ms'] / c['prompt_ms']:7.1f}x {same:>9}")
+    total = [sum(r["prompt_ms"] for r in run) for run in (plain, cached)]
+    print(f"total prompt_ms: {total[0]:.1f} without, {total[1]:.1f} with ({total[0] / total[1]:.1f}x); "
+          f"prompt tokens processed: {sum(r['prompt_n'] for r in plain)} without, "
+          f"{sum(r['prompt_n'] for r in cached)} with")
+    if saved:
+        per_token = sum(float(mib) for _, mib in saved) / sum(int(n) for n, _ in saved) * 1024
+        print(f"states saved: {len(saved)}, {per_token:.1f} KiB per token (all models' caches together)")
+    identical = all(p["text"] == c["text"] for p, c in zip(plain, cached))
+    print("answers with --cache-ram: " + ("identical to those without it" if identical else "DIFFERENT"))
+    return 0 if identical else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
