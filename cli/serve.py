@@ -45,10 +45,14 @@ def serve_command(
         help="Host memory for earlier conversations' caches (llama-server's prompt cache): a request that "
              "does not continue the cached one saves it there, and restores the saved one sharing the "
              "longest prefix with it; least recently used go first. 0: off; -1: no limit."),
+    metrics: bool = typer.Option(
+        False, "--metrics", rich_help_panel=N,
+        help="Serve GET /metrics (Prometheus text), as llama-server's --metrics does."),
 ) -> None:
-    """Serve the models over an OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions
-    (streamed or not), /v1/models and /health. One generation runs at a time; Ctrl-C or SIGTERM
-    stops the server (exit 0)."""
+    """Serve the models over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions,
+    streamed or not, /v1/models) and llama-server's own endpoints for editors (/completion,
+    /infill, /tokenize, /detokenize, /props, /health, and /metrics with --metrics). One generation
+    runs at a time; Ctrl-C or SIGTERM stops the server (exit 0)."""
     from speculative import server  # the web stack: imported by this command only (start-up time)
     from speculative.serving import Worker
 
@@ -67,14 +71,31 @@ def serve_command(
         engine.make_drafter(spec)  # auto measures its costs now rather than in the first request
         model_info = {"id": target.name, "created": int(time.time()),
                       "meta": {"n_ctx": engine.target.n_ctx, "draft": draft.name if draft else None,
-                               "spec_type": ",".join(spec.types)}}
+                               "spec_type": ",".join(spec.types)},
+                      # for /props only
+                      "path": str(target.path), "bos_token": engine.target.special_text("bos"),
+                      "eos_token": engine.target.special_text("eos")}
         with Worker(engine, spec, waiting=parallel, timeout=timeout) as worker:
-            app = server.create_app(worker, model_info, api_key, loopback_only=server.is_loopback(host))
+            app = server.create_app(worker, model_info, api_key, loopback_only=server.is_loopback(host),
+                                    metrics=metrics, build_info=build_info())
             where = sock.getsockname()
             print(f"speculate serve: {target.name}" + (f" with draft {draft.name}" if draft else "")
                   + f", --spec-type {','.join(spec.types)}, on http://{_url_host(host)}:{where[1]}/v1 "
                   + ("(API key required)" if api_key else "(no API key)"), file=sys.stderr, flush=True)
             server.run(app, worker, sock)
+
+
+def build_info() -> str:
+    """What /props reports as the build: speculate's and llama-cpp-python's versions."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from speculative.llamacpp import bindings_version
+
+    try:
+        own = version("speculate")
+    except PackageNotFoundError:
+        own = "unknown"
+    return f"speculate {own}, llama-cpp-python {bindings_version()}"
 
 
 def _bind(host: str, port: int) -> socket.socket:

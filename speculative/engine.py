@@ -156,15 +156,16 @@ class Engine:
         banned = self.target.eog_tokens() if spec.ignore_eos else None
         draft_sampler = None  # the draft model or MTP head samples its drafts for speculative sampling
         if (self.draft is not None or self.mtp is not None) and rule == "rejection":
+            drafting = self.draft or self.target
             draft_sampler = Sampler(sampling, (seed + DRAFT_SEED_OFFSET) % 2**32,
-                                    (self.draft or self.target).eog_tokens() if spec.ignore_eos else None)
+                                    drafting.eog_tokens() if spec.ignore_eos else None, drafting)
         self.drafter = self.make_drafter(spec, draft_sampler)  # may calibrate, which uses the caches
         restored = self._restore_pending
         t_restore = self._restore_prompt_cache() if restored else 0.0
         t_swap = self._swap_ram_cache(prompt) if self.ram_cache is not None else 0.0
         context = list(prompt)
         try:
-            for event in generate(self.caches["target"], prompt, Sampler(sampling, seed, banned), spec,
+            for event in generate(self.caches["target"], prompt, Sampler(sampling, seed, banned, self.target), spec,
                                   self.drafter):
                 if isinstance(event, Token):
                     context.append(event.id)
@@ -182,6 +183,14 @@ class Engine:
                 self._costs.pop("target", None)
             if self.pool is not None and self.learn:
                 self.pool.add(context[len(prompt):])
+
+    def forget(self) -> None:
+        """Empty the caches: the next run processes its whole prompt (llama-server's
+        `cache_prompt: false`)."""
+        for cache in self.caches.values():
+            cache.forget()
+        if self.mtp is not None:
+            self.mtp.forget()
 
     def notes(self) -> list[str]:
         """What the latest run's drafter has to say about it (why auto declined a drafter)."""

@@ -34,7 +34,7 @@ class ApiError(Exception):
 
     TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
              405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
-             500: "server_error", 503: "unavailable_error"}
+             500: "server_error", 501: "not_supported_error", 503: "unavailable_error"}
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
@@ -46,6 +46,13 @@ class ApiError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "invalid_request_error"),
                           "param": self.param, "code": self.code}}
+
+    def llama_body(self) -> dict:
+        """The error as llama-server's own endpoints give it (format_error_response): the HTTP
+        status as `code`, and exceed_context_size_error for a prompt the context cannot hold."""
+        kind = ("exceed_context_size_error" if self.code == "context_length_exceeded"
+                else self.TYPES.get(self.status, "invalid_request_error"))
+        return {"error": {"code": self.status, "message": self.message, "type": kind}}
 
 
 class Busy(ApiError):
@@ -139,6 +146,11 @@ class Generation:
     stops: tuple[str, ...]
     ignore_eos: bool
     stream: bool
+    # llama-server's own endpoints (llama_api.py):
+    tokens: tuple[int, ...] | None = None  # the prompt as tokens, used as they are
+    n_indent: int = 0                      # text.LineLimits
+    t_max_predict_ms: int = 0              # text.LineLimits (0 or less: none)
+    cache_prompt: bool = True              # False: the caches start empty
 
 
 def parse(data: object, chat: bool) -> Generation:

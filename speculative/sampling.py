@@ -5,7 +5,8 @@ that order over the candidate set, then one token is drawn from what is left
 (llama.cpp's `dist` sampler). A temperature of 0 or less is greedy (argmax).
 
 Letters, as in llama.cpp: e penalties, d dry, s top-n-sigma, k top-k, y typical,
-p top-p, m min-p, x xtc, t temperature. d, s and x have no flags here; they are
+p top-p, m min-p, x xtc, t temperature, i infill (llama-server's fill-in-the-middle
+filter, which llama.vim and llama.vscode ask for). d, s and x have no flags here; they are
 accepted so llama.cpp's default sequence works, and do nothing, exactly as in
 llama.cpp at their default parameters.
 
@@ -16,7 +17,7 @@ its own history. As in llama.cpp they apply with --temp 0 too.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -102,13 +103,64 @@ def typical(ids: np.ndarray, logits: np.ndarray, p: float) -> tuple[np.ndarray, 
     return ids[keep], logits[keep]
 
 
-class Sampler:
-    """One model's sampler: settings, a seeded generator, and banned tokens."""
+class Vocab(Protocol):
+    """What the infill sampler reads of a model's vocabulary (llamacpp.LlamaModel)."""
 
-    def __init__(self, settings: SamplerSettings, seed: int, banned: np.ndarray | None = None):
+    def is_eog(self, token: int) -> bool: ...
+    def token_bytes(self, token: int, special: bool = True) -> bytes: ...
+    def end_token(self) -> int: ...
+
+
+def infill(ids: np.ndarray, logits: np.ndarray, vocab: Vocab) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's infill sampler (llama_sampler_infill_apply), for fill-in-the-middle: when
+    end-of-generation tokens weigh enough (3 x their probability x the candidates > the rest),
+    only they remain; otherwise a token whose text begins another's takes that one's
+    probability (the less likely of the two goes), tokens below 0.2 go, then those below
+    1 / (n + 1) of what is left (n: the tokens left that are not end-of-generation); with none
+    left, end of turn alone. As in llama.cpp, the survivors keep their own logits: the final
+    draw (or argmax) is over those, not over the merged probabilities."""
+    order = np.argsort(-logits, kind="stable")
+    ids, logits = ids[order], logits[order]
+    p = softmax(logits)
+    eog = np.array([vocab.is_eog(int(t)) for t in ids], dtype=bool)
+    if 3 * p[eog].sum() * len(ids) > p[~eog].sum():
+        return ids[eog], logits[eog]
+    alive = np.isfinite(logits)
+    pieces = [vocab.token_bytes(int(t), special=False) for t in ids]
+    for i0 in range(len(ids)):
+        for i1 in range(len(ids)):
+            if not alive[i0]:
+                break
+            if i0 == i1 or not alive[i1]:
+                continue
+            a, b = pieces[i0], pieces[i1]
+            if a and len(a) <= len(b) and b.startswith(a):
+                dst, src = (i1, i0) if p[i1] > p[i0] else (i0, i1)
+                p[dst] += p[src]
+                p[src] = 0.0
+                alive[src] = False
+    keep = alive & ((p >= 0.2) | eog)
+    n_text = int((keep & ~eog).sum())
+    if n_text == 0:
+        return np.array([vocab.end_token()]), np.zeros(1, dtype=np.float32)
+    q = np.where(keep, p, 0.0)
+    q /= q.sum()
+    keep &= (q >= 1.0 / (n_text + 1)) | eog
+    return ids[keep], logits[keep]
+
+
+class Sampler:
+    """One model's sampler: settings, a seeded generator, and banned tokens. `vocab`: the
+    model's, needed by the infill sampler (letter i) only."""
+
+    def __init__(self, settings: SamplerSettings, seed: int, banned: np.ndarray | None = None,
+                 vocab: Vocab | None = None):
         self.settings = settings
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.banned = banned if banned is not None and len(banned) else None
+        self.vocab = vocab
+        if "i" in settings.sequence and vocab is None:
+            raise ValueError("the infill sampler needs the model's vocabulary")
 
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         """Draw a token from one row of logits, which followed `history` (needed only
@@ -123,6 +175,9 @@ class Sampler:
         modified in place."""
         if self.banned is not None:
             logits[self.banned] = -np.inf
+        if self.settings.greedy and "i" in self.settings.sequence:  # argmax of what infill leaves
+            ids, z = self.candidates(logits, history)
+            return one_hot(int(ids[int(np.argmax(z))]))
         if self.settings.greedy:
             if self.settings.penalties:
                 _, z = penalize(np.arange(len(logits)), logits, history, self.settings)
@@ -147,7 +202,9 @@ class Sampler:
                 ids, z = top_p(ids, z, s.top_p)
             elif letter == "m":
                 ids, z = min_p(ids, z, s.min_p)
-            elif letter == "t":
+            elif letter == "i":
+                ids, z = infill(ids, z, self.vocab)
+            elif letter == "t" and s.temp > 0:
                 z = z / s.temp
         finite = np.isfinite(z)
         if not finite.all():

@@ -1,14 +1,17 @@
-"""The HTTP side of `speculate serve`: an OpenAI-compatible API on FastAPI, run by uvicorn.
+"""The HTTP side of `speculate serve`: an OpenAI-compatible API and llama-server's own
+endpoints, on FastAPI, run by uvicorn.
 
-Endpoints: GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions
-(with "stream": true, server-sent events: one chunk per step, then `data: [DONE]`).
+OpenAI's: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (with "stream":
+true, server-sent events: one chunk per step, then `data: [DONE]`). llama-server's
+(llama_api.py): POST /completion (and /completions), POST /infill, POST /tokenize,
+POST /detokenize, GET /props, GET /metrics (with --metrics), GET /health and /v1/health.
 
 What a request must get past, in order (`Guard`, then `read_json`): a Host header naming
 this machine when the server listens on loopback only (a web page that rebinds its own
 domain to 127.0.0.1 cannot use it); the API key, if one is set, on every path but
 /health; a JSON body (Content-Type application/json, which a web page cannot send
 cross-origin without a CORS preflight this server never grants) of at most MAX_BODY
-bytes. Errors are OpenAI error objects.
+bytes. Errors are OpenAI error objects, and llama-server's on its own endpoints.
 """
 
 from __future__ import annotations
@@ -25,44 +28,81 @@ import time
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from . import openai_api
-from .openai_api import ApiError, Busy, Reply
+from . import llama_api, openai_api
+from .openai_api import ApiError, Busy, Generation, Reply
 from .serving import Failed, Job, Worker
 from .stream import Final, Piece
 
 MAX_BODY = 8 << 20        # bytes: a full 128k-token context as JSON-escaped text fits
 RETRY_AFTER_SECONDS = 1   # what a refused client is told to wait
+OPEN_PATHS = ("/health", "/v1/health")  # no API key needed, as in llama-server
+# llama-server's own endpoints: their errors are llama-server's error objects
+LLAMA_PATHS = ("/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/props", "/metrics",
+               *OPEN_PATHS)
 
 
-def create_app(worker: Worker, model: dict, api_key: str | None, loopback_only: bool) -> FastAPI:
-    """`model`: what /v1/models says about the one model served (`id` is its name)."""
+def create_app(worker: Worker, model: dict, api_key: str | None, loopback_only: bool,
+               metrics: bool = False, build_info: str = "") -> FastAPI:
+    """`model`: what /v1/models says about the one model served (`id` is its name; `path`,
+    `bos_token` and `eos_token` for /props). `metrics`: serve /metrics (llama-server's --metrics)."""
     app = FastAPI(title="speculate", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(Guard, api_key=api_key, loopback_only=loopback_only)
+    vocab = worker.engine.target  # read-only: tokenizing beside a generation is safe (llama-server does it too)
+    listed = {k: v for k, v in model.items() if k in ("id", "created", "meta")}
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError) -> JSONResponse:
-        return error_response(e)
+        return error_response(e, request.url.path in LLAMA_PATHS)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:  # unknown path, wrong method
-        return error_response(ApiError(e.status_code, str(e.detail)))
+        return error_response(ApiError(e.status_code, str(e.detail)), request.url.path in LLAMA_PATHS)
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, e: Exception) -> JSONResponse:
-        return error_response(ApiError(500, f"internal error: {type(e).__name__}"))
+        return error_response(ApiError(500, f"internal error: {type(e).__name__}"), request.url.path in LLAMA_PATHS)
 
     @app.get("/health")
+    @app.get("/v1/health")
     async def health() -> dict:
         return {"status": "ok"}
 
+    @app.post("/completion")
+    @app.post("/completions")
+    async def completion(request: Request):
+        return await _llama_generate(request, worker, model, llama_api.completion_prompt)
+
+    @app.post("/infill")
+    async def infill(request: Request):
+        return await _llama_generate(request, worker, model, llama_api.infill_prompt)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict:
+        return await asyncio.to_thread(llama_api.tokenize, vocab, await read_json(request))
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict:
+        return await asyncio.to_thread(llama_api.detokenize, vocab, await read_json(request))
+
+    @app.get("/props")
+    async def props() -> dict:
+        return llama_api.props(vocab, model, vocab.chat_template() or "", build_info, metrics)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        if not metrics:
+            raise ApiError(501, "This server does not support metrics endpoint. Start it with `--metrics`")
+        return Response(llama_api.prometheus(*worker.metrics()), media_type="text/plain; version=0.0.4",
+                        headers={"Process-Start-Time-Unix": str(int(worker.started_at))})
+
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"object": "model", "owned_by": "speculate", **model}]}
+        return {"object": "list", "data": [{"object": "model", "owned_by": "speculate", **listed}]}
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -75,17 +115,36 @@ def create_app(worker: Worker, model: dict, api_key: str | None, loopback_only: 
     return app
 
 
-def error_response(e: ApiError) -> JSONResponse:
+def error_response(e: ApiError, llama: bool = False) -> JSONResponse:
+    """`llama`: as llama-server's own endpoints give errors, else as OpenAI's API."""
     headers = {}
     if isinstance(e, Busy):
         headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
     elif e.status == 401:
         headers["WWW-Authenticate"] = "Bearer"
-    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+    return JSONResponse(e.llama_body() if llama else e.body(), status_code=e.status, headers=headers)
 
 
 async def _generate(request: Request, worker: Worker, model: str, chat: bool):
     generation = openai_api.parse(await read_json(request), chat)
+    reply = Reply(model, chat)
+    return await _answer(request, worker, generation, lambda final: reply.full(final.text, final.reason, final.stats),
+                         lambda job: _openai_events(job, reply))
+
+
+async def _llama_generate(request: Request, worker: Worker, model: dict, prompt_of):
+    """/completion or /infill: `prompt_of(vocab, body)` gives the prompt's tokens."""
+    vocab = worker.engine.target
+    data = await read_json(request)
+    tokens = await asyncio.to_thread(prompt_of, vocab, data)
+    generation, options = llama_api.parse(data, tokens, model["meta"]["spec_type"])
+    reply = llama_api.Reply(model["id"], options, tokens, lambda: llama_api.text_of(vocab, tokens), vocab.n_ctx)
+    return await _answer(request, worker, generation, reply.final, lambda job: _llama_events(job, reply))
+
+
+async def _answer(request: Request, worker: Worker, generation: Generation, whole, events):
+    """Run a generation: `whole(final)` is the answer, or with "stream": true `events(job)`
+    the server-sent events."""
     job = worker.submit(generation)
     watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
     stream = None  # once it exists, it owns the job
@@ -96,14 +155,13 @@ async def _generate(request: Request, worker: Worker, model: str, chat: bool):
             raise Busy(f"the models were not free within --timeout ({worker.timeout:g} s)") from None
         if isinstance(first, Failed):
             raise _error(first)
-        reply = Reply(model, chat)
         if generation.stream:
-            stream = EventStream(job, reply)
+            stream = EventStream(job, events(job))
             return stream
         while not isinstance(output := await job.next(), Final):  # Final carries the whole text
             if isinstance(output, Failed):
                 raise _error(output)
-        return JSONResponse(reply.full(output.text, output.reason, output.stats))
+        return JSONResponse(whole(output))
     finally:
         watcher.cancel()  # a streaming response watches for the client itself
         if stream is None:
@@ -111,12 +169,11 @@ async def _generate(request: Request, worker: Worker, model: str, chat: bool):
 
 
 class EventStream(StreamingResponse):
-    """Server-sent events: a chunk per piece, the last with usage and timings, then [DONE].
-    However the response ends (the client may have gone before the first byte), the
-    generation stops with it."""
+    """Server-sent events. However the response ends (the client may have gone before the
+    first byte), the generation stops with it."""
 
-    def __init__(self, job: Job, reply: Reply):
-        super().__init__(self._events(job, reply), media_type="text/event-stream",
+    def __init__(self, job: Job, events):
+        super().__init__(events, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self.job = job
 
@@ -126,21 +183,38 @@ class EventStream(StreamingResponse):
         finally:
             self.job.cancel()
 
-    @staticmethod
-    async def _events(job: Job, reply: Reply):
-        if (first := reply.first_chunk()) is not None:
-            yield _event(first)
-        while True:
-            output = await job.next()
-            if isinstance(output, Piece):
-                yield _event(reply.chunk(output.text))
-            elif isinstance(output, Final):
-                yield _event(reply.last_chunk(output.reason, output.stats))
-                yield "data: [DONE]\n\n"
-                return
-            elif isinstance(output, Failed):  # the status line has gone: the error is an event
-                yield _event(_error(output).body())
-                return
+
+
+async def _openai_events(job: Job, reply: Reply):
+    """OpenAI's stream: a chunk per piece, the last with usage and timings, then [DONE]."""
+    if (first := reply.first_chunk()) is not None:
+        yield _event(first)
+    while True:
+        output = await job.next()
+        if isinstance(output, Piece):
+            yield _event(reply.chunk(output.text))
+        elif isinstance(output, Final):
+            yield _event(reply.last_chunk(output.reason, output.stats))
+            yield "data: [DONE]\n\n"
+            return
+        elif isinstance(output, Failed):  # the status line has gone: the error is an event
+            yield _event(_error(output).body())
+            return
+
+
+async def _llama_events(job: Job, reply: llama_api.Reply):
+    """llama-server's stream: a chunk per piece (per step here, per token there), then the
+    final result; no [DONE]."""
+    while True:
+        output = await job.next()
+        if isinstance(output, Piece):
+            yield _event(reply.chunk(output))
+        elif isinstance(output, Final):
+            yield _event(reply.final(output))
+            return
+        elif isinstance(output, Failed):
+            yield _event(_error(output).llama_body())
+            return
 
 
 def _event(obj: dict) -> str:
@@ -197,11 +271,11 @@ class Guard:
             error = None
             if self.loopback_only and not _is_local_host(headers.get("host")):
                 error = ApiError(400, "this server answers requests for localhost only (Host header)")
-            elif self.key_digest and scope["path"] != "/health" and not hmac.compare_digest(
+            elif self.key_digest and scope["path"] not in OPEN_PATHS and not hmac.compare_digest(
                     _digest(headers.get("authorization", "")), self.key_digest):
                 error = ApiError(401, "a valid API key is needed: Authorization: Bearer KEY")
             if error is not None:
-                await error_response(error)(scope, receive, send)
+                await error_response(error, scope["path"] in LLAMA_PATHS)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

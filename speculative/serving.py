@@ -27,7 +27,9 @@ from .engine import Engine
 from .errors import ModelError
 from .openai_api import ApiError, Busy, Generation
 from .settings import SpecSettings
+from .stats import Stats
 from .stream import Final, Piece, Stream
+from .text import LineLimits
 
 log = logging.getLogger("speculate.serve")
 
@@ -47,7 +49,14 @@ Output = Union[Started, Piece, Final, Failed]  # Piece and Final: stream.py's
 
 def prompt_tokens(engine: Engine, generation: Generation) -> list[int]:
     """The prompt as tokens, checked against the context (ApiError 400 when it cannot run)."""
-    if generation.chat:
+    if generation.tokens is not None:  # llama-server's endpoints
+        tokens = list(generation.tokens)
+        n_vocab = engine.target.n_vocab
+        if any(not 0 <= t < n_vocab for t in tokens):
+            bad = next(t for t in tokens if not 0 <= t < n_vocab)
+            raise ApiError(400, f"the prompt has the token {bad}, outside this model's vocabulary "
+                                f"(0 to {n_vocab - 1})", param="prompt")
+    elif generation.chat:
         if not engine.target.chat_template():
             raise ApiError(400, f"{engine.target.name} has no chat template: use /v1/completions")
         try:
@@ -60,7 +69,8 @@ def prompt_tokens(engine: Engine, generation: Generation) -> list[int]:
     if len(tokens) >= n_ctx:
         raise ApiError(400, f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}, "
                             "leaving no room to generate", code="context_length_exceeded")
-    if generation.max_tokens is not None and generation.max_tokens > n_ctx - len(tokens):
+    # llama-server's own endpoints stop at a full context instead (its `truncated`)
+    if generation.tokens is None and generation.max_tokens is not None and generation.max_tokens > n_ctx - len(tokens):
         raise ApiError(400, f"max_tokens ({generation.max_tokens}) is more than the {n_ctx - len(tokens)} "
                             f"tokens the context leaves after the prompt's {len(tokens)}",
                        param="max_tokens", code="context_length_exceeded")
@@ -75,8 +85,16 @@ def generate(engine: Engine, generation: Generation, spec: SpecSettings,
     tokens = prompt_tokens(engine, generation)
     spec = dataclasses.replace(spec, n_predict=generation.max_tokens or -1, ignore_eos=generation.ignore_eos)
     yield Started()
+    if not tokens:  # llama-server answers an empty prompt with an empty answer
+        yield Final("none", "", "", [], Stats(), [])
+        return
+    if not generation.cache_prompt:
+        engine.forget()
+    limits = None
+    if generation.n_indent > 0 or generation.t_max_predict_ms > 0:
+        limits = LineLimits(generation.n_indent, generation.t_max_predict_ms / 1000)
     stream = Stream(engine, tokens, generation.sampling, spec, generation.sampling.resolved_seed(),
-                    generation.stops, should_stop)
+                    generation.stops, should_stop, limits)
     reason = None
     try:
         for piece in stream:
@@ -84,7 +102,7 @@ def generate(engine: Engine, generation: Generation, spec: SpecSettings,
                 yield piece
     except interrupt.Cancelled:  # llama.cpp stopped in the middle of a batch (a long prompt)
         reason = should_stop() or "cancelled"
-    final = stream.end(reason)
+    final = dataclasses.replace(stream.end(reason), n_kept=len(engine.caches["target"]))
     if final.tail:
         yield Piece(((final.tail, False),))
     yield final
@@ -128,6 +146,41 @@ class Job:
             pass
 
 
+@dataclass
+class Metrics:
+    """What /metrics reports: totals since the start, and a window of speeds that each
+    scrape reads and restarts (llama-server's buckets)."""
+    requests: int = 0           # generations finished (cancelled and cut-off ones included)
+    refused: int = 0            # requests refused because the queue was full (503)
+    prompt_tokens: int = 0      # prompt tokens processed (those kept in the cache not counted)
+    prompt_cached: int = 0      # prompt tokens kept in the cache
+    prompt_seconds: float = 0.0
+    predicted: int = 0          # generated tokens
+    predicted_seconds: float = 0.0
+    drafted: int = 0            # drafted tokens verified
+    accepted: int = 0           # drafted tokens accepted
+    draft_steps: int = 0        # steps that verified a draft
+    steps: int = 0              # target passes after the prompt
+    n_tokens_max: int = 0       # longest prompt + generation
+    window: list[float] = dataclasses.field(default_factory=lambda: [0, 0.0, 0, 0.0])  # prompt n, s; predicted n, s
+
+    def add(self, stats: Stats) -> None:
+        processed = stats.n_prompt - stats.n_cached
+        self.requests += 1
+        self.prompt_tokens += processed
+        self.prompt_cached += stats.n_cached
+        self.prompt_seconds += stats.t_encode
+        self.predicted += stats.n_predict
+        self.predicted_seconds += stats.t_decode
+        self.drafted += stats.n_drafted
+        self.accepted += stats.n_accept
+        self.draft_steps += stats.n_draft_steps
+        self.steps += stats.n_steps
+        self.n_tokens_max = max(self.n_tokens_max, stats.n_prompt + stats.n_predict)
+        self.window = [self.window[0] + processed, self.window[1] + stats.t_encode,
+                       self.window[2] + stats.n_predict, self.window[3] + stats.t_decode]
+
+
 class Worker:
     """The engine's only user: generations run on one thread, one at a time, in order."""
 
@@ -140,12 +193,16 @@ class Worker:
         self._jobs: set[Job] = set()
         self._lock = threading.Lock()
         self._draining = threading.Event()
+        self._metrics = Metrics()
+        self.started_at = time.time()
 
     def submit(self, generation: Generation) -> Job:
         """Queue a request (from the event loop), or refuse it with Busy when the queue is full."""
         if self._draining.is_set():
             raise Busy("the server is shutting down")
         if not self._slots.acquire(blocking=False):
+            with self._lock:
+                self._metrics.refused += 1
             raise Busy("the server is busy: every place in the queue is taken (see --parallel)")
         job = Job(generation, time.monotonic() + self.timeout)
         with self._lock:
@@ -164,6 +221,8 @@ class Worker:
                     job.post(output)
                     if isinstance(output, Final):
                         _log(job.generation, output)
+                        with self._lock:
+                            self._metrics.add(output.stats)
         except ApiError as e:
             job.post(Failed(e))
         except Exception as e:  # a decode failure or a bug: this request fails, the server stays up
@@ -173,6 +232,15 @@ class Worker:
             with self._lock:
                 self._jobs.discard(job)
             self._slots.release()
+
+    def metrics(self) -> tuple[Metrics, int, int]:
+        """A copy of the metrics, and the requests generating and waiting now; the speed
+        window starts again."""
+        with self._lock:
+            copy = dataclasses.replace(self._metrics, window=list(self._metrics.window))
+            self._metrics.window = [0, 0.0, 0, 0.0]
+            running = sum(job.started for job in self._jobs)
+            return copy, running, len(self._jobs) - running
 
     def drain(self, grace: float) -> None:
         """The server is stopping: waiting requests are refused now, and the running

@@ -17,7 +17,7 @@ from .errors import GenerationError, UsageError
 
 DEFAULT_SEQUENCE = "edskypmxt"
 ACTIVE_SAMPLERS = {"e": "penalties", "k": "top-k", "y": "typical", "p": "top-p", "m": "min-p",
-                   "t": "temperature"}
+                   "t": "temperature", "i": "infill"}
 NEUTRAL_SAMPLERS = {"d": "dry", "s": "top-n-sigma", "x": "xtc"}
 
 

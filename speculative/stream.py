@@ -22,7 +22,7 @@ from .engine import Engine
 from .events import Done, Step, Token
 from .settings import SamplerSettings, SpecSettings
 from .stats import Stats
-from .text import StopFilter, TextStream
+from .text import LineLimits, StopFilter, TextStream
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class Piece:
     and possible stop strings wait for later tokens, so some are '') and whether it was
     an accepted drafted token."""
     parts: tuple[tuple[str, bool], ...]
+    ids: tuple[int, ...] = ()  # the tokens of these parts
 
     @property
     def text(self) -> str:
@@ -45,6 +46,8 @@ class Final:
     tokens: list[int]    # every generated token (up to a stop string)
     stats: Stats
     notes: list[str]     # what the drafter has to say (auto's declines)
+    stop_word: str = ""  # the stop string that ended the text, if one did
+    n_kept: int = 0      # tokens the target's cache holds after the run (set by serving.generate)
 
 
 class Stream:
@@ -53,13 +56,15 @@ class Stream:
     a reason it returns ends the run there."""
 
     def __init__(self, engine: Engine, prompt: list[int], sampling: SamplerSettings, spec: SpecSettings,
-                 seed: int, stops: Sequence[str] = (), should_stop: Callable[[], str | None] | None = None):
+                 seed: int, stops: Sequence[str] = (), should_stop: Callable[[], str | None] | None = None,
+                 limits: LineLimits | None = None):
         self.engine = engine
         self.stats = Stats(t_load=engine.t_load)
         self.tokens: list[int] = []
         self._events = engine.run(prompt, sampling, spec, seed)
         self._text = TextStream(engine.target.token_bytes)
         self._stops = StopFilter(stops)
+        self._limits = limits  # llama-server's n_indent and t_max_predict_ms, after the stop strings
         self._should_stop = should_stop or (lambda: None)
         self._shown: list[str] = []
         self._reason: str | None = None
@@ -81,10 +86,10 @@ class Stream:
             if isinstance(event, Token):
                 parts.append(self._push(event))
                 left -= 1
-                if left and not self._stops.stopped:
+                if left and not self._stopped:
                     continue  # the rest of the step follows at once
                 yield self._piece(parts)
-                if self._stops.stopped:
+                if self._stopped:
                     return
             else:  # Prefilled or PromptCache: the prompt is in, generation starts
                 self._started = (time.perf_counter(), self.engine.busy_seconds())
@@ -94,10 +99,17 @@ class Stream:
 
     def _push(self, token: Token) -> tuple[str, bool]:
         self.tokens.append(token.id)
-        return self._stops.push(self._text.push(token.id)), token.from_draft
+        return self._limit(self._stops.push(self._text.push(token.id))), token.from_draft
+
+    def _limit(self, text: str) -> str:
+        return text if self._limits is None else self._limits.push(text)
+
+    @property
+    def _stopped(self) -> bool:
+        return self._stops.stopped or (self._limits is not None and self._limits.stopped)
 
     def _piece(self, parts: list[tuple[str, bool]]) -> Piece:
-        piece = Piece(tuple(parts))
+        piece = Piece(tuple(parts), tuple(self.tokens[len(self.tokens) - len(parts):]))
         parts.clear()
         self._shown.append(piece.text)
         return piece
@@ -106,16 +118,20 @@ class Stream:
         """Stop the run (if it has not ended) and settle it: `reason` says why the consumer
         stopped, when it did."""
         self._events.close()
-        tail = "" if self._stops.stopped else self._stops.push(self._text.flush()) + self._stops.flush()
+        tail = "" if self._stopped else self._limit(self._stops.push(self._text.flush()) + self._stops.flush())
+        if self._limits is not None and not self._limits.stopped:
+            tail += self._limits.flush()
         stats = self.stats
         if self._started is not None:
             stats.t_llama = self.engine.busy_seconds() - self._started[1]
             stats.t_plan = self.engine.plan_seconds()
             if stats.finish_reason is None:  # the consumer stopped
                 stats.t_decode = time.perf_counter() - self._started[0]
-        stats.finish_reason = ("stop" if self._stops.stopped else reason or self._reason
+        limited = self._limits is not None and self._limits.stopped
+        stats.finish_reason = ("stop" if self._stops.stopped else "length" if limited else reason or self._reason
                                or stats.finish_reason or "length")
-        return Final(stats.finish_reason, tail, "".join(self._shown) + tail, self.tokens, stats, self.engine.notes())
+        return Final(stats.finish_reason, tail, "".join(self._shown) + tail, self.tokens, stats, self.engine.notes(),
+                     self._stops.found)
 
 
 def complete(engine: Engine, prompt: list[int], sampling: SamplerSettings, spec: SpecSettings, seed: int,

@@ -12,6 +12,7 @@ not shown until the next text says whether it is.
 from __future__ import annotations
 
 import codecs
+import time
 from typing import Callable, Sequence
 
 
@@ -37,16 +38,18 @@ class StopFilter:
         self._stops = [s for s in stops if s]
         self._held = ""
         self.stopped = False
+        self.found = ""  # the stop string found
 
     def push(self, text: str) -> str:
         """The text now known to come before any stop string ('' once one was found)."""
         if self.stopped:
             return ""
         text = self._held + text
-        found = [i for i in (text.find(s) for s in self._stops) if i >= 0]
+        found = [(i, s) for s in self._stops if (i := text.find(s)) >= 0]
         if found:
+            at, self.found = min(found, key=lambda hit: hit[0])
             self.stopped, self._held = True, ""
-            return text[:min(found)]
+            return text[:at]
         n = self._partial(text)
         self._held = text[len(text) - n:]
         return text[:len(text) - n]
@@ -65,3 +68,60 @@ class StopFilter:
                     longest = n
                     break
         return longest
+
+
+class LineLimits:
+    """llama-server's two limits for code completion (`n_indent`, `t_max_predict_ms`), on the
+    text as it is released (after the stop strings):
+
+    - n_indent > 0: a line after the first (which continues the cursor's line) must begin with
+      at least n_indent blanks (spaces or tabs); the first other character of a line that has
+      fewer, a newline included, ends the text there, its blanks kept. Blanks at the start of a
+      line wait until that character shows which it is.
+    - t_max > 0: once t_max seconds have passed since the first token, the text ends with the
+      next token whose text has a newline (that token's whole text included).
+
+    `push` takes one token's text; `stopped` tells when the text has ended.
+    """
+
+    def __init__(self, n_indent: int = 0, t_max: float = 0.0, clock: Callable[[], float] | None = None):
+        self.n_indent = n_indent
+        self.t_max = t_max
+        self._clock = clock or time.monotonic
+        self._t0: float | None = None
+        self._line_start = False  # the first line is not checked
+        self._blanks = ""
+        self.stopped = False
+
+    def push(self, text: str) -> str:
+        if self.stopped:
+            return ""
+        now = self._clock()
+        if self._t0 is None:
+            self._t0 = now
+        out = []
+        for ch in text:
+            if self.n_indent > 0 and self._line_start:
+                if ch in " \t":
+                    self._blanks += ch
+                    continue
+                if len(self._blanks) < self.n_indent:  # llama-server cuts the line after its blanks
+                    self.stopped = True
+                    out.append(self._blanks)
+                    self._blanks = ""
+                    return "".join(out)
+                out.append(self._blanks)
+                self._blanks = ""
+                self._line_start = False
+            out.append(ch)
+            if ch == "\n":
+                self._line_start = True
+        if self.t_max > 0 and "\n" in text and now - self._t0 > self.t_max:
+            self.stopped = True
+            out.append(self.flush())
+        return "".join(out)
+
+    def flush(self) -> str:
+        """Blanks held at the end, which no character followed."""
+        blanks, self._blanks = self._blanks, ""
+        return blanks
