@@ -19,18 +19,13 @@ GGML_CPU_TILED_MM=0 keeps the CPU build batch-invariant (README, "Exactness").
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
-import os
 import re
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from served import Server
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ROOT.parent / "shared" / "prompts" / "dev.jsonl"
@@ -46,47 +41,6 @@ def first_turns(ids: list[str]) -> list[list[dict]]:
     if missing:
         sys.exit(f"{PROMPTS}: no chat prompt with id {', '.join(missing)}")
     return [rows[i]["messages"] for i in ids]
-
-
-class Server:
-    """`speculate serve` on a free port, until closed."""
-
-    def __init__(self, flags: list[str], log: Path):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        speculate = shutil.which("speculate") or str(Path(sys.executable).with_name("speculate"))
-        self.log = log
-        with open(log, "wb") as out:
-            self.proc = subprocess.Popen([speculate, "serve", "--port", str(self.port), *flags], stdout=out,
-                                         stderr=subprocess.STDOUT, env={"GGML_CPU_TILED_MM": "0", **os.environ,
-                                                                        "SPECULATE_API_KEY": ""})
-        deadline = time.monotonic() + 1800  # the default pair may be pulled first
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                sys.exit(f"speculate serve exited {self.proc.returncode}:\n{log.read_text()[-2000:]}")
-            try:
-                if self.post("/health", None)[0] == 200:
-                    return
-            except OSError:
-                time.sleep(0.5)
-        self.close()
-        sys.exit("speculate serve did not start")
-
-    def post(self, path: str, body: dict | None) -> tuple[int, dict]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=3600)
-        try:
-            conn.request("POST" if body is not None else "GET", path, body=json.dumps(body) if body else None,
-                         headers={"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            return resp.status, json.loads(resp.read() or b"{}")
-        finally:
-            conn.close()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=120)
 
 
 def take_turns(server: Server, openings: list[list[dict]], turns: int, max_tokens: int) -> list[dict]:
