@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,21 @@ from speculative.registry import Registry
 # alone; off, the CPU build of scripts/test.sh is batch-invariant (see README). Set
 # before anything loads llama.cpp, and inherited by every `speculate` the tests run.
 os.environ.setdefault("GGML_CPU_TILED_MM", "0")
+
+# The pinned llama-cpp-python's source distribution, which scripts/test.sh keeps: the llama.cpp
+# it vendors is what some tests hold our work against (its n-gram cache code, llama.vim).
+SDIST = Path(__file__).resolve().parent.parent / ".cache" / "sdist" / "llama_cpp_python-0.3.36.tar.gz"
+FETCH_SDIST = ("python -m pip download --no-binary :all: --no-deps llama-cpp-python==0.3.36 -d .cache/sdist "
+               "(scripts/test.sh does it)")
+
+
+def vendored(path: str) -> bytes:
+    """A file of the pinned llama.cpp (`vendor/llama.cpp/PATH` in the sdist)."""
+    if not SDIST.is_file():
+        pytest.fail(f"{SDIST} is missing: run {FETCH_SDIST}")
+    with tarfile.open(SDIST) as tar:
+        return tar.extractfile(f"llama_cpp_python-0.3.36/vendor/llama.cpp/{path}").read()
+
 
 SPECULATE = shutil.which("speculate") or str(Path(sys.executable).with_name("speculate"))
 SMOL = "smollm2-135m-instruct"

@@ -17,7 +17,6 @@ import shutil
 import struct
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +33,7 @@ from speculative.events import Step, Token
 from speculative.loop import generate
 from speculative.sampling import Sampler
 from speculative.settings import NgramModSettings, SamplerSettings, SpecSettings
+from tests.conftest import vendored
 from tests.fakes import FakeBackend, ToyModel, plain_decode
 from tests.llama_ngram_ref import RefMap, RefMod, RefModImpl
 
@@ -437,9 +437,6 @@ def test_unusable_files_are_notices_and_only_a_damaged_dynamic_cache_is_replaced
 
 # -- llama.cpp's own code: the files read both ways --------------------------------------------
 
-SDIST = ROOT / ".cache" / "sdist" / "llama_cpp_python-0.3.36.tar.gz"
-FETCH = ("python -m pip download --no-binary :all: --no-deps llama-cpp-python==0.3.36 -d .cache/sdist "
-         "(scripts/test.sh does it)")
 STUBS = {  # what common/ngram-cache.cpp needs of llama.h, ggml.h, common.h and log.h
     "llama.h": "#pragma once\n#include <cstdint>\n#include <cstdio>\n#include <cstdlib>\n"
                "typedef int32_t llama_token;\n#define LLAMA_TOKEN_NULL -1\n"
@@ -453,18 +450,14 @@ STUBS = {  # what common/ngram-cache.cpp needs of llama.h, ggml.h, common.h and 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory) -> Path:
     """tests/ngram_cache_harness.cpp built against the sdist's common/ngram-cache.cpp."""
-    if not SDIST.is_file():
-        pytest.fail(f"{SDIST} is missing: the llama.cpp cross-check compiles its source; run {FETCH}")
     # $CXX, else what built llama-cpp-python here (CMake finds c++, g++ or clang++)
     compiler = next(filter(None, map(shutil.which, [os.environ.get("CXX") or "g++", "c++", "clang++"])), None)
     if compiler is None:
         pytest.fail("no C++ compiler (g++, or $CXX): install one (apt-get install g++) to build the llama.cpp "
                     "cross-check")
     src = tmp_path_factory.mktemp("ngram-cache-cpp")
-    with tarfile.open(SDIST) as tar:
-        for name in ("ngram-cache.h", "ngram-cache.cpp"):
-            member = tar.getmember(f"llama_cpp_python-0.3.36/vendor/llama.cpp/common/{name}")
-            (src / name).write_bytes(tar.extractfile(member).read())
+    for name in ("ngram-cache.h", "ngram-cache.cpp"):
+        (src / name).write_bytes(vendored(f"common/{name}"))
     for name, text in STUBS.items():
         (src / name).write_text(text)
     binary = src / "harness"

@@ -12,11 +12,10 @@ from __future__ import annotations
 import http.client
 import json
 import re
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import QWEN_DRAFT, SMOL, speculate_json
+from tests.conftest import QWEN_DRAFT, SMOL, speculate_json, vendored
 from tests.test_serve import KEY, Server, start_server, stop_server
 
 pytestmark = pytest.mark.real
@@ -25,7 +24,6 @@ SPEC = ("--spec-type", "ngram-simple", "-c", "4096", "-t", "1")
 
 # llama.vim as vendored in the pinned llama.cpp (llama_cpp_python-0.3.36/vendor/llama.cpp/
 # examples/llama.vim): its default configuration and the body of llama#fim's request, verbatim.
-LLAMA_VIM = Path("/work/src/llama_cpp_python-0.3.36/vendor/llama.cpp/examples/llama.vim")
 VIM_CONFIG = r"""
 let s:default_config = {
     \ 'endpoint':         'http://127.0.0.1:8012/infill',
@@ -110,9 +108,7 @@ def vim_fim_body(lines: list[str], y: int, x: int, chunks: list[dict]) -> dict:
 
 
 def test_the_copied_vimscript_is_the_pinned_llama_vims():
-    if not LLAMA_VIM.exists():
-        pytest.skip(f"{LLAMA_VIM} is not on this machine")
-    text = LLAMA_VIM.read_text()
+    text = vendored("examples/llama.vim").decode()
     for block in (VIM_CONFIG, VIM_FIM_REQUEST, VIM_RING_REQUEST):
         assert block.strip("\n") in text
 
