@@ -51,6 +51,7 @@ CONTINUE_PRIOR = 0.85   # ... and of each later token, given the ones before it
 PRIOR_WEIGHT = 3.0
 DECAY = 0.9                # per step: evidence older than a few dozen tokens fades
 COST_EMA = 0.1             # weight of a new timing in the running costs
+SHAPE_EMA = 0.3            # ... and in a batch size's own correction (rarer: learnt faster)
 MODEL_ACCEPTANCE_CEILING = 0.95
 CAUTION = 0.5  # free drafters bet on their first-token estimate less this many standard deviations
 STALE_BELOW = 0.5  # verifies this much faster than calibrated, over STALE_AFTER steps: the
@@ -158,8 +159,10 @@ class Auto(Drafter):
         self.rewind = rewind  # what drafting costs a target that cannot undo every draft
         self.k_max = k_max
         self.calibrated = np.array([np.inf, *verify_costs], dtype=float)  # v(b) at index b
-        self.speed_factor = 1.0   # how much slower than at calibration the machine runs now
-        self.n_timed = 0          # verifies that updated it
+        self.speed_factor = 1.0   # how much slower than at calibration the machine runs now ...
+        self.n_timed = 0          # (from this many plain decoding steps)
+        self.shape = np.ones(len(self.calibrated))  # ... and each batch size b > 1 on top of that
+        self._shaped = np.arange(len(self.calibrated)) == 1  # sizes timed so far (1: speed_factor's)
         self.draft_cost = {d.name: (draft_costs or {}).get(d.name, 0.0) for d in drafters}
         # per token a draft model must catch up on before drafting (what it did not see)
         self.catchup_cost = {d.name: (catchup_costs or {}).get(d.name, 0.0) for d in drafters}
@@ -183,7 +186,11 @@ class Auto(Drafter):
 
     @property
     def verify(self) -> np.ndarray:
-        return self.calibrated * self.speed_factor
+        """v(b) as it is now: the calibration, scaled by the machine's speed, and by what drafts of
+        each size really cost (sizes not timed yet: as the nearest that were, so that one dear
+        draft makes its neighbours dear too, not one more bet each)."""
+        sizes = np.flatnonzero(self._shaped)
+        return self.calibrated * self.speed_factor * np.interp(np.arange(len(self.shape)), sizes, self.shape[sizes])
 
     def prefill(self, prompt: Sequence[int]) -> None:
         for d in self.drafters:
@@ -277,10 +284,13 @@ class Auto(Drafter):
         drafted, m, source = outcome.draft.tokens, outcome.n_accepted, outcome.draft.source
         b = len(drafted) + 1
         checkpointed = self.rewind is not None and len(drafted) > self.rewind.limit  # not a plain verify
-        if b < len(self.calibrated) and not checkpointed:
-            ratio = outcome.t_verify / self.calibrated[b]
-            self.speed_factor += COST_EMA * (ratio - self.speed_factor)
+        if b == 1:  # plain decoding, most steps: how fast the machine runs now
+            self.speed_factor += COST_EMA * (outcome.t_verify / self.calibrated[1] - self.speed_factor)
             self.n_timed += 1
+        elif b < len(self.calibrated) and not checkpointed:  # a draft: what its size really costs
+            ratio = outcome.t_verify / (self.calibrated[b] * self.speed_factor)
+            self.shape[b] += SHAPE_EMA * (ratio - self.shape[b])
+            self._shaped[b] = True
         model = next((d for d in self.drafters if d.name == source and not d.free), None)
         if drafted and model is not None:
             self.estimates(model, outcome.draft.kind).observe_draft(len(drafted), m)

@@ -210,6 +210,18 @@ def test_a_calibration_measured_under_load_is_noticed():
     assert not auto.calibration_stale() and auto.speed_factor == pytest.approx(4.0, rel=0.05)
 
 
+def test_auto_learns_what_each_draft_size_really_costs():
+    """A calibration that makes drafts look cheap (measured on a short context, or in a busy
+    moment) is corrected by the drafts' own verify times: auto stops drafting."""
+    model = cyclic_model()
+    real = [1e-3] + [12e-3] * 8  # any draft costs more than its tokens save
+    events, auto = run_auto(model, [NgramSimple(n=2, m=8)], real, n=120, calibrated=[1e-3] * 9)
+    drafted = [e.n_drafted for e in events if isinstance(e, Step) and e.n_drafted]
+    assert [e.id for e in events if isinstance(e, Token)] == plain_decode(model, [1, 2, 3], 120, Sampler(GREEDY, 0))
+    assert 0 < len(drafted) <= 4  # a few drafts teach it
+    assert auto.speed_factor == pytest.approx(1.0) and auto.verify[max(drafted) + 1] > 6e-3
+
+
 def test_a_damaged_calibration_cache_is_measured_again(tmp_path):
     path = tmp_path / "cal.json"
     path.write_text("{not json")
