@@ -17,8 +17,9 @@ the accepted ones decoded again (Rewind).
 
 Where the numbers come from:
   v(b)     a calibration of this model on this machine (speculative/calibrate.py),
-           scaled by how fast the machine runs right now: every step's verify
-           time updates one running factor (a laptop that throttles, a noisy VM).
+           scaled by how fast the machine runs right now: plain steps' verify times
+           update one running factor (a laptop that throttles, a noisy VM), and each
+           draft's corrects its own batch size (Auto.verify).
   c_draft  the draft model's calibrated cost per token, then its measured one;
            n-gram lookups are timed too (microseconds).
   a_i      running counts that favour the last few dozen tokens. Free drafters
@@ -75,11 +76,10 @@ class Acceptance:
 
     def __init__(self, k_max: int, first_prior: float, continue_prior: float = CONTINUE_PRIOR):
         self.k_max = k_max
-        self.starts = np.array(SLOTS)  # the first position of each slot
         self.prior = np.array([first_prior, *[continue_prior] * (len(SLOTS) - 1)])
         self.accepted = np.zeros(len(SLOTS))
         self.trials = np.zeros(len(SLOTS))
-        self.slot_of = np.searchsorted(self.starts, np.arange(k_max), side="right") - 1
+        self.slot_of = np.searchsorted(SLOTS, np.arange(k_max), side="right") - 1  # position -> slot
 
     def age(self) -> None:
         self.accepted *= DECAY
