@@ -13,7 +13,6 @@ Errors are llama-server's error objects: {"error": {"code", "message", "type"}}.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
@@ -400,11 +399,6 @@ def select(answer: dict, paths: Sequence[str]) -> dict:
         else:
             out[path] = value
     return out
-
-
-def event(obj: dict) -> str:
-    """One server-sent event; llama-server's own endpoints end a stream without [DONE]."""
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
 # -- the other endpoints ------------------------------------------------------------------

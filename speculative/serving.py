@@ -52,8 +52,8 @@ def prompt_tokens(engine: Engine, generation: Generation) -> list[int]:
     if generation.tokens is not None:  # llama-server's endpoints
         tokens = list(generation.tokens)
         n_vocab = engine.target.n_vocab
-        if any(not 0 <= t < n_vocab for t in tokens):
-            bad = next(t for t in tokens if not 0 <= t < n_vocab)
+        bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
+        if bad is not None:
             raise ApiError(400, f"the prompt has the token {bad}, outside this model's vocabulary "
                                 f"(0 to {n_vocab - 1})", param="prompt")
     elif generation.chat:
