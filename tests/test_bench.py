@@ -109,3 +109,27 @@ def test_categories_are_judged_by_each_prompts_median_over_its_repeats():
     row = next(r for r in bench.summarize(runs) if r["category"] == "edit")
     assert row["median_speedup"] == 1.0 and row["min_speedup"] == 0.92  # medians 1.1, 1.0, 0.92
     assert row["median_modelled_speedup"] == 1.0 and row["min_modelled_speedup"] == 0.92
+
+
+def test_each_repeat_runs_the_configurations_from_another_place(monkeypatch):
+    ran = []
+
+    def fake_run(engine, tokens, config, sampling, seed, prompt, repeat):
+        ran.append((repeat, config.label))
+        return [7], bench.Run(prompt.id, prompt.category, config.label, repeat, 1, 10.0)
+
+    monkeypatch.setattr(bench, "_run", fake_run)
+    monkeypatch.setattr(bench, "_tokens", lambda engine, prompt: [1])
+    monkeypatch.setattr(bench, "ngram_bound", lambda *args: 1.0)
+    engine = type("Engine", (), {"costs": lambda self, role, n: [0.05] * n})()
+    baseline, *rest = [bench.Config(name, SpecSettings()) for name in ("target only", *"abcdef")]
+    prompt = bench.BenchPrompt("p", "c", prompt="x")
+    runs = bench._prompt_runs(engine, prompt, baseline, rest, SamplerSettings(temp=0.0), 1, 3, None)
+    orders = [[label for r, label in ran if r == repeat and label != "target only"] for repeat in range(3)]
+    assert orders == [list("abcdef"), list("cdefab"), list("efabcd")]
+    places = {label: {order.index(label) // bench.BASELINE_EVERY for order in orders} for label in "abcdef"}
+    assert all(len(blocks) == 3 for blocks in places.values())  # each in a different block every repeat
+    assert [label for r, label in ran if r == 0] == ["target only", "a", "b", "target only", "c", "d",
+                                                    "target only", "e", "f", "target only"]
+    assert sorted(r.config for r in runs) == sorted(["target only"] * 3 + list("abcdef") * 3)
+    assert all(r.speedup == 1.0 for r in runs)  # every run as fast as the target-only runs around it
