@@ -222,7 +222,7 @@ def run_order(configs: list, repeat: int, repeats: int) -> list:
     per repeat. A place in the sequence has its own bias: on the 2-core development machine,
     runs that drafted nothing measured 0.99x in the first pair after target-only and 1.02x in
     the third, over 33 runs each, so a fixed order would favour whichever came third."""
-    shift = repeat * len(configs) // max(repeats, 1)
+    shift = repeat * len(configs) // repeats
     return configs[shift:] + configs[:shift]
 
 
