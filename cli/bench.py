@@ -95,6 +95,10 @@ def bench_command(
             "draft": {"name": draft.name, "path": str(draft.path), "loras": draft.lora_info()} if draft else None,
             "settings": {"n_predict": n_predict, "temp": temp, "seed": seed, "repeat": repeat,
                          "configs": [c.label for c in configs], "prompts": str(prompts)},
+            # what a replay of the runs (scripts/replay_auto.py) needs besides their outputs
+            "costs": {role: engine.costs(role, bench.DRAFT_MAX_AUTO + 1 if role == "target" else 1)
+                      for role in ("target", *(["draft"] if draft else []))},
+            "prompt_tokens": {p.id: bench.prompt_tokens(engine, p) for p in prompts_},
         }
     rows = bench.summarize(runs)
     output.write_text(json.dumps(bench.report(runs, rows, meta), indent=1))

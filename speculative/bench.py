@@ -188,7 +188,7 @@ def _prompt_runs(engine: Engine, prompt: BenchPrompt, baseline: Config, rest: li
                  on_run: Callable[[Run], None] | None) -> list[Run]:
     """One prompt's runs: per repeat, target-only around every BASELINE_EVERY configurations."""
     runs: list[Run] = []
-    tokens = _tokens(engine, prompt)
+    tokens = prompt_tokens(engine, prompt)
 
     def run(config: Config, repeat: int) -> tuple[list[int], Run]:
         out, result = _run(engine, tokens, config, sampling, seed, prompt, repeat)
@@ -226,13 +226,13 @@ def run_order(configs: list, repeat: int, repeats: int) -> list:
     return configs[shift:] + configs[:shift]
 
 
-def _tokens(engine: Engine, prompt: BenchPrompt) -> list[int]:
+def prompt_tokens(engine: Engine, prompt: BenchPrompt) -> list[int]:
     return engine.chat_tokens(prompt.messages) if prompt.messages else engine.prompt_tokens(prompt.prompt)
 
 
 def _warm_up(engine: Engine, prompt: BenchPrompt, baseline: Config, sampling: SamplerSettings, seed: int) -> None:
     """An untimed run first: the first pass over memory-mapped weights pays for page faults."""
-    complete(engine, _tokens(engine, prompt), sampling, replace(baseline.spec, n_predict=16), seed)
+    complete(engine, prompt_tokens(engine, prompt), sampling, replace(baseline.spec, n_predict=16), seed)
 
 
 def _run(engine: Engine, tokens: list[int], config: Config, sampling: SamplerSettings, seed: int,

@@ -119,7 +119,7 @@ def test_each_repeat_runs_the_configurations_from_another_place(monkeypatch):
         return [7], bench.Run(prompt.id, prompt.category, config.label, repeat, 1, 10.0)
 
     monkeypatch.setattr(bench, "_run", fake_run)
-    monkeypatch.setattr(bench, "_tokens", lambda engine, prompt: [1])
+    monkeypatch.setattr(bench, "prompt_tokens", lambda engine, prompt: [1])
     monkeypatch.setattr(bench, "ngram_bound", lambda *args: 1.0)
     engine = type("Engine", (), {"costs": lambda self, role, n: [0.05] * n})()
     baseline, *rest = [bench.Config(name, SpecSettings()) for name in ("target only", *"abcdef")]
