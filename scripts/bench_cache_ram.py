@@ -7,7 +7,7 @@
 Two conversations alternate, A1 B1 A2 B2 ..., each turn sending the conversation so far with
 the next question (greedy), against a server started with --cache-ram 0 and then one with
 --cache-ram MiB (default 8192, llama-server's). Each conversation opens with a prompt of
-../shared/prompts/dev.jsonl (by id; default two `rag` prompts: a module's documentation and a
+scripts/prompts.jsonl (by id; default two `rag` prompts: a module's documentation and a
 question about it) and goes on with the follow-up questions below. The table gives each turn's
 prompt tokens, `timings.cache_n` (prompt tokens not processed again) and `timings.prompt_ms`
 (prompt processing, saving and restoring included) for both servers; the script exits 1 if any
@@ -28,14 +28,14 @@ from pathlib import Path
 from served import Server
 
 ROOT = Path(__file__).resolve().parent.parent
-PROMPTS = ROOT.parent / "shared" / "prompts" / "dev.jsonl"
+PROMPTS = ROOT / "scripts" / "prompts.jsonl"
 FOLLOW_UPS = ("Show a short example of that.", "What happens with invalid input?",
               "Summarise your answers so far in two sentences.", "Which mistake do beginners make most often here?",
               "Give one more example, different from the first.")
 
 
 def first_turns(ids: list[str]) -> list[list[dict]]:
-    """The opening messages of each conversation, from dev.jsonl."""
+    """The opening messages of each conversation, from scripts/prompts.jsonl."""
     rows = {row["id"]: row for row in map(json.loads, PROMPTS.read_text().splitlines()) if row.get("messages")}
     missing = [i for i in ids if i not in rows]
     if missing:
@@ -68,7 +68,8 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=4, help="turns per conversation (default 4)")
     parser.add_argument("--max-tokens", type=int, default=96, help="tokens per answer (default 96)")
     parser.add_argument("--cache-ram", type=int, default=8192, help="MiB for the cached run (default 8192)")
-    parser.add_argument("--conversations", default="rag-json,rag-heapq", help="dev.jsonl ids, comma-separated")
+    parser.add_argument("--conversations", default="rag-textwrap,rag-functools",
+                        help="ids of scripts/prompts.jsonl, comma-separated")
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]
     openings = first_turns(args.conversations.split(","))

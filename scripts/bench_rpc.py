@@ -64,7 +64,7 @@ def bench(prompts: Path, endpoint: str, args, out: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("prompts", nargs="?", type=Path, default=ROOT.parent / "shared/prompts/dev.jsonl")
+    parser.add_argument("prompts", nargs="?", type=Path, default=ROOT / "scripts/prompts.jsonl")
     parser.add_argument("--delays", default="0,2,5,20", help="milliseconds added to each direction")
     parser.add_argument("-n", type=int, default=64)
     parser.add_argument("-t", "--threads", type=int, default=1, help="client threads (the server gets 1)")

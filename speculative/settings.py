@@ -95,7 +95,7 @@ DRAFT_MAX_FIXED = 3    # llama.cpp's default --draft-max
 DRAFT_MAX_AUTO = 16    # auto's cap: it picks k <= this each step
 # n-gram length: llama.cpp's default when every match is drafted blindly; auto weighs
 # each proposal by how long its context matches, and re-finds a copied passage
-# sooner after an edit with short n-grams (measured on ../shared/prompts/dev.jsonl).
+# sooner after an edit with short n-grams.
 NGRAM_N_FIXED = 12
 NGRAM_N_AUTO = 3
 MAX_BRANCHES = 16  # -np: more branches than this make verify batches that never pay
