@@ -25,10 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from scripts.results import meta  # noqa: E402
 from scripts.tiny_model import write_model  # noqa: E402
 from speculative.cache import Cache  # noqa: E402
 from speculative.calibrate import checkpoint_costs  # noqa: E402
-from speculative.llamacpp import LlamaModel  # noqa: E402
+from speculative.llamacpp import LlamaModel, system_info  # noqa: E402
 
 CONTEXT = 256  # tokens in the cache before each measured pass
 
@@ -110,7 +111,8 @@ def main() -> None:
                   f"with snapshots; checkpoint {r['checkpoint_kib']:.0f} KiB, copy {r['checkpoint_save_ms']:.2f} ms, "
                   f"restore {r['checkpoint_restore_ms']:.2f} ms", flush=True)
     if args.output:
-        args.output.write_text(json.dumps({"args": vars(args) | {"output": str(args.output)}, "rows": rows},
+        args.output.write_text(json.dumps({"meta": meta(llama_cpp=system_info()),
+                                           "args": vars(args) | {"output": str(args.output)}, "rows": rows},
                                           indent=1))
 
 

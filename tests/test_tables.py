@@ -1,0 +1,79 @@
+"""Every measured table in README.md holds the numbers of its raw results file.
+
+scripts/tables.py rebuilds each table from docs/results/; the README marks each table with
+`<!-- table NAME -->`. The numbers must agree (the prose around them is free), and the text
+before the table must say which file and which script they come from."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from scripts import tables
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+MARKER = re.compile(r"^<!-- table (\S+) -->$")
+NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+
+
+def numbers(lines: list[str]) -> list[str]:
+    return [n.replace(",", "") for line in lines for n in NUMBER.findall(line)]
+
+
+def marked_tables(text: str) -> dict[str, tuple[list[str], list[str]]]:
+    """NAME -> (the table's lines, the 25 lines before its marker)."""
+    lines = text.splitlines()
+    found: dict[str, tuple[list[str], list[str]]] = {}
+    for i, line in enumerate(lines):
+        match = MARKER.match(line.strip())
+        if not match:
+            continue
+        assert match[1] not in found, f"table {match[1]} is marked twice"
+        j = i + 1
+        while j < len(lines) and not lines[j].strip():
+            j += 1
+        table = []
+        while j < len(lines) and lines[j].startswith("|"):
+            table.append(lines[j])
+            j += 1
+        assert table, f"no table under the marker of {match[1]}"
+        found[match[1]] = (table, lines[max(0, i - 25):i])
+    return found
+
+
+@pytest.fixture(scope="module")
+def readme() -> dict[str, tuple[list[str], list[str]]]:
+    return marked_tables(README.read_text())
+
+
+def test_every_table_is_in_the_readme_once_and_every_marker_is_a_table(readme):
+    assert set(readme) == set(tables.TABLES)
+
+
+@pytest.mark.parametrize("name", sorted(tables.TABLES))
+def test_a_table_holds_the_numbers_its_results_file_gives(readme, name):
+    published, _ = readme[name]
+    rebuilt = tables.render(name)
+    assert numbers(published) == numbers(rebuilt), "\n".join(["README:", *published, "rebuilt:", *rebuilt])
+
+
+@pytest.mark.parametrize("name", sorted(tables.TABLES))
+def test_a_table_says_which_file_and_script_it_comes_from(readme, name):
+    _, before = readme[name]
+    text = "\n".join(before)
+    table = tables.TABLES[name]
+    script = table.command.split()[1] if table.command.startswith("python ") else table.command.split()[0]
+    for file in table.files:
+        assert f"docs/results/{file}" in text, f"the text before table {name} does not name docs/results/{file}"
+    assert script in text, f"the text before table {name} does not name {script}"
+
+
+def test_numbers_are_compared_whole():
+    assert numbers(["| 1,026 runs | 0.98x (ngram-simple, k=3) | 45 ms |"]) == ["1026", "0.98", "3", "45"]
+
+
+def test_a_table_is_the_block_of_rows_under_its_marker():
+    text = "intro\n<!-- table t -->\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\nafter 3\n"
+    assert marked_tables(text) == {"t": (["| a | b |", "|---|---|", "| 1 | 2 |"], ["intro"])}
