@@ -2,7 +2,7 @@
 """What --cache-ram saves: two chat clients taking turns on one `speculate serve`.
 
     scripts/bench_cache_ram.py [-m MODEL] [--turns N] [--max-tokens N] [--cache-ram MiB]
-                               [--conversations ID,ID] [-- extra serve flags]
+                               [--conversations ID,ID] [-o results.json] [-- extra serve flags]
 
 Two conversations alternate, A1 B1 A2 B2 ..., each turn sending the conversation so far with
 the next question (greedy), against a server started with --cache-ram 0 and then one with
@@ -25,6 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from results import meta
 from served import Server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,6 +71,7 @@ def main() -> int:
     parser.add_argument("--cache-ram", type=int, default=8192, help="MiB for the cached run (default 8192)")
     parser.add_argument("--conversations", default="rag-textwrap,rag-functools",
                         help="ids of scripts/prompts.jsonl, comma-separated")
+    parser.add_argument("-o", "--output", type=Path, help="write every turn of both runs here (JSON, with meta)")
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]
     openings = first_turns(args.conversations.split(","))
@@ -104,6 +106,12 @@ def main() -> int:
         print(f"states saved: {len(saved)}, {per_token:.1f} KiB per token (all models' caches together)")
     identical = all(p["text"] == c["text"] for p, c in zip(plain, cached))
     print("answers with --cache-ram: " + ("identical to those without it" if identical else "DIFFERENT"))
+    if args.output:
+        args.output.write_text(json.dumps({
+            "meta": meta(serve_flags=flags, conversations=args.conversations.split(","), turns=args.turns,
+                         max_tokens=args.max_tokens, cache_ram=args.cache_ram),
+            "plain": plain, "cached": cached,
+            "saved": [{"tokens": int(n), "mib": float(mib)} for n, mib in saved]}, indent=1))
     return 0 if identical else 1
 
 

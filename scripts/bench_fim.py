@@ -30,6 +30,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
+from results import meta
 from served import Server
 
 MODULES = ("textwrap.py", "difflib.py", "heapq.py", "json/decoder.py", "json/encoder.py", "argparse.py",
@@ -80,7 +81,7 @@ def main() -> int:
     parser.add_argument("-n", "--n-predict", type=int, default=128, help="tokens per answer (default 128)")
     parser.add_argument("--prefix-lines", type=int, default=256, help="lines before the cursor (default 256)")
     parser.add_argument("--suffix-lines", type=int, default=64, help="lines after it (default 64)")
-    parser.add_argument("-o", "--output", type=Path, help="write every answer and its timings here (JSON)")
+    parser.add_argument("-o", "--output", type=Path, help="write every answer and its timings here (JSON, with meta)")
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]
     requests = cases(args.cases, args.seed, args.prefix_lines, args.suffix_lines)
@@ -114,7 +115,9 @@ def main() -> int:
     print(f"median speedup {statistics.median(speedups):.2f}x (worst {min(speedups):.2f}x), median tokens per "
           f"pass {statistics.median(per_pass):.2f}, {sum(same)}/{len(same)} answers identical")
     if args.output:
-        args.output.write_text(json.dumps(results, indent=1))
+        args.output.write_text(json.dumps({"meta": meta(python_stdlib=sys.version.split()[0], n_predict=args.n_predict,
+                                                        serve_flags=model + extra),
+                                           "results": results}, indent=1))
     return 0 if all(same) else 1
 
 

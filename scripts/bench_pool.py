@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+from results import meta
+
 SPECULATE = str(Path(sys.executable).with_name("speculate"))
 # the batch-invariant CPU matmuls of scripts/test.sh's build, so texts with and without the
 # pool can be compared token for token (README, "Exactness and the CPU build")
@@ -127,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = run()
         print(f"{name}: {time.time() - started:.0f} s", file=sys.stderr, flush=True)
     names = list(ways)
-    report = {"model": args.model, "n_predict": args.n_predict, "requests": len(prompts),
-              "machine": os.uname().machine, "ways": {n: totals(r) for n, r in results.items()},
+    report = {"meta": meta(), "model": args.model, "n_predict": args.n_predict, "requests": len(prompts),
+              "ways": {n: totals(r) for n, r in results.items()},
               "identical": {names[0]: [a["text"] for a in results[names[0]]] == [b["text"] for b in results[names[1]]],
                             names[2]: [a["text"] for a in results[names[2]]] == [b["text"] for b in results[names[3]]]}}
     (args.out / "report.json").write_text(json.dumps(report, indent=1))

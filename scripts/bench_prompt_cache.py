@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What --prompt-cache saves: two questions about one source file, in separate processes.
 
-    scripts/bench_prompt_cache.py [SOURCE_FILE] [-- extra speculate flags]
+    scripts/bench_prompt_cache.py [SOURCE_FILE] [-o results.json] [-- extra speculate flags]
 
 Four `speculate --json` runs, one after the other in this session:
   1. question A without a cache: the baseline prompt-processing time;
@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from results import meta
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SOURCE = ROOT / "speculative" / "stats.py"
@@ -48,6 +50,10 @@ def prompt_seconds(result: dict) -> float:
 def main(argv: list[str]) -> int:
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     args = argv[:argv.index("--")] if "--" in argv else argv
+    output = None
+    if "-o" in args:
+        at = args.index("-o")
+        output, args = Path(args[at + 1]), args[:at] + args[at + 2:]
     source = Path(args[0]) if args else DEFAULT_SOURCE
     code = source.read_text()
     a, b = (f"{code}\n\n{question}" for question in QUESTIONS)
@@ -67,6 +73,9 @@ def main(argv: list[str]) -> int:
           f"vs A without: {base / warm:.1f}x")
     same = runs["3. B, restores the cache"]["tokens"] == runs["4. B, no cache"]["tokens"]
     print("generated text with the cache: " + ("identical to the run without it" if same else "DIFFERENT"))
+    if output:
+        output.write_text(json.dumps({"meta": meta(source=str(source), flags=[*FLAGS, *extra]),
+                                      "cache_bytes": size, "runs": runs}, indent=1))
     return 0 if same else 1
 
 

@@ -1,14 +1,16 @@
 """What speculation saves when the target runs on an RPC server behind a slow link.
 
-    python scripts/bench_rpc.py [PROMPTS.jsonl] [--delays 0,2,5,20] [-n 64] [-o rpc-bench.json]
+    python scripts/bench_rpc.py [PROMPTS.jsonl] [--delays 0,2,5,20] [-n 64] [--category CAT ...]
+                                [--limit N] [-C TYPES ...] [-o rpc-bench.json]
 
 Starts `speculate rpc-server` on loopback, and for each delay D a relay (scripts/delay_relay.py)
 that holds each direction D ms; then `speculate bench` over the edit and complete prompts with
 the default target's layers on the server (`--rpc` through the relay) and the draft model kept
-local, measuring target-only decoding and auto over the n-gram drafter alone and over the
-n-gram drafter and the draft model. Server, relay, client and draft share this machine, so the
+local, measuring target-only decoding and (by default) auto over the n-gram drafter alone and
+over the n-gram drafter and the draft model (-C: other --spec-type values). Server, relay, client and draft share this machine, so the
 table shows what latency does, not a second machine's compute. Prints a table of target-only
-tokens per second and each configuration's speedup (bench's medians), per delay.
+tokens per second and each configuration's speedup (bench's medians), per delay, and writes
+them with each delay's calibrated verify costs (measured over the link) to -o.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from results import meta
+
 ROOT = Path(__file__).resolve().parents[1]
 SPECULATE = str(Path(sys.executable).with_name("speculate"))
 CONFIGS = ("auto,ngram-simple", "auto,ngram-simple,draft")
+CATEGORIES = ("edit", "complete")
 
 
 def free_port() -> int:
@@ -54,9 +59,11 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def bench(prompts: Path, endpoint: str, args, out: Path) -> dict:
-    cmd = [SPECULATE, "bench", str(prompts), "--category", "edit", "--category", "complete", "-n", str(args.n),
-           "--rpc", endpoint, "-o", str(out), "-t", str(args.threads), "-td", str(args.threads)]
-    for config in CONFIGS:
+    cmd = [SPECULATE, "bench", str(prompts), "-n", str(args.n), "--rpc", endpoint, "-o", str(out),
+           "-t", str(args.threads), "-td", str(args.threads), *(["--limit", str(args.limit)] if args.limit else [])]
+    for category in args.category or CATEGORIES:
+        cmd += ["--category", category]
+    for config in args.config or CONFIGS:
         cmd += ["-C", config]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
@@ -68,6 +75,9 @@ def main() -> None:
     parser.add_argument("--delays", default="0,2,5,20", help="milliseconds added to each direction")
     parser.add_argument("-n", type=int, default=64)
     parser.add_argument("-t", "--threads", type=int, default=1, help="client threads (the server gets 1)")
+    parser.add_argument("--category", action="append", help=f"prompt categories (default: {', '.join(CATEGORIES)})")
+    parser.add_argument("--limit", type=int, default=0, help="only the first N prompts of those (0: all)")
+    parser.add_argument("-C", "--config", action="append", help=f"--spec-type values (default: {', '.join(CONFIGS)})")
     parser.add_argument("-o", "--output", type=Path, default=Path("rpc-bench.json"))
     args = parser.parse_args()
     server_port = free_port()
@@ -87,13 +97,14 @@ def main() -> None:
                 finally:
                     stop(relay)
                 rows = {r["config"]: r for r in report["summary"] if r["category"] == "all"}
-                results.append({"delay_ms": delay, "rows": rows})
+                results.append({"delay_ms": delay, "rows": rows, "costs": report["meta"]["costs"],
+                                "prompts": sorted({r["prompt"] for r in report["runs"]})})
                 print(f"D = {delay:g} ms: " + "; ".join(
                     f"{name} {row['median_tps']:.2f} t/s ({row['median_speedup']:.2f}x)"
                     for name, row in rows.items()), flush=True)
     finally:
         stop(server)
-    args.output.write_text(json.dumps({"n": args.n, "results": results}, indent=1))
+    args.output.write_text(json.dumps({"meta": meta(), "n": args.n, "results": results}, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,32 +1,38 @@
 #!/usr/bin/env python3
 """Decode speed of two llama-cpp-python builds, target-only and speculative, interleaved.
 
-    scripts/compare_builds.py VENV_A VENV_B [--rounds 3] [-- extra speculate flags]
+    scripts/compare_builds.py VENV_A VENV_B [--rounds 3] [--env-b KEY=VALUE ...] [-o results.json]
+                              [-- extra speculate flags]
 
 Each venv must have speculate installed over its own llama-cpp-python build (for
 example the stock build in .venv and the batch-invariant one in .venv-test). Every
 round runs, for each build, the default pair's target alone and then with its draft,
 so machine drift hits all four alike. Prints each run and the medians, with ratios
-against the first build's target-only speed measured in this same run.
+against the first build's target-only speed measured in this same run. --env-b sets
+environment variables for the second build's runs only (GGML_CPU_TILED_MM=0 makes the
+test build of scripts/test.sh batch-invariant, as its tests run it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+from results import meta
+
 PROMPT = "def quicksort(arr):"
 MODES = {"target only": ["--spec-type", "none"], "draft model": ["--spec-type", "draft"]}
 
 
-def run(venv: Path, mode_flags: list[str], extra: list[str]) -> dict:
+def run(venv: Path, mode_flags: list[str], extra: list[str], env: dict[str, str]) -> dict:
     cmd = [str(venv / "bin" / "speculate"), "-p", PROMPT, "-n", "64", "--temp", "0", "--json",
            *mode_flags, *extra]
-    out = subprocess.run(cmd, capture_output=True, check=True).stdout
+    out = subprocess.run(cmd, capture_output=True, check=True, env={**os.environ, **env}).stdout
     return json.loads(out)
 
 
@@ -34,14 +40,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("venvs", nargs=2, type=Path)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--env-b", action="append", default=[], metavar="KEY=VALUE",
+                        help="an environment variable for VENV_B's runs")
+    parser.add_argument("-o", "--output", type=Path, help="every run's speed and the medians (JSON, with meta)")
     parser.add_argument("extra", nargs="*", help="more speculate flags, after --")
     args = parser.parse_args()
 
+    envs = {str(args.venvs[0]): {}, str(args.venvs[1]): dict(kv.partition("=")[::2] for kv in args.env_b)}
     speeds: dict[tuple[str, str], list[float]] = {}
     for r in range(args.rounds):
         for venv in args.venvs:
             for mode, flags in MODES.items():
-                result = run(venv, flags, args.extra)
+                result = run(venv, flags, args.extra, envs[str(venv)])
                 speeds.setdefault((str(venv), mode), []).append(result["decode_tps"])
                 print(f"round {r + 1}  {venv}  {mode:12s}  {result['decode_tps']:6.2f} t/s  "
                       f"accepted {result['n_accept']}/{result['n_drafted']}", flush=True)
@@ -51,6 +61,11 @@ def main() -> None:
     for (venv, mode), values in speeds.items():
         median = statistics.median(values)
         print(f"  {venv}  {mode:12s}  {median:6.2f} t/s  {median / base:5.2f}x")
+    if args.output:
+        args.output.write_text(json.dumps({
+            "meta": meta(prompt=PROMPT, modes=MODES, extra=args.extra, env=envs),
+            "runs": [{"venv": venv, "mode": mode, "decode_tps": values} for (venv, mode), values in speeds.items()]},
+            indent=1))
 
 
 if __name__ == "__main__":
