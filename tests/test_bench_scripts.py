@@ -1,0 +1,54 @@
+"""The pure parts of the benchmark scripts whose output backs the README's figures: how
+bench_mtp reads llama.cpp's log and auto's steps, and how bench_flash_attn cuts its prompts.
+No model: fast."""
+
+from __future__ import annotations
+
+from scripts.bench_flash_attn import leading_lines
+from scripts.bench_mtp import MARK, buffers, mtp_trail, sections
+
+# As llama.cpp (the pinned build) logs a model load and a context (SPECULATE_LLAMA_LOG=1).
+LOAD_LOG = """\
+load_tensors:   CPU_Mapped model buffer size =   628.41 MiB
+llama_context:        CPU  output buffer size =     0.00 MiB
+llama_kv_cache:        CPU KV buffer size =     8.00 MiB
+llama_kv_cache: size =    8.00 MiB (  4096 cells,   1 layers,  1/1 seqs), K (f16):    4.00 MiB, V (f16):    4.00 MiB
+llama_memory_recurrent:        CPU RS buffer size =     2.46 MiB
+sched_reserve:        CPU compute buffer size =   148.02 MiB
+"""
+HEAD_LOG = """\
+llama_kv_cache:        CPU KV buffer size =     8.00 MiB
+sched_reserve:        CPU compute buffer size =   140.00 MiB
+sched_reserve:       RPC0 compute buffer size =     1.50 MiB
+"""
+FREED = "~llama_context:        CPU compute buffer size is  148.0156 MiB, matches expectation of  148.0156 MiB\n"
+
+
+def test_buffers_are_read_per_kind_from_the_log_of_each_stage():
+    stderr = f"startup noise\n{MARK}load\n{LOAD_LOG}{MARK}head\n{HEAD_LOG}{MARK}end\n{FREED}"
+    logs = sections(stderr)
+    assert set(logs) == {"load", "head", "end"}
+    assert buffers(logs["load"]) == {"model": 628.41, "output": 0.0, "KV": 8.0, "RS": 2.46, "compute": 148.02}
+    assert buffers(logs["head"]) == {"KV": 8.0, "compute": 141.5}  # summed over devices
+    assert buffers(logs["end"]) == {}  # a context freed reports its size, not a new buffer
+
+
+def test_the_mtp_trail_counts_the_heads_steps_and_what_drafted_after_the_last():
+    steps = [[None, 0, 0], ["draft-mtp", 3, 2], ["draft-mtp", 3, 0], [None, 0, 0], ["ngram-simple", 4, 1],
+             ["draft-mtp", 2, 2], [None, 0, 0], ["ngram-simple", 4, 0], [None, 0, 0]]
+    assert mtp_trail(steps) == {"mtp_steps": 3, "first_mtp_step": 2, "last_mtp_step": 6, "drafted_after_last_mtp": 1}
+    assert mtp_trail([[None, 0, 0], ["ngram-simple", 2, 2]]) == {
+        "mtp_steps": 0, "first_mtp_step": None, "last_mtp_step": None, "drafted_after_last_mtp": 1}
+
+
+def test_leading_lines_comes_nearest_the_tokens_asked():
+    lines = [f"line {i}\n" for i in range(10)]
+
+    def count(text: str) -> int:
+        return 3 * text.count("\n")  # three tokens a line
+
+    assert leading_lines(lines, count, 9) == 3  # exactly 9 tokens
+    assert leading_lines(lines, count, 10) == 3  # 9 is nearer than 12
+    assert leading_lines(lines, count, 11) == 4  # 12 is nearer than 9
+    assert leading_lines(lines, count, 1) == 1  # never no text
+    assert leading_lines(lines, count, 1000) == 10  # not enough text: all of it
