@@ -36,9 +36,11 @@ class Table:
 
 
 def load(name: str):
-    path = RESULTS / name
-    data = path.read_bytes()
-    return json.loads(gzip.decompress(data) if name.endswith(".gz") else data)
+    """A results file: JSON (gzipped when it ends in .gz), or plain text."""
+    data = (RESULTS / name).read_bytes()
+    if name.endswith(".gz"):
+        data = gzip.decompress(data)
+    return json.loads(data) if name.removesuffix(".gz").endswith(".json") else data.decode()
 
 
 def row(*cells) -> str:
@@ -68,9 +70,256 @@ def recurrent(data) -> list[str]:
     return lines
 
 
+def speedup_label(config: str) -> str:
+    """bench's configuration label as the README names it: "ngram-simple draft-max=3" -> "ngram-simple, k=3"."""
+    kinds, *settings = config.split()
+    return ", ".join([kinds, *(s.replace("draft-max=", "k=") for s in settings)])
+
+
+def categories(data) -> list[str]:
+    """The categories in the order of the prompts, then 'all'."""
+    seen = dict.fromkeys(r["category"] for r in data["runs"])
+    return [*seen, "all"]
+
+
+def bench_rows(data) -> dict[tuple[str, str], dict]:
+    return {(r["category"], r["config"]): r for r in data["summary"]}
+
+
+def measured(data) -> list[str]:
+    """auto against the best fixed configuration and the n-gram bound, per category."""
+    rows = bench_rows(data)
+    fixed = [c for c in data["meta"]["settings"]["configs"] if c != "target only" and not c.startswith("auto")]
+    lines = header("category", "auto, measured", "auto, modelled", "best fixed, measured", "best fixed, modelled",
+                   "n-gram bound")
+    for category in categories(data):
+        auto = rows[(category, "auto")]
+
+        def best(key: str) -> str:
+            config = max(fixed, key=lambda c: rows[(category, c)][key])
+            return f"{rows[(category, config)][key]:.2f}x ({speedup_label(config)})"
+
+        lines.append(row(category, f"{auto['median_speedup']:.2f}x ({auto['min_speedup']:.2f}x)",
+                         f"{auto['median_modelled_speedup']:.2f}x ({auto['min_modelled_speedup']:.2f}x)",
+                         best("median_speedup"), best("median_modelled_speedup"),
+                         f"{rows[(category, 'target only')]['median_ngram_bound']:.2f}x"))
+    return lines
+
+
+def sampled(data) -> list[str]:
+    """Sampled runs over all prompts: acceptance, accepted tokens per drafting step, speed."""
+    rows = bench_rows(data)
+    lines = header("config", "accepted", "accepted per step", "t/s", "speedup")
+    for config in data["meta"]["settings"]["configs"]:
+        r = rows[("all", config)]
+        if config == "target only":
+            lines.append(row(config, "", "", f"{r['median_tps']:.1f}", "1.00x"))
+        else:
+            lines.append(row(f"`{config.replace('accept=', '--spec-accept ').split(' ', 1)[1]}`",
+                             f"{100 * r['accept_rate']:.0f}%", f"{r['mean_accepted_length']:.2f}",
+                             f"{r['median_tps']:.1f}", f"{r['median_speedup']:.2f}x"))
+    return lines
+
+
+RPC_NAMES = {"auto,ngram-simple": "auto, n-gram", "auto,ngram-simple,draft": "auto, n-gram + draft model",
+             "draft": "draft model, k = 3"}
+
+
+def rpc(data) -> list[str]:
+    """Per delay: target-only speed, and each configuration's speed and speedup (bench's medians)."""
+    configs = [c for c in data["results"][0]["rows"] if c != "target only"]
+    lines = header("D (each way)", "target only", *(RPC_NAMES.get(c, c) for c in configs))
+    for result in data["results"]:
+        rows = result["rows"]
+        lines.append(row(f"{result['delay_ms']:g} ms", f"{rows['target only']['median_tps']:.1f} t/s",
+                         *(f"{rows[c]['median_tps']:.1f} t/s ({rows[c]['median_speedup']:.2f}x)" for c in configs)))
+    return lines
+
+
+def pool(data) -> list[str]:
+    ways = data["ways"]
+    names = list(ways)
+    tokens = ways[names[0]]["tokens"]
+    lines = header("way", f"target passes for {tokens:,} tokens", "tokens per pass", "pool steps", "decode t/s",
+                   "vs no pool")
+    for i, name in enumerate(names):
+        w, base = ways[name], ways[names[i | 1]]
+        lines.append(row(name, f"{w['passes']:,}", f"{w['tokens_per_pass']:.2f}", w["pool_steps"],
+                         f"{w['decode_tps']:.2f}", f"{w['decode_tps'] / base['decode_tps']:.2f}x"))
+    return lines
+
+
+def cache_ram(data) -> list[str]:
+    budget = data["meta"]["cache_ram"]
+    lines = [row("turn", "prompt tokens", "`cache_n`, `--cache-ram 0`", "`prompt_ms`",
+                 f"`cache_n`, `--cache-ram {budget}`", "`prompt_ms`", "answer"),
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for p, c in zip(data["plain"], data["cached"]):
+        lines.append(row(f"{c['conversation']}{c['turn']}", c["prompt_tokens"], p["cache_n"], f"{p['prompt_ms']:,.0f}",
+                         c["cache_n"], f"{c['prompt_ms']:,.0f}", "same" if p["text"] == c["text"] else "DIFFERENT"))
+    return lines
+
+
+def prompt_cache(data) -> list[str]:
+    lines = header("run", "prompt tokens", "from the cache", "prompt processing")
+    for label, r in data["runs"].items():
+        name = label.split(". ", 1)[1]
+        if "saves" in name:
+            name += f" ({data['cache_bytes'] / 2**20:.1f} MiB, written in {r['t_save_s']:.2f} s)"
+        seconds = r["t_encode_s"] + r["t_restore_s"]
+        restore = f" (restore {r['t_restore_s']:.2f} s)" if r["n_restored"] else ""
+        lines.append(row(f"question {name}", f"{r['n_prompt']:,}", f"{r['n_restored']:,}", f"{seconds:.2f} s{restore}"))
+    return lines
+
+
+def fim(data) -> list[str]:
+    """auto against target-only through /infill: speed, tokens per pass, identity."""
+    results, n = data["results"], data["meta"]["n_predict"]
+    full = [r for r in results if r["auto"]["timings"]["predicted_n"] == n]
+
+    def speedup(r) -> float:
+        return r["auto"]["timings"]["predicted_per_second"] / r["none"]["timings"]["predicted_per_second"]
+
+    alone = median(r["none"]["timings"]["predicted_per_second"] for r in full)
+    auto = median(r["auto"]["timings"]["predicted_per_second"] for r in full)
+    per_pass = [r["auto"]["timings"]["tokens_per_step"] for r in full]
+    same = sum(r["none"]["tokens"] == r["auto"]["tokens"] for r in results)
+    return [*header("", "`--spec-type none`", "`--spec-type auto`"),
+            row(f"decode speed, median of the {len(full)} answers of {n} tokens", f"{alone:.1f} t/s", f"{auto:.1f} t/s"),
+            row(f"speedup, median of those {len(full)} (worst, best)", "1.00x",
+                f"{median(map(speedup, full)):.2f}x ({min(map(speedup, full)):.2f}x, {max(map(speedup, full)):.2f}x)"),
+            row(f"speedup, median of all {len(results)} (worst)", "1.00x",
+                f"{median(map(speedup, results)):.2f}x ({min(map(speedup, results)):.2f}x)"),
+            row(f"tokens per target pass, median of the {len(full)} (best)", "1.00",
+                f"{median(per_pass):.2f} ({max(per_pass):.2f})"),
+            row("answers identical to `none`'s, token for token", "", f"{same} of {len(results)}")]
+
+
+def builds(data) -> list[str]:
+    """Decode speed of each build and mode, as ratios to the first build's target-only speed."""
+    speeds = {(r["venv"], r["mode"]): median(r["decode_tps"]) for r in data["runs"]}
+    venvs = list(dict.fromkeys(v for v, _ in speeds))
+    base = speeds[(venvs[0], "target only")]
+    names = {venvs[0]: f"stock (`{venvs[0]}`, {base:.2f} t/s target only)", venvs[1]: f"batch-invariant (`{venvs[1]}`)"}
+    lines = header("build", "target only", "draft model")
+    for venv in venvs:
+        lines.append(row(names[venv], f"{speeds[(venv, 'target only')] / base:.2f}x",
+                         f"{speeds[(venv, 'draft model')] / base:.2f}x"))
+    return lines
+
+
+def build_time(text: str) -> list[str]:
+    """scripts/build_time.sh's lines: CMAKE_ARGS="...": N s on C cores."""
+    lines = header("CMAKE_ARGS", "build time")
+    times = []
+    for line in text.splitlines():
+        if line.startswith("CMAKE_ARGS="):
+            args, _, rest = line[len('CMAKE_ARGS="'):].partition('": ')
+            times.append((args, int(rest.split()[0])))
+    for i, (args, seconds) in enumerate(times):
+        less = f" ({100 * (1 - seconds / times[0][1]):.0f}% less)" if i else ""
+        lines.append(row(f"`{args}`" if args else "(none, the stock build)", f"{seconds} s{less}"))
+    return lines
+
+
+def state_sizes(data) -> list[str]:
+    lines = header("model", "saved state per token")
+    for r in data["rows"]:
+        lines.append(row(f"`{r['name']}`", f"{r['kib_per_token']:.1f} KiB"))
+    return lines
+
+
+def doctor(data) -> list[str]:
+    """Per build and settings: from which batch size positions score differently, at each depth."""
+    reports = data["reports"]
+    depths = sorted({c["cached"] for r in reports for c in r["report"]["checks"]})
+    lines = header("build and settings", *(f"after {d} cached tokens" for d in depths), "largest difference")
+    for r in reports:
+        checks = r["report"]["checks"]
+        cells = []
+        for depth in depths:
+            differ = [c["batch"] for c in checks if c["cached"] == depth and c["max_abs_diff"]]
+            cells.append(f"differs from batch {min(differ)} ({len(differ)} of "
+                         f"{sum(c['cached'] == depth for c in checks)} sizes)" if differ else "bit-identical")
+        largest = max(c["max_abs_diff"] for c in checks)
+        settings = " ".join([*(f"{k}={v}" for k, v in r["env"].items()), *r["flags"]])
+        lines.append(row(f"{r['label']} (`{r['venv']}`, `{settings}`)", *cells,
+                         f"{largest:.2f} logits" if largest else "0"))
+    return lines
+
+
+def flash_attn(data) -> list[str]:
+    lines = header("prompt", "decode t/s, -fa off", "-fa on", "on / off", "prompt t/s, -fa off", "-fa on", "on / off")
+    for name in ("short", "long"):
+        s = data["summary"][name]
+        lines.append(row(f"{s['n_prompt']:,} tokens", f"{s['decode_tps_off']:.1f}", f"{s['decode_tps_on']:.1f}",
+                         f"{s['decode_ratio']:.2f}x", f"{s['encode_tps_off']:.1f}", f"{s['encode_tps_on']:.1f}",
+                         f"{s['encode_ratio']:.2f}x"))
+    return lines
+
+
+def mtp_costs(data) -> list[str]:
+    """What the NextN layers cost when loaded, and a head step against a target pass."""
+    lines = header("tiny Qwen3.5", "file (NextN share)", "load without / with NextN", "memory: NextN layers / head context",
+                   "hidden rows per token", "target pass", "head step", "head / target", "catch-up per entry (16)")
+    for m in data["models"]:
+        load, c = m["load"], m["costs"]
+        lines.append(row(f"n_embd {m['n_embd']}, {m['n_layer']} layers",
+                         f"{m['file_bytes'] / 2**20:.0f} MiB ({100 * m['nextn_share']:.1f}%)",
+                         f"{load['plain']['load_s']:.3f} / {load['nextn']['load_s']:.3f} s",
+                         f"{m['rss_difference_mib']:.0f} / {load['nextn']['head_rss_growth_mib']:.0f} MiB",
+                         f"{load['nextn']['row_bytes_per_token'] / 1024:g} KiB",
+                         f"{c['target_pass_ms']:.3f} ms", f"{c['head_step_ms']:.3f} ms", f"{c['head_vs_target']:.2f}x",
+                         f"{c['head_catch_up_ms_per_entry']:.3f} ms"))
+    return lines
+
+
+def mtp_runs(data) -> list[str]:
+    """draft-mtp and auto on the tiny models, against target-only in the same round."""
+    lines = header("tiny Qwen3.5", "--spec-type", "speed vs none (range)", "accepted", "steps drafted by the head",
+                   "identical to none")
+    for m in data["models"]:
+        for spec in ("draft-mtp", "auto"):
+            s = m["cli"]["summary"][spec]
+            steps = s["mtp_steps"]
+            lines.append(row(f"n_embd {m['n_embd']}, {m['n_layer']} layers", f"`{spec}`",
+                             f"{s['ratio_median']:.2f}x ({s['ratio_min']:.2f}x-{s['ratio_max']:.2f}x)",
+                             f"{100 * s['accept_rate']:.0f}%", f"{min(steps)}-{max(steps)}" if min(steps) != max(steps)
+                             else str(steps[0]), "yes" if s["identical"] else "no"))
+    return lines
+
+
 TABLES = {t.name: t for t in [
     Table("recurrent", ("recurrent.json",), "python scripts/bench_recurrent.py -o docs/results/recurrent.json",
           recurrent),
+    Table("measured", ("bench-dev.json.gz",),
+          "speculate bench scripts/prompts.jsonl -C auto -C ngram-simple -C draft --sweep draft-max=1,2,3,4,8 "
+          "--repeat 3 -o bench-dev.json (then gzip)", measured),
+    Table("sampled", ("bench-sampled.json.gz",),
+          "speculate bench scripts/prompts.jsonl -C draft --sweep accept=rejection,match --temp 0.7 -s 1 -n 64 "
+          "-o bench-sampled.json (then gzip)", sampled),
+    Table("rpc", ("rpc.json",), "python scripts/bench_rpc.py -n 48 -o docs/results/rpc.json", rpc),
+    Table("rpc-100ms", ("rpc-100ms.json",),
+          "python scripts/bench_rpc.py -n 48 --delays 100 --category complete --limit 3 -C auto,ngram-simple "
+          "-C auto,ngram-simple,draft -C draft -o docs/results/rpc-100ms.json", rpc),
+    Table("pool", ("pool.json",),
+          "python scripts/bench_pool.py -o /tmp/pool && cp /tmp/pool/report.json docs/results/pool.json", pool),
+    Table("cache-ram", ("cache-ram.json",), "python scripts/bench_cache_ram.py -o docs/results/cache-ram.json",
+          cache_ram),
+    Table("prompt-cache", ("prompt-cache.json",),
+          "python scripts/bench_prompt_cache.py -o docs/results/prompt-cache.json", prompt_cache),
+    Table("fim", ("fim.json",), "python scripts/bench_fim.py -o docs/results/fim.json", fim),
+    Table("builds", ("builds.json",),
+          "python scripts/compare_builds.py .venv .venv-test --env-b GGML_CPU_TILED_MM=0 -o docs/results/builds.json",
+          builds),
+    Table("build-time", ("build-time.txt",), "scripts/build_time.sh > docs/results/build-time.txt", build_time),
+    Table("state-sizes", ("state-sizes.json",), "python scripts/state_sizes.py -o docs/results/state-sizes.json",
+          state_sizes),
+    Table("doctor", ("doctor.json",), "python scripts/doctor_builds.py -o docs/results/doctor.json", doctor),
+    Table("flash-attn", ("flash-attn.json",), "python scripts/bench_flash_attn.py -o docs/results/flash-attn.json",
+          flash_attn),
+    Table("mtp-costs", ("mtp.json",), "python scripts/bench_mtp.py -o docs/results/mtp.json", mtp_costs),
+    Table("mtp-runs", ("mtp.json",), "python scripts/bench_mtp.py -o docs/results/mtp.json", mtp_runs),
 ]}
 
 
