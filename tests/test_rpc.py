@@ -9,6 +9,7 @@ against a hang (HANG)."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -107,6 +108,20 @@ def rpc_server(*args: str, port: int | None = None):
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+def model_loads(log: str) -> list[dict[str, set[str]]]:
+    """llama.cpp's load log (SPECULATE_LLAMA_LOG=1), one entry per model in load order (the
+    target first): the devices its layers were assigned to, and those holding its weights
+    ("CPU_Mapped", "RPC0[127.0.0.1:PORT]", ...)."""
+    loads = log.split("llama_model_loader: loaded meta data")[1:]
+    return [{"layers": set(re.findall(r"load_tensors: layer +\d+ assigned to device ([^,\s]+)", load)),
+             "weights": set(re.findall(r"load_tensors: +(\S+) model buffer size", load))} for load in loads]
+
+
+def servers_holding(weights: set[str]) -> set[str]:
+    """The RPC servers among model_loads' weight buffers ("RPC0[127.0.0.1:PORT]": PORT's first device)."""
+    return {name.partition("[")[2].rstrip("]") for name in weights if name.startswith("RPC")}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -221,21 +236,43 @@ def test_a_server_of_another_protocol_version_exits_3_naming_it(model_path):
 @real
 def test_the_target_on_two_rpc_servers_gives_the_local_greedy_output(model_path, batch_invariant):
     """Greedy output with the target's layers split over two loopback RPC servers equals local
-    target-only output, for n-gram drafting and for a local draft model."""
+    target-only output, for n-gram drafting and for a local draft model. The draft model (the
+    target itself, so that greedy drafts are accepted) drafts and is accepted, and by default
+    its layers and weights stay on this machine's CPU while the target's are on the servers."""
     smol = str(model_path(SMOL))
     common = ("-m", smol, "-p", PROMPT, "-n", "48", "--temp", "0", "-t", "1", "-c", "1024")
     local = speculate_json(*common, "--spec-type", "none")["text"]
     with rpc_server() as (_, first, _), rpc_server() as (_, second, _):
         servers = f"{first},{second}"
-        logged = speculate(*common, "--rpc", servers, "--spec-type", "ngram-simple", "--json",
+        ngram = speculate_json(*common, "--rpc", servers, "--spec-type", "ngram-simple")
+        logged = speculate(*common, "--rpc", servers, "-md", smol, "--spec-type", "draft", "--json",
                            env={"SPECULATE_LLAMA_LOG": "1"})
-        assert logged.returncode == 0, logged.stderr
-        assert "assigned to device RPC0" in logged.stderr and "assigned to device RPC1" in logged.stderr
-        assert "assigned to device CPU" not in logged.stderr.split("load_tensors: layer   0")[1]
-        ngram = json.loads(logged.stdout)
-        draft = speculate_json(*common, "--rpc", servers, "-md", smol, "--spec-type", "draft")
+    assert logged.returncode == 0, logged.stderr[-3000:]
+    draft = json.loads(logged.stdout)
     assert ngram["text"] == local
     assert draft["text"] == local
+    assert draft["n_drafted"] > 0 and 0 < draft["n_accept"] <= draft["n_drafted"], draft
+    target_load, draft_load = model_loads(logged.stderr)
+    assert target_load["layers"] == {"RPC0", "RPC1"}, target_load
+    assert servers_holding(target_load["weights"]) == {first, second}, target_load
+    assert draft_load["layers"] == {"CPU"}, draft_load
+    assert all(name.startswith("CPU") for name in draft_load["weights"]), draft_load
+
+
+@real
+def test_dev_and_devd_put_each_model_where_they_say(model_path):
+    """-dev none keeps the target on the CPU, -devd RPC0 sends the draft to the server: what
+    llama.cpp itself loads where, by its log."""
+    smol = str(model_path(SMOL))
+    with rpc_server() as (_, endpoint, _):
+        logged = speculate("-m", smol, "-md", smol, "--rpc", endpoint, "-dev", "none", "-devd", "RPC0",
+                           "--spec-type", "draft", "-p", "hi", "-n", "4", "--temp", "0", "-t", "1", "-c", "512",
+                           env={"SPECULATE_LLAMA_LOG": "1"})
+    assert logged.returncode == 0, logged.stderr[-3000:]
+    target_load, draft_load = model_loads(logged.stderr)
+    assert target_load["layers"] == {"CPU"}, target_load
+    assert all(name.startswith("CPU") for name in target_load["weights"]), target_load
+    assert draft_load["layers"] == {"RPC0"} and servers_holding(draft_load["weights"]) == {endpoint}, draft_load
 
 
 @real
