@@ -13,13 +13,14 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
 
 import pytest
 
-from speculative import rpc
+from speculative import llamacpp, rpc
 from speculative.errors import ModelError, UsageError
 from speculative.llamacpp import LlamaModel, rpc_available
 from tests.conftest import SMOL, SPECULATE, speculate, speculate_json
@@ -146,6 +147,58 @@ def test_an_rpc_server_not_there_is_reported_at_once_as_refused():
     with pytest.raises(ModelError, match="cannot connect") as refused:
         rpc.check(endpoint, timeout=60)
     assert endpoint in str(refused.value)
+
+
+class _LibWithoutRpc:
+    """libggml as a build without RPC shows it: its registry has no "RPC" backend."""
+
+    def __init__(self, lib):
+        self._lib = lib
+
+    def ggml_backend_reg_by_name(self, name: bytes):
+        return None if name == b"RPC" else self._lib.ggml_backend_reg_by_name(name)
+
+    def __getattr__(self, name: str):
+        return getattr(self._lib, name)
+
+
+@pytest.fixture
+def build_without_rpc(monkeypatch):
+    lib = llamacpp._lib()
+    monkeypatch.setattr(llamacpp, "_lib", lambda: _LibWithoutRpc(lib))
+    assert not rpc_available()
+
+
+@pytest.fixture
+def restored_signal_handlers():
+    """main() installs speculate's SIGINT and SIGTERM handlers (rpc-server its own): pytest's come back."""
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    """`speculate ARGS` in this process, through the console entry point: (exit code, stderr)."""
+    from cli.main import main
+
+    monkeypatch.setattr(sys, "argv", ["speculate", *args])
+    with pytest.raises(SystemExit) as ended:
+        main()
+    return ended.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["--rpc", "rpc-server"])
+def test_a_build_without_rpc_exits_3_with_one_line(build_without_rpc, restored_signal_handlers, monkeypatch,
+                                                   capsys, tmp_path, command):
+    """Refused before anything else: no server is connected to (the endpoint has none, which
+    would be another error), and rpc-server neither serves nor says it does."""
+    port = str(free_port())
+    args = (("-m", str(tmp_path / "never-loaded.gguf"), "--rpc", f"127.0.0.1:{port}", "-p", "hi", "-n", "2")
+            if command == "--rpc" else ("rpc-server", "-p", port))
+    code, err = run_main(monkeypatch, capsys, *args)
+    assert code == 3, err
+    assert err.startswith("speculate: error: this llama.cpp build has no RPC support") and err.count("\n") == 1, err
 
 
 # -- real: llama.cpp, its RPC server, real models -----------------------------------------------
