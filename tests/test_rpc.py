@@ -22,7 +22,7 @@ import pytest
 
 from speculative import llamacpp, rpc
 from speculative.errors import ModelError, UsageError
-from speculative.llamacpp import LlamaModel, rpc_available
+from speculative.llamacpp import DEV_CPU, DEV_GPU, LlamaModel, rpc_available
 from tests.conftest import SMOL, SPECULATE, speculate, speculate_json
 
 real = pytest.mark.real
@@ -199,6 +199,55 @@ def test_a_build_without_rpc_exits_3_with_one_line(build_without_rpc, restored_s
     code, err = run_main(monkeypatch, capsys, *args)
     assert code == 3, err
     assert err.startswith("speculate: error: this llama.cpp build has no RPC support") and err.count("\n") == 1, err
+
+
+@pytest.fixture
+def devices(monkeypatch):
+    """ggml's device registry as the test sets it (name -> (type, an RPC server's)), this machine's
+    CPU to begin with; connecting --rpc's servers adds a device RPC0, RPC1, ... for each."""
+    registry = {"CPU": (DEV_CPU, False)}
+    monkeypatch.setattr(llamacpp, "_devices", lambda: dict(registry))
+
+    def connect(endpoints):
+        names = [f"RPC{i}" for i in range(len(endpoints))]
+        registry.update({name: (DEV_GPU, True) for name in names})
+        return names
+
+    monkeypatch.setattr(rpc, "connect", connect)
+    return registry
+
+
+DEVICE_CHOICES = {  # (this machine's GPUs, the flags) -> (target's devices, draft's); None: llama.cpp's choice
+    "cpu-only": ((), {}, (None, None)),
+    "gpu-default": (("CUDA0",), {}, (None, None)),
+    "dev-devd-follows": (("CUDA0",), {"device": "CUDA0"}, (("CUDA0",), ("CUDA0",))),
+    "dev-devd-none": (("CUDA0",), {"device": "CUDA0", "device_draft": "none"}, (("CUDA0",), ())),
+    # with --rpc the target's layers go to the servers' devices, the draft stays here:
+    "rpc-draft-on-cpu": ((), {"rpc": "a:1,b:2"}, (("RPC0", "RPC1"), ())),
+    "rpc-draft-on-gpu": (("CUDA0",), {"rpc": "a:1,b:2"}, (("RPC0", "RPC1"), ("CUDA0",))),
+    "rpc-dev-none": (("CUDA0",), {"rpc": "a:1", "device": "none"}, ((), ("CUDA0",))),
+    "rpc-dev-gpu": (("CUDA0",), {"rpc": "a:1", "device": "CUDA0"}, (("CUDA0",), ("CUDA0",))),
+    "rpc-dev-devd": ((), {"rpc": "a:1,b:2", "device": "RPC1", "device_draft": "RPC0"}, (("RPC1",), ("RPC0",))),
+    "rpc-devd-none": ((), {"rpc": "a:1", "device_draft": "none"}, (("RPC0",), ())),
+}
+
+
+@pytest.mark.parametrize("gpus, flags, expected", DEVICE_CHOICES.values(), ids=DEVICE_CHOICES.keys())
+def test_each_model_gets_the_devices_llama_cpp_would_give_it(devices, tmp_path, gpus, flags, expected):
+    from cli.options import ModelOptions
+    from tests.gguf_builder import write_tiny_llama
+
+    devices.update({name: (DEV_GPU, False) for name in gpus})
+    target, draft = write_tiny_llama(tmp_path / "target.gguf"), write_tiny_llama(tmp_path / "draft.gguf")
+    specs = ModelOptions(model=str(target), model_draft=str(draft), **flags).specs(use_draft=True)
+    assert (specs[0].devices, specs[1].devices) == expected
+
+
+def test_an_rpc_device_without_rpc_is_a_usage_error(devices):
+    from cli.options import ModelOptions
+
+    with pytest.raises(UsageError, match="RPC0"):
+        ModelOptions(device_draft="RPC0").specs(use_draft=True)
 
 
 # -- real: llama.cpp, its RPC server, real models -----------------------------------------------
