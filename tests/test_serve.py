@@ -624,7 +624,8 @@ def test_a_full_queue_refuses_at_once_and_the_waiting_requests_run_after(held):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=120)
+        t.join(timeout=60)
+    assert None not in refused, "a request beyond the queue was not refused at once: it waits"
     for status, headers, answer in refused:
         assert status == 503 and headers["retry-after"] == "1", answer
         assert answer["error"]["type"] == "unavailable_error" and "every place in the queue" in answer["error"]["message"]
@@ -697,6 +698,7 @@ def test_timeout_ends_a_generation_with_what_it_has_and_refuses_a_request_still_
         assert "the models were not free within --timeout (3 s)" in waited["error"]["message"]
         release.touch()  # past its deadline by now: it ends at its next step
         running.join(timeout=120)
+        assert answers, "the running request did not end at its next step, past its deadline"
         status, _, answer = answers[0]
         assert status == 200 and answer["choices"][0]["finish_reason"] == "length", answer
         assert 0 < answer["usage"]["completion_tokens"] < 1500
