@@ -218,6 +218,49 @@ def test_n_indent_ends_the_first_line_less_indented_than_asked():
     assert limits.push("a\n ") == "a\n" and not limits.stopped and limits.flush() == " "
 
 
+@pytest.mark.parametrize("n_indent, pieces, shown, stopped", [
+    (4, ["x = 1", "\n    y = 2"], ["x = 1", "\n    y = 2"], False),  # exactly n_indent blanks: on it goes
+    (4, ["  x", "\n  y"], ["  x", "\n  "], True),  # the first line continues the cursor's: never checked
+    (2, ["a\n\tb"], ["a\n\t"], True),  # a tab is one blank
+    (2, ["a\n\t b"], ["a\n\t b"], False),  # tabs and spaces alike
+    (3, ["a\n", " ", " ", "  b"], ["a\n", "", "", "    b"], False),  # blanks wait for what follows them
+    (3, ["a\n", " ", " ", "b"], ["a\n", "", "", "  "], True),
+    (2, ["a\n  b\n  c\nd = 1"], ["a\n  b\n  c\n"], True),  # every line, within one piece too
+    (3, ["a\n  \n"], ["a\n  "], True),  # a newline is the first other character of its line
+    (2, ["a\n  \n  b"], ["a\n  \n  b"], False),
+    (0, ["a\nb"], ["a\nb"], False),  # 0: no limit
+])
+def test_n_indent_on_hand_made_pieces(n_indent, pieces, shown, stopped):
+    limits = LineLimits(n_indent=n_indent)
+    assert [limits.push(piece) for piece in pieces] == shown and limits.stopped == stopped
+    assert limits.push("z") == ("" if stopped else "z")  # nothing once it has stopped
+
+
+def test_t_max_predict_counts_from_the_first_token_and_strictly_past_the_time():
+    now = [5.0]
+    limits = LineLimits(t_max=1.0, clock=lambda: now[0])
+    now[0] = 10.0  # the clock starts with the first token, not with the limits
+    assert limits.push("a\n") == "a\n" and not limits.stopped
+    now[0] = 11.0  # exactly t_max later: not past it (llama-server's t_gen_ms() > t_max_predict_ms)
+    assert limits.push("b\n") == "b\n" and not limits.stopped
+    now[0] = 11.5
+    assert limits.push("c\nd") == "c\nd" and limits.stopped
+    assert limits.push("e\n") == ""
+
+
+def test_the_two_limits_together():
+    now = [0.0]
+    limits = LineLimits(n_indent=2, t_max=1.0, clock=lambda: now[0])
+    assert limits.push("x") == "x"
+    now[0] = 2.0  # late: this newline would end the text, but its next line is indented less first
+    assert limits.push("y\nz") == "y\n" and limits.stopped
+    limits = LineLimits(n_indent=2, t_max=1.0, clock=lambda: now[0])
+    assert limits.push("x") == "x"
+    now[0] = 4.0
+    assert limits.push("\n  z\n ") == "\n  z\n " and limits.stopped  # late: the whole token, its blank too
+    assert LineLimits(t_max=0.0, clock=lambda: now[0]).push("a\n") == "a\n"  # 0: no time limit
+
+
 def test_t_max_predict_ends_at_the_first_newline_after_the_time():
     now = [0.0]
     limits = LineLimits(t_max=1.0, clock=lambda: now[0])
