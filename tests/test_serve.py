@@ -2,7 +2,8 @@
 well-behaved client never sends, many clients at once, disconnects and signals.
 
 One server (SmolLM2 as its own draft: greedy, every drafted token is accepted) serves the
-module; the tests that need other flags start their own.
+module; the tests that need other flags start their own. Those of the queue, disconnects and
+time hold a request where they need it (HOLD_PROBE), so none depends on this machine's speed.
 """
 
 from __future__ import annotations
