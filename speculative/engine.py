@@ -110,6 +110,7 @@ class Engine:
         self.ram_cache = ram_cache.RamCache(cache_ram_mib, lambda state, tokens, limit: (
             target_cache.keepable_after_restore(state.tokens, tokens, limit, state.checkpoint))
         ) if cache_ram_mib else None
+        self._whole_prompt = False  # forget() was called: the next run keeps and restores nothing
         # What earlier runs wrote (pool.py): learnt after each run while `learn` is set (bench
         # clears it so no run drafts from its own configuration's earlier output).
         self.pool = Pool(max_tokens=pool_tokens) if pool_tokens > 0 else None
@@ -151,6 +152,7 @@ class Engine:
         prompt cache file is used. The longest prefix of the prompt that the caches still
         hold from the previous run is not processed again (stream.py turns this into text
         and statistics)."""
+        whole_prompt, self._whole_prompt = self._whole_prompt, False
         check_prompt(prompt, self.target.n_ctx, spec.n_predict)  # before any calibration
         rule = acceptance(sampling, spec)
         banned = self.target.eog_tokens() if spec.ignore_eos else None
@@ -162,7 +164,7 @@ class Engine:
         self.drafter = self.make_drafter(spec, draft_sampler)  # may calibrate, which uses the caches
         restored = self._restore_pending
         t_restore = self._restore_prompt_cache() if restored else 0.0
-        t_swap = self._swap_ram_cache(prompt) if self.ram_cache is not None else 0.0
+        t_swap = self._swap_ram_cache(prompt) if self.ram_cache is not None and not whole_prompt else 0.0
         context = list(prompt)
         try:
             for event in generate(self.caches["target"], prompt, Sampler(sampling, seed, banned, self.target), spec,
@@ -185,8 +187,13 @@ class Engine:
                 self.pool.add(context[len(prompt):])
 
     def forget(self) -> None:
-        """Empty the caches: the next run processes its whole prompt (llama-server's
-        `cache_prompt: false`)."""
+        """Empty the caches: the next run processes its whole prompt, restoring nothing from
+        the RAM cache either (llama-server's `cache_prompt: false`). As llama-server does, the
+        conversation the caches held is saved in the RAM cache first, for a later request
+        that continues it."""
+        if self.ram_cache is not None and len(self.caches["target"]) >= ram_cache.MIN_TOKENS:
+            self._save_to_ram_cache()
+        self._whole_prompt = True
         for cache in self.caches.values():
             cache.forget()
         if self.mtp is not None:
@@ -292,12 +299,7 @@ class Engine:
         if swap:
             self.ram_cache.use(entry)  # first: making room for what the caches hold evicts others
         if len(target) and (swap or len(target) - kept >= ram_cache.MIN_TOKENS):
-            try:
-                self.ram_cache.add({role: ram_cache.State(tokens, copy(), self.caches[role].saved_checkpoint()
-                                                          if role in self.caches else None)
-                                    for role, (tokens, copy) in self._cache_states().items()})
-            except (GenerationError, MemoryError) as e:  # a cache problem never fails the request
-                ram_cache.log.warning("cache-ram: could not save the caches: %s", e or "out of memory")
+            self._save_to_ram_cache()
         if swap:  # (evicted by now if the budget holds only one entry: restored all the same)
             for role, state in entry.parts.items():
                 if not self._load_state(role, state.tokens, state.data, state.checkpoint):
@@ -306,6 +308,15 @@ class Engine:
             ram_cache.log.info("cache-ram: restored %d tokens, %d of them this prompt's", len(entry.tokens),
                                target.keepable(prompt, limit))
         return time.perf_counter() - t0
+
+    def _save_to_ram_cache(self) -> None:
+        """Keep what every cache holds now in the RAM cache (ram_cache.RamCache.add)."""
+        try:
+            self.ram_cache.add({role: ram_cache.State(tokens, copy(), self.caches[role].saved_checkpoint()
+                                                      if role in self.caches else None)
+                                for role, (tokens, copy) in self._cache_states().items()})
+        except (GenerationError, MemoryError) as e:  # a cache problem never fails the request
+            ram_cache.log.warning("cache-ram: could not save the caches: %s", e or "out of memory")
 
     def _restore_prompt_cache(self) -> float:
         """Load every part of the prompt cache file that these models can use; the seconds

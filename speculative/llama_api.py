@@ -57,7 +57,8 @@ IGNORED = {
 }
 
 # Fields that change the answer in a way this server cannot honour: accepted at the value that
-# changes nothing (llama-server's default), refused otherwise.
+# changes nothing (llama-server's default), refused otherwise. json_schema has no such value:
+# llama-server turns any schema, {} included ("any object"), into a grammar.
 _NEUTRAL = {"n_probs": (0,), "logprobs": (0,), "min_keep": (0,), "dynatemp_range": (0,),
             "top_n_sigma": (-1,), "xtc_probability": (0,), "dry_multiplier": (0,), "mirostat": (0,),
             "logit_bias": ([], {}), "grammar": ("",), "json_schema": (), "lora": ([],),
@@ -148,7 +149,8 @@ def _refuse_unsupported(data: dict) -> None:
         value = data.get(name)
         if value is not None and not any(value == v and isinstance(value, bool) == isinstance(v, bool)
                                          for v in neutral):
-            raise ApiError(400, f"{name}: not supported by this server (only {neutral[0]!r})", param=name)
+            only = f" (only {neutral[0]!r})" if neutral else ""
+            raise ApiError(400, f"{name}: not supported by this server{only}", param=name)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ log = logging.getLogger("speculate.serve")
 @dataclass(frozen=True)
 class Started:
     """The prompt passed its checks and generation begins: the response can start."""
+    n_prompt: int = 0  # the prompt's tokens
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def generate(engine: Engine, generation: Generation, spec: SpecSettings,
     the run there."""
     tokens = prompt_tokens(engine, generation)
     spec = dataclasses.replace(spec, n_predict=generation.max_tokens or -1, ignore_eos=generation.ignore_eos)
-    yield Started()
+    yield Started(len(tokens))
     if not tokens:  # llama-server answers an empty prompt with an empty answer
         yield Final("none", "", "", [], Stats(), [])
         return
@@ -116,6 +117,8 @@ class Job:
         self.generation = generation
         self.deadline = deadline  # time.monotonic() by which it must be done
         self.started = False      # the worker has taken it
+        self.grace: float | None = None  # the server is stopping: the deadline is the end of this grace
+        self._grace_told = False
         self._cancelled = threading.Event()
         self._loop = asyncio.get_running_loop()
         self._outputs: asyncio.Queue[Output] = asyncio.Queue()
@@ -132,8 +135,18 @@ class Job:
         if self.cancelled:
             return "cancelled"
         if time.monotonic() > self.deadline:
+            if self.grace is not None and not self._grace_told:
+                self._grace_told = True
+                log.info("shutting down: the %g s grace is over; the running generation ends with what it has",
+                         self.grace)
             return "length"  # out of time: what was generated is the answer, as at max_tokens
         return None
+
+    def end_within(self, grace: float) -> None:
+        """The server is stopping: end within `grace` seconds (or at the deadline, if sooner)."""
+        ends = time.monotonic() + grace
+        if ends < self.deadline:
+            self.deadline, self.grace = ends, grace
 
     async def next(self) -> Output:
         return await self._outputs.get()
@@ -216,11 +229,14 @@ class Worker:
             if job.cancelled or self._draining.is_set():  # its client gave up while it waited, or we stop
                 job.post(Failed(Busy("the server is shutting down" if self._draining.is_set() else "cancelled")))
                 return
+            n_prompt = 0
             with interrupt.cancel_when(lambda: job.should_stop() is not None):  # also mid-prompt
                 for output in generate(self.engine, job.generation, self.spec, job.should_stop):
                     job.post(output)
-                    if isinstance(output, Final):
-                        _log(job.generation, output)
+                    if isinstance(output, Started):
+                        n_prompt = output.n_prompt
+                    elif isinstance(output, Final):
+                        _log(job.generation, output, n_prompt)
                         with self._lock:
                             self._metrics.add(output.stats)
         except ApiError as e:
@@ -247,12 +263,15 @@ class Worker:
         generation ends within `grace` seconds with what it has."""
         self._draining.set()
         with self._lock:
-            for job in self._jobs:
-                if job.started:
-                    job.deadline = min(job.deadline, time.monotonic() + grace)
-                else:
-                    job.post(Failed(Busy("the server is shutting down")))
-                    job.cancel()
+            running = [job for job in self._jobs if job.started]
+            waiting = [job for job in self._jobs if not job.started]
+            for job in running:
+                job.end_within(grace)
+            for job in waiting:
+                job.post(Failed(Busy("the server is shutting down")))
+                job.cancel()
+        log.info("shutting down: %d waiting request%s refused; %s", len(waiting), "" if len(waiting) == 1 else "s",
+                 f"the running one has {grace:g} s to finish" if running else "none running")
 
     def close(self) -> None:
         """Stop every generation at its next step and wait for the thread to finish."""
@@ -269,9 +288,14 @@ class Worker:
         self.close()
 
 
-def _log(generation: Generation, final: Final) -> None:
+def _log(generation: Generation, final: Final, n_prompt: int) -> None:
+    """The request's line in the log; `n_prompt`: its prompt's tokens."""
     s = final.stats
+    kind = "chat" if generation.chat else "completion"
+    if n_prompt and not s.n_prompt:  # no Prefilled: llama.cpp's abort callback stopped the prompt
+        log.info("%s: stopped during its prompt of %d tokens, finish: %s", kind, n_prompt, final.reason)
+        return
     log.info("%s: %d prompt tokens (%d cached), %d generated in %.2f s (%.1f t/s), "
              "%d of %d drafted tokens accepted, finish: %s",
-             "chat" if generation.chat else "completion", s.n_prompt, s.n_cached, s.n_predict,
-             s.t_decode, s.decode_tps, s.n_accept, s.n_drafted, final.reason)
+             kind, s.n_prompt, s.n_cached, s.n_predict, s.t_decode, s.decode_tps, s.n_accept, s.n_drafted,
+             final.reason)

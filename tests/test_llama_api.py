@@ -4,6 +4,9 @@ sampler, against a vocabulary made by hand."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -130,17 +133,68 @@ def test_fields_read_as_llama_server_reads_them():
     ({"stream": 1}, "Field 'stream': type must be boolean"),
     ({"stop": [1]}, "Field 'stop'"),
     ({"samplers": 5}, "Field 'samplers'"),
-    ({"samplers": ["adaptive_p"]}, "adaptive_p is not supported"),
-    ({"grammar": "root ::= x"}, "grammar: not supported"),
-    ({"logit_bias": [[1, 2.0]]}, "logit_bias: not supported"),
-    ({"n_probs": 3}, "n_probs: not supported"),
-    ({"mirostat": 2}, "mirostat: not supported"),
     ({"response_fields": "content"}, "Field 'response_fields'"),
 ])
 def test_bad_fields(body, message):
     with pytest.raises(ApiError) as e:
         llama_api.parse(body, [1])
     assert e.value.status == 400 and message in e.value.message
+
+
+# Every field README's "Refused (400) unless at the value that changes nothing" names: values
+# it refuses, and the values that change nothing (none for json_schema: llama-server makes a
+# grammar of any schema, {} included). The adaptive_p sampler is refused in `samplers`.
+REFUSED = {
+    "n_probs": ([3, True, False], [0]),
+    "logprobs": ([1], [0]),
+    "min_keep": ([1], [0]),
+    "dynatemp_range": ([0.5], [0, 0.0]),
+    "top_n_sigma": ([1.0, 0], [-1]),
+    "xtc_probability": ([0.5], [0]),
+    "dry_multiplier": ([0.8], [0]),
+    "mirostat": ([2, 1], [0]),
+    "adaptive_target": ([0.5], [-1]),
+    "logit_bias": ([[[1, 2.0]], {"1": -100}], [[], {}]),
+    "grammar": (["root ::= \"x\""], [""]),
+    "json_schema": ([{"type": "object"}, {}, []], []),
+    "lora": ([[{"id": 0, "scale": 0.5}]], [[]]),
+    "echo": ([True], [False]),
+}
+REFUSED_CASES = [(name, value) for name, (refused, _) in REFUSED.items() for value in refused]
+NEUTRAL_CASES = [(name, value) for name, (_, neutral) in REFUSED.items() for value in neutral]
+
+
+def test_the_refused_fields_are_the_readmes_and_the_codes():
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    listed = text.split("Refused (`400`) unless at the value that changes nothing:")[1].split(".")[0]
+    assert set(re.findall(r"`([a-z_]+)`", listed)) == {*REFUSED, "adaptive_p"}
+    assert set(llama_api._NEUTRAL) == set(REFUSED)
+
+
+@pytest.mark.parametrize("name, value", REFUSED_CASES)
+@pytest.mark.parametrize("prompt_of", [llama_api.completion_prompt, llama_api.infill_prompt],
+                         ids=["completion", "infill"])
+def test_a_refused_field_is_llama_servers_400(name, value, prompt_of):
+    body = {"prompt": "x", "input_prefix": "a", "input_suffix": "b", name: value}
+    with pytest.raises(ApiError) as e:
+        llama_api.parse(body, prompt_of(Chars(), body))
+    assert e.value.status == 400 and e.value.param == name
+    assert e.value.llama_body() == {"error": {"code": 400, "type": "invalid_request_error",
+                                              "message": e.value.message}}
+    assert e.value.message.startswith(f"{name}: not supported by this server")
+
+
+@pytest.mark.parametrize("name, value", [*NEUTRAL_CASES, *((name, None) for name in REFUSED)])
+def test_a_refused_field_at_the_value_that_changes_nothing_is_accepted(name, value):
+    """...and so is null, which is absent, as for every field."""
+    assert llama_api.parse({"n_predict": 4, name: value}, [1]) == llama_api.parse({"n_predict": 4}, [1])
+
+
+@pytest.mark.parametrize("samplers", [["top_k", "adaptive_p"], ["adaptive-p"], "kat"])
+def test_the_adaptive_p_sampler_is_refused(samplers):
+    with pytest.raises(ApiError) as e:
+        llama_api.parse({"samplers": samplers}, [1])
+    assert e.value.status == 400 and "adaptive_p is not supported" in e.value.message
 
 
 def test_response_fields_select_by_path():
@@ -162,6 +216,49 @@ def test_n_indent_ends_the_first_line_less_indented_than_asked():
     # blanks at the end, which no character followed, come back with flush
     limits = LineLimits(n_indent=2)
     assert limits.push("a\n ") == "a\n" and not limits.stopped and limits.flush() == " "
+
+
+@pytest.mark.parametrize("n_indent, pieces, shown, stopped", [
+    (4, ["x = 1", "\n    y = 2"], ["x = 1", "\n    y = 2"], False),  # exactly n_indent blanks: on it goes
+    (4, ["  x", "\n  y"], ["  x", "\n  "], True),  # the first line continues the cursor's: never checked
+    (2, ["a\n\tb"], ["a\n\t"], True),  # a tab is one blank
+    (2, ["a\n\t b"], ["a\n\t b"], False),  # tabs and spaces alike
+    (3, ["a\n", " ", " ", "  b"], ["a\n", "", "", "    b"], False),  # blanks wait for what follows them
+    (3, ["a\n", " ", " ", "b"], ["a\n", "", "", "  "], True),
+    (2, ["a\n  b\n  c\nd = 1"], ["a\n  b\n  c\n"], True),  # every line, within one piece too
+    (3, ["a\n  \n"], ["a\n  "], True),  # a newline is the first other character of its line
+    (2, ["a\n  \n  b"], ["a\n  \n  b"], False),
+    (0, ["a\nb"], ["a\nb"], False),  # 0: no limit
+])
+def test_n_indent_on_hand_made_pieces(n_indent, pieces, shown, stopped):
+    limits = LineLimits(n_indent=n_indent)
+    assert [limits.push(piece) for piece in pieces] == shown and limits.stopped == stopped
+    assert limits.push("z") == ("" if stopped else "z")  # nothing once it has stopped
+
+
+def test_t_max_predict_counts_from_the_first_token_and_strictly_past_the_time():
+    now = [5.0]
+    limits = LineLimits(t_max=1.0, clock=lambda: now[0])
+    now[0] = 10.0  # the clock starts with the first token, not with the limits
+    assert limits.push("a\n") == "a\n" and not limits.stopped
+    now[0] = 11.0  # exactly t_max later: not past it (llama-server's t_gen_ms() > t_max_predict_ms)
+    assert limits.push("b\n") == "b\n" and not limits.stopped
+    now[0] = 11.5
+    assert limits.push("c\nd") == "c\nd" and limits.stopped
+    assert limits.push("e\n") == ""
+
+
+def test_the_two_limits_together():
+    now = [0.0]
+    limits = LineLimits(n_indent=2, t_max=1.0, clock=lambda: now[0])
+    assert limits.push("x") == "x"
+    now[0] = 2.0  # late: this newline would end the text, but its next line is indented less first
+    assert limits.push("y\nz") == "y\n" and limits.stopped
+    limits = LineLimits(n_indent=2, t_max=1.0, clock=lambda: now[0])
+    assert limits.push("x") == "x"
+    now[0] = 4.0
+    assert limits.push("\n  z\n ") == "\n  z\n " and limits.stopped  # late: the whole token, its blank too
+    assert LineLimits(t_max=0.0, clock=lambda: now[0]).push("a\n") == "a\n"  # 0: no time limit
 
 
 def test_t_max_predict_ends_at_the_first_newline_after_the_time():

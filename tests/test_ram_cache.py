@@ -277,3 +277,26 @@ def test_a_state_that_cannot_be_copied_fails_no_request(tiny, caplog):
     assert "cache-ram: could not save the caches: target: llama.cpp could not copy the KV cache" in caplog.text
     with Engine(target) as engine:
         assert answers == [complete(engine, prompt, GREEDY, spec, seed=1).tokens for prompt in prompts]
+
+
+@pytest.mark.real
+def test_forget_saves_the_conversation_and_the_next_run_processes_its_whole_prompt(tiny):
+    """llama-server's cache_prompt: false. The run after forget() keeps nothing of its prompt,
+    not even what a saved conversation would give back, and answers as a fresh engine does;
+    the conversation the caches held before is saved, and a later run that continues it
+    restores it."""
+    spec = SpecSettings(types=("none",), n_predict=8, ignore_eos=True)
+    target = ModelSpec(tiny("llama"), "target", n_ctx=512, n_threads=1)
+    x, a = list(range(10, 60)), list(range(70, 120))
+    with Engine(target, cache_ram_mib=64) as engine:
+        complete(engine, x, GREEDY, spec, seed=1)
+        first_a = complete(engine, a, GREEDY, spec, seed=1)
+        assert [e.tokens[:len(x)] for e in engine.ram_cache.entries()] == [tuple(x)]  # x's, cut by a
+        engine.forget()
+        assert len(engine.caches["target"]) == 0
+        whole = complete(engine, [*x, 5, 6], GREEDY, spec, seed=1)  # x's entry would give back 50
+        assert whole.stats.n_cached == 0
+        later = complete(engine, [*a, *first_a.tokens, 7, 8], GREEDY, spec, seed=1)
+        assert later.stats.n_cached >= len(a) + len(first_a.tokens) - 1  # a's conversation, restored
+    with Engine(target) as fresh:
+        assert complete(fresh, [*x, 5, 6], GREEDY, spec, seed=1).tokens == whole.tokens

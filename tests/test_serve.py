@@ -2,7 +2,8 @@
 well-behaved client never sends, many clients at once, disconnects and signals.
 
 One server (SmolLM2 as its own draft: greedy, every drafted token is accepted) serves the
-module; the tests that need other flags start their own.
+module; the tests that need other flags start their own. Those of the queue, disconnects and
+time hold a request where they need it (HOLD_PROBE), so none depends on this machine's speed.
 """
 
 from __future__ import annotations
@@ -15,18 +16,19 @@ import secrets
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import openai  # the test extra (pip install -e '.[test]'): without it this module must fail, not skip
 import pytest
 
 from scripts.tiny_model import write_model
+from speculative.server import GRACE_SECONDS
 from tests.conftest import SMOL, SPECULATE, speculate, speculate_json
 from tests.gguf_builder import write_tiny_llama
-
-openai = pytest.importorskip("openai")
 
 pytestmark = pytest.mark.real
 
@@ -69,13 +71,71 @@ class Server:
         return self.log.read_text(errors="replace")
 
 
-def start_server(model_path, tmp_path: Path, *args: str, key: str | None = KEY, model: str | None = None) -> Server:
+# A server whose requests a test can hold where it needs them, so that what it checks never
+# depends on how fast this machine generates (in the style of tests/test_signals.py's PROBE).
+# A /v1/completions prompt starting with HOLD_STEP is held after its first piece of text (sent
+# to the client) until the request must stop (its client gone, its time up) or, with
+# $PROBE_RELEASE set, until that file exists; one starting with HOLD_PROMPT is held inside
+# llama.cpp, at the first graph node of its prompt's decode (the abort callback), until the
+# request must stop. Each hold writes "probe: holding ..." on stderr, the server's log.
+HOLD_STEP = "[hold after the first piece] "
+HOLD_PROMPT = "[hold inside the prompt] "
+HOLD_PROBE = f"""
+import os, sys, time
+from speculative import interrupt, llamacpp, serving
+from speculative.stream import Piece
+
+RELEASE = os.environ.get("PROBE_RELEASE")
+GIVE_UP = 300  # seconds: a test that never releases a request fails, the server does not hang
+
+def hold(until, where):
+    sys.stderr.write("probe: holding " + where + "\\n")
+    sys.stderr.flush()
+    give_up = time.monotonic() + GIVE_UP
+    while not until() and time.monotonic() < give_up:
+        time.sleep(0.01)
+
+prompt_holds = []  # a HOLD_PROMPT request's "must it stop?", for llama.cpp's next abort callback
+
+def abort_callback(_data=None):
+    if prompt_holds:
+        hold(prompt_holds.pop(), "inside llama.cpp's prompt decode")
+    return interrupt.poll()
+
+llamacpp._abort = llamacpp.ll.ggml_abort_callback(abort_callback)
+generate = serving.generate
+
+def held(engine, generation, spec, should_stop):
+    prompt = generation.prompt or ""
+    must_stop = lambda: should_stop() is not None
+    if prompt.startswith({HOLD_PROMPT!r}):
+        prompt_holds.append(must_stop)
+    step = prompt.startswith({HOLD_STEP!r})
+    try:
+        for output in generate(engine, generation, spec, should_stop):
+            yield output
+            if step and isinstance(output, Piece):
+                step = False
+                hold((lambda: os.path.exists(RELEASE)) if RELEASE else must_stop, "after the first piece")
+    finally:
+        prompt_holds.clear()
+
+serving.generate = held
+from cli.main import main
+main()
+"""
+
+
+def start_server(model_path, tmp_path: Path, *args: str, key: str | None = KEY, model: str | None = None,
+                 env: dict[str, str] | None = None, probe: bool = False) -> Server:
+    """`speculate serve -m MODEL ARGS` (with `probe`, through HOLD_PROBE), answering /health."""
     model = model or str(model_path(SMOL))
     port = _free_port()
     log = tmp_path / f"serve-{port}.log"
-    env = {**os.environ, "SPECULATE_API_KEY": key or ""}
+    env = {**os.environ, "SPECULATE_API_KEY": key or "", **(env or {})}
+    command = [sys.executable, "-c", HOLD_PROBE] if probe else [SPECULATE]
     with open(log, "wb") as out:
-        proc = subprocess.Popen([SPECULATE, "serve", "-m", model, "--port", str(port), *args],
+        proc = subprocess.Popen([*command, "serve", "-m", model, "--port", str(port), *args],
                                 stdout=out, stderr=subprocess.STDOUT, env=env)
     server = Server(proc, port, log)
     deadline = time.monotonic() + 180
@@ -297,14 +357,16 @@ def test_cache_ram_evicts_the_least_recently_used_under_a_small_budget(model_pat
     order = "ABCABCDA"
     args = ("-t", "1", "--spec-type", "ngram-simple", "-c", "1024")
     answers, logs = {}, {}
-    for budget in ("1", "0"):
-        server = start_server(model_path, tmp_path, *args, "--cache-ram", budget, model=model)
+    # --cache-ram's default comes from $LLAMA_ARG_CACHE_RAM, as llama-server's; the flag wins over it
+    for budget, flag in (("1", ()), ("0", ("--cache-ram", "0"))):
+        server = start_server(model_path, tmp_path, *args, *flag, model=model, env={"LLAMA_ARG_CACHE_RAM": "1"})
         try:
             answers[budget] = take_turns(server, order, questions, 8, ignore_eos=True)
         finally:
             assert stop_server(server) == 0
         logs[budget] = server.log_text()
         assert "Traceback" not in logs[budget] and "ERROR" not in logs[budget]
+    assert "cache-ram:" not in logs["0"]
     cached, plain = answers["1"], answers["0"]
     assert [a.choices[0].message.content for a in cached] == [a.choices[0].message.content for a in plain]
     template = cache_n(plain[1])  # the system prompt (D's question starts otherwise: less)
@@ -325,9 +387,31 @@ def test_cache_ram_evicts_the_least_recently_used_under_a_small_budget(model_pat
 
 def test_cache_ram_bad_values_are_usage_errors():
     for value in ("-2", "lots", "1.5"):
-        proc = speculate("serve", "--cache-ram", value, "-m", "/nonexistent.gguf")
-        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-        assert proc.stderr.startswith("speculate: error:") and "cache-ram" in proc.stderr
+        for args, env in ((("--cache-ram", value), None), ((), {"LLAMA_ARG_CACHE_RAM": value})):
+            proc = speculate("serve", *args, "-m", "/nonexistent.gguf", env=env)
+            assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+            assert proc.stderr.startswith("speculate: error:") and "cache-ram" in proc.stderr
+
+
+def test_cache_prompt_false_processes_the_whole_prompt_and_keeps_the_live_conversation(server):
+    """llama-server's cache_prompt: false, with --cache-ram (the module's server has its default):
+    nothing is kept or restored for the request, though a saved conversation starts like it,
+    and the conversation the caches held is saved first, so a later request continuing it
+    restores it."""
+    def ask(prompt: str, **extra) -> dict:
+        status, _, answer = server.request("POST", "/completion", {"prompt": prompt, "n_predict": 4,
+                                                                    "temperature": 0, "ignore_eos": True, **extra})
+        assert status == 200, answer
+        return answer
+
+    zebras = "Zebras live on the grasslands of Africa and eat grass all day. " * 3 + "Tell me about zebras."
+    penguins = "Penguins live on the ice of Antarctica and eat fish all day. " * 3 + "Tell me about penguins."
+    ask(zebras)
+    first = ask(penguins)  # the zebras' conversation goes to the RAM cache
+    whole = ask(zebras + " And their stripes?", cache_prompt=False)
+    assert whole["timings"]["cache_n"] == 0 and whole["timings"]["prompt_n"] == whole["tokens_evaluated"]
+    later = ask(penguins + " And their eggs?")  # the penguins' conversation, saved by the request before
+    assert later["timings"]["cache_n"] >= first["tokens_evaluated"] - 1 > 40, later["timings"]
 
 
 def test_draft_trees_serve_the_one_shot_commands_greedy_output(model_path, tmp_path, batch_invariant):
@@ -450,76 +534,146 @@ def test_a_hostile_chat_template_is_a_400_and_the_server_stays_up(model_path, tm
 
 
 # -- load, disconnects, time -----------------------------------------------------------
+# Each of these holds a request (HOLD_PROBE) where the test needs it: a queue seen full stays
+# full, a disconnect lands mid-stream or mid-prompt, a deadline or the drain's grace comes
+# while the request still runs, on any machine. What they check is what the server reports:
+# its answers, its log lines, its /metrics gauges; wall-clock bounds only guard against a hang.
+
+FINISH = re.compile(r"completion: (?:\d+ prompt tokens \(\d+ cached\), (\d+) generated .*"
+                    r"|stopped during its prompt of (\d+) tokens), finish: (\w+)")
 
 
-def test_twenty_concurrent_clients_get_an_answer_or_a_clean_503(server):
-    """--parallel 2: one generates, two wait, the rest are refused at once."""
-    barrier = threading.Barrier(20)
-    results: list[tuple[int, dict, object]] = [None] * 20
+@pytest.fixture(scope="module")
+def held(model_path, tmp_path_factory):
+    """A server whose requests can be held (HOLD_PROBE): SmolLM2 alone, --parallel 2, /metrics."""
+    s = start_server(model_path, tmp_path_factory.mktemp("held"), "--spec-type", "none", "-t", "1",
+                     "--parallel", "2", "--metrics", probe=True)
+    yield s
+    stop_server(s)
 
-    def client(i: int) -> None:
+
+def open_stream(server: Server, body: dict) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    """A streamed /v1/completions request, its response begun (the prompt passed its checks)."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    conn.request("POST", "/v1/completions", body=json.dumps({**body, "stream": True}),
+                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    return conn, resp
+
+
+def metrics(server: Server) -> dict[str, float]:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    try:
+        conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    return {name: float(value) for name, value in (line.rsplit(" ", 1) for line in text.splitlines()
+                                                  if line and not line.startswith("#"))}
+
+
+def _wait_for_metrics(server: Server, expected: dict[str, float], seconds: float = 60) -> dict[str, float]:
+    """Until /metrics reports these values."""
+    t0 = time.monotonic()
+    while True:
+        now = metrics(server)
+        if all(now[name] == value for name, value in expected.items()):
+            return now
+        assert time.monotonic() - t0 < seconds, (expected, now)
+        time.sleep(0.05)
+
+
+def finished(server: Server, start: int, n: int = 1, seconds: float = 60) -> list[tuple[int | None, int | None, str]]:
+    """The first `n` requests' log lines after the log's first `start` characters, once there:
+    (tokens generated, or None; the prompt's tokens if it was stopped during it, or None; the
+    finish reason)."""
+    t0 = time.monotonic()
+    while len(found := FINISH.findall(server.log_text()[start:])) < n:
+        assert time.monotonic() - t0 < seconds, server.log_text()[start:]
+        time.sleep(0.05)
+    return [(int(g) if g else None, int(p) if p else None, reason) for g, p, reason in found[:n]]
+
+
+def test_a_full_queue_refuses_at_once_and_the_waiting_requests_run_after(held):
+    """--parallel 2: one request generates (held after its first piece), two wait (seen in
+    /metrics), and every other one is refused at once with 503; the two run once the running
+    one's client has gone."""
+    start = len(held.log_text())
+    refused_before = metrics(held)["speculate:requests_refused_total"]
+    conn, running = open_stream(held, {"prompt": HOLD_STEP + "Count to 100:", "max_tokens": 64, "ignore_eos": True})
+    assert running.readline().startswith(b"data: ")
+    _wait_for(held, "probe: holding after the first piece", start)
+    answers: list = [None, None]
+
+    def wait(i: int) -> None:
+        answers[i] = held.request("POST", "/v1/completions", {"prompt": f"Count to {i + 3}:", "max_tokens": 4,
+                                                              "temperature": 0, "ignore_eos": True})
+
+    waiting = [threading.Thread(target=wait, args=(i,)) for i in range(2)]
+    for t in waiting:
+        t.start()
+    _wait_for_metrics(held, {"llamacpp:requests_processing": 1, "llamacpp:requests_deferred": 2})
+    barrier = threading.Barrier(17)
+    refused: list = [None] * 17
+
+    def refuse(i: int) -> None:
         barrier.wait()
-        results[i] = server.request("POST", "/v1/completions",
-                                    {"prompt": f"Count to {i + 3}:", "max_tokens": 16, "temperature": 0})
+        refused[i] = held.request("POST", "/v1/completions", {"prompt": f"Count to {i}:", "max_tokens": 4})
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(20)]
+    threads = [threading.Thread(target=refuse, args=(i,)) for i in range(17)]
     for t in threads:
         t.start()
     for t in threads:
+        t.join(timeout=60)
+    assert None not in refused, "a request beyond the queue was not refused at once: it waits"
+    for status, headers, answer in refused:
+        assert status == 503 and headers["retry-after"] == "1", answer
+        assert answer["error"]["type"] == "unavailable_error" and "every place in the queue" in answer["error"]["message"]
+    now = metrics(held)
+    assert now["speculate:requests_refused_total"] - refused_before == 17
+    assert now["llamacpp:requests_processing"] == 1 and now["llamacpp:requests_deferred"] == 2  # still full
+    conn.close()  # the running one's client goes: it stops, and the two waiting run
+    for t in waiting:
         t.join(timeout=300)
-    statuses = [r[0] for r in results]
-    assert set(statuses) <= {200, 503}, statuses
-    for status, headers, answer in results:
-        if status == 200:
-            assert answer["choices"][0]["finish_reason"] in ("stop", "length")
-            assert answer["usage"]["completion_tokens"] >= 1
-        else:
-            assert headers["retry-after"].isdigit() and answer["error"]["type"] == "unavailable_error"
-    assert statuses.count(200) >= 3 and statuses.count(503) >= 1, statuses
-    # ignore_eos: SmolLM2's first token here beats EOS by 0.12 logits, a margin another CPU may lose
-    still = completion(server, prompt="Still there?", max_tokens=4, ignore_eos=True)
-    assert still["usage"]["completion_tokens"] == 4
+    for status, _, answer in answers:
+        assert status == 200 and answer["choices"][0]["finish_reason"] == "length", answer
+        assert answer["usage"]["completion_tokens"] == 4
+    (generated, _, reason), *rest = finished(held, start, 3)
+    assert reason == "cancelled" and 1 <= generated < 64 and [r[2] for r in rest] == ["length", "length"]
+    _wait_for_metrics(held, {"llamacpp:requests_processing": 0, "llamacpp:requests_deferred": 0})
 
 
-def test_a_client_that_disconnects_mid_stream_stops_its_generation(server):
-    start = len(server.log_text())
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-    conn.request("POST", "/v1/completions", body=json.dumps(
-        {"prompt": "Write a very long story:", "max_tokens": 1500, "ignore_eos": True, "temperature": 0,
-         "stream": True}), headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
-    resp = conn.getresponse()
-    assert resp.status == 200
-    assert resp.readline().startswith(b"data: ")  # generating
+def test_a_client_that_disconnects_mid_stream_stops_its_generation(held):
+    start = len(held.log_text())
+    conn, resp = open_stream(held, {"prompt": HOLD_STEP + "Write a very long story:", "max_tokens": 1500,
+                                    "ignore_eos": True, "temperature": 0})
+    assert resp.readline().startswith(b"data: ")  # generating: its first piece
+    _wait_for(held, "probe: holding after the first piece", start)
     conn.close()
-    _wait_for(server, "finish: cancelled", start)
-    pattern = re.compile(r"completion: \d+ prompt tokens \(\d+ cached\), (\d+) generated .* finish: cancelled")
-    assert int(pattern.findall(server.log_text()[start:])[-1]) < 1500
+    [(generated, _, reason)] = finished(held, start)
+    assert reason == "cancelled" and 1 <= generated < 1500  # stopped at the step after the close
     # ignore_eos: exactly 2 tokens, wherever this CPU's greedy text would reach EOS
-    assert completion(server, prompt="Next", max_tokens=2, ignore_eos=True)["usage"]["completion_tokens"] == 2
+    assert completion(held, prompt="Next", max_tokens=2, ignore_eos=True)["usage"]["completion_tokens"] == 2
 
 
-def test_a_client_that_disconnects_during_a_long_prompt_stops_its_processing(server):
-    """llama.cpp's abort callback asks whether the job was cancelled: a client gone in
-    the middle of a long prompt does not hold the models until the prompt is in."""
-    def long_prompt(word: str) -> str:  # a new first word: nothing kept from another prompt
-        return f"{word}: " + " ".join(f"{word}{i}" for i in range(400))
-
-    full = completion(server, prompt=long_prompt("apple"), max_tokens=1)["timings"]["prompt_ms"] / 1000
-    start = len(server.log_text())
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-    conn.request("POST", "/v1/completions", body=json.dumps(
-        {"prompt": long_prompt("pear"), "max_tokens": 100, "stream": True}),
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
-    resp = conn.getresponse()
-    assert resp.status == 200  # the response starts as the prompt's processing does (no text before it)
-    t0 = time.monotonic()
+def test_a_client_that_disconnects_during_a_long_prompt_stops_its_processing(held):
+    """llama.cpp's abort callback asks whether the request must stop: a client gone in the
+    middle of a long prompt does not hold the models until the prompt is in. (The probe holds
+    the prompt at its decode's first graph node until the request must stop, so the cancel
+    lands inside llama.cpp however fast this machine processes prompts.)"""
+    prompt = HOLD_PROMPT + "pear: " + " ".join(f"pear{i}" for i in range(400))
+    start = len(held.log_text())
+    conn, _ = open_stream(held, {"prompt": prompt, "max_tokens": 100})
+    _wait_for(held, "probe: holding inside llama.cpp's prompt decode", start)
+    closed = time.monotonic()
     conn.close()
-    _wait_for(server, "finish: cancelled", start)
-    assert re.search(r"\(0 cached\), 0 generated .* finish: cancelled", server.log_text()[start:])
-    assert time.monotonic() - t0 < full / 3, f"cancelled after {time.monotonic() - t0:.2f} s, a prompt takes {full:.2f} s"
-    assert "Traceback" not in server.log_text()[start:]
+    [(generated, n_prompt, reason)] = finished(held, start)
+    assert reason == "cancelled" and generated is None and n_prompt > 400  # the prompt never got in
+    assert time.monotonic() - closed < 60  # a guard against a hang
+    assert "Traceback" not in held.log_text()[start:]
     # ignore_eos: exactly 2 tokens, wherever this CPU's greedy text would reach EOS
-    assert completion(server, prompt="Next", max_tokens=2, ignore_eos=True)["usage"]["completion_tokens"] == 2
+    assert completion(held, prompt="Next", max_tokens=2, ignore_eos=True)["usage"]["completion_tokens"] == 2
 
 
 def test_the_key_never_reaches_the_log(server):
@@ -528,53 +682,79 @@ def test_the_key_never_reaches_the_log(server):
     assert KEY[8:] not in log and "POST /v1/completions" in log and "Traceback" not in log
 
 
-def test_timeout_ends_a_generation_with_what_it_has(model_path, tmp_path):
-    server = start_server(model_path, tmp_path, "--spec-type", "none", "--timeout", "2")
+def test_timeout_ends_a_generation_with_what_it_has_and_refuses_a_request_still_waiting(model_path, tmp_path):
+    """--timeout 3: a request still waiting for the models then gets 503, and the running one,
+    held until then, ends at its next step with what it has (finish_reason length)."""
+    release = tmp_path / "release"
+    server = start_server(model_path, tmp_path, "--spec-type", "none", "-t", "1", "--timeout", "3", probe=True,
+                          env={"PROBE_RELEASE": str(release)})
     try:
-        t0 = time.monotonic()
-        answer = completion(server, prompt="Write a very long story:", max_tokens=1500, ignore_eos=True)
-        assert time.monotonic() - t0 < 30
-        assert answer["choices"][0]["finish_reason"] == "length"
+        answers: list = []
+        running = threading.Thread(target=lambda: answers.append(server.request("POST", "/v1/completions", {
+            "prompt": HOLD_STEP + "Write a very long story:", "max_tokens": 1500, "ignore_eos": True})))
+        running.start()
+        _wait_for(server, "probe: holding after the first piece")
+        status, headers, waited = server.request("POST", "/v1/completions", {"prompt": "Me next", "max_tokens": 2})
+        assert status == 503 and headers["retry-after"] == "1", waited
+        assert "the models were not free within --timeout (3 s)" in waited["error"]["message"]
+        release.touch()  # past its deadline by now: it ends at its next step
+        running.join(timeout=120)
+        assert answers, "the running request did not end at its next step, past its deadline"
+        status, _, answer = answers[0]
+        assert status == 200 and answer["choices"][0]["finish_reason"] == "length", answer
         assert 0 < answer["usage"]["completion_tokens"] < 1500
     finally:
-        stop_server(server)
+        assert stop_server(server) == 0
+    assert "Traceback" not in server.log_text()
 
 
 def test_sigint_lets_the_running_answer_finish_and_exits_0(model_path, tmp_path):
-    server = start_server(model_path, tmp_path, "--spec-type", "none", key=None)
+    release = tmp_path / "release"
+    server = start_server(model_path, tmp_path, "--spec-type", "none", "-t", "1", key=None, probe=True,
+                          env={"PROBE_RELEASE": str(release)})
     events: list = []
-    reader = threading.Thread(target=lambda: events.extend(
-        sse(server, "/v1/completions", {"prompt": "Tell me a story:", "max_tokens": 48, "ignore_eos": True})))
+    reader = threading.Thread(target=lambda: events.extend(sse(server, "/v1/completions", {
+        "prompt": HOLD_STEP + "Tell me a story:", "max_tokens": 16, "ignore_eos": True})))
     reader.start()
-    _wait_for(server, "POST /v1/completions")  # uvicorn logs a stream's request as its response starts
+    _wait_for(server, "probe: holding after the first piece")  # it runs: SIGINT comes in the middle
     server.proc.send_signal(signal.SIGINT)
-    reader.join(timeout=60)
+    _wait_for(server, f"shutting down: 0 waiting requests refused; the running one has {GRACE_SECONDS} s to finish")
+    release.touch()
+    reader.join(timeout=120)
     assert server.proc.wait(timeout=60) == 0, server.log_text()
-    assert events[-1] == "[DONE]" and events[-2]["usage"]["completion_tokens"] == 48
-    assert "Traceback" not in server.log_text() and "ERROR" not in server.log_text()
+    assert events[-1] == "[DONE]" and events[-2]["usage"]["completion_tokens"] == 16
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
+    log = server.log_text()
+    assert "grace is over" not in log and "Traceback" not in log and "ERROR" not in log
 
 
 def test_sigterm_refuses_waiting_requests_and_ends_the_running_one_within_the_grace(model_path, tmp_path):
-    server = start_server(model_path, tmp_path, "--spec-type", "none", key=None)
+    """The running request is held until it must stop: only the grace's end stops it."""
+    server = start_server(model_path, tmp_path, "--spec-type", "none", "-t", "1", "--metrics", key=None,
+                          probe=True)
     events: list = []
     queued: list = []
-    long_story = {"prompt": "Tell me a story:", "max_tokens": 1500, "ignore_eos": True}
-    threading.Thread(target=lambda: events.extend(sse(server, "/v1/completions", long_story))).start()
-    _wait_for(server, "POST /v1/completions")
+    reader = threading.Thread(target=lambda: events.extend(sse(server, "/v1/completions", {
+        "prompt": HOLD_STEP + "Tell me a story:", "max_tokens": 1500, "ignore_eos": True})))
+    reader.start()
+    _wait_for(server, "probe: holding after the first piece")
     waiting = threading.Thread(target=lambda: queued.append(
         server.request("POST", "/v1/completions", {"prompt": "Me next", "max_tokens": 2})))
     waiting.start()
-    time.sleep(1.0)  # it has reached the queue
+    _wait_for_metrics(server, {"llamacpp:requests_processing": 1, "llamacpp:requests_deferred": 1})
     sent = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
-    waiting.join(timeout=30)
+    waiting.join(timeout=60)
     assert queued[0][0] == 503 and "shutting down" in queued[0][2]["error"]["message"]
-    assert time.monotonic() - sent < 5
-    assert server.proc.wait(timeout=60) == 0, server.log_text()
-    assert time.monotonic() - sent < 20  # the grace, 10 s, and a step
+    assert server.proc.wait(timeout=120) == 0, server.log_text()
+    assert time.monotonic() - sent > GRACE_SECONDS  # it ran on until the grace was over
+    reader.join(timeout=60)
     assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
     assert 0 < events[-2]["usage"]["completion_tokens"] < 1500
-    assert "Traceback" not in server.log_text() and "ERROR" not in server.log_text()
+    log = server.log_text()
+    assert f"shutting down: 1 waiting request refused; the running one has {GRACE_SECONDS} s to finish" in log
+    assert f"shutting down: the {GRACE_SECONDS} s grace is over; the running generation ends with what it has" in log
+    assert "Traceback" not in log and "ERROR" not in log
 
 
 def _wait_for(server: Server, text: str, start: int = 0, seconds: float = 60) -> None:

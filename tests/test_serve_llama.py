@@ -16,6 +16,8 @@ import re
 import pytest
 
 from tests.conftest import QWEN_DRAFT, SMOL, speculate_json, vendored
+from tests.gguf_builder import write_chain_llama
+from tests.test_llama_api import NEUTRAL_CASES
 from tests.test_serve import KEY, Server, start_server, stop_server
 
 pytestmark = pytest.mark.real
@@ -298,23 +300,53 @@ def test_streamed_completion_is_the_whole_one_in_pieces_without_done(server):
     assert last["stop"] is True and last["content"] == "" and last["timings"]["predicted_n"] == 20
 
 
-def test_n_indent_ends_a_line_indented_less(server):
-    body = {"input_prefix": "def parse(text):\n", "input_suffix": "\n", "prompt": "    ", "n_predict": 64,
-            "temperature": 0, "ignore_eos": True, "n_indent": 40}
-    answer = post(server, "/infill", body)
-    lines = answer["content"].split("\n")
-    assert all(not line.strip() for line in lines[1:]), answer["content"]
-    if len(lines) > 1:
-        assert answer["stop_type"] == "limit" and answer["tokens_predicted"] < 64
+# The editors' line limits on a model whose text is forced, so that each limit must apply
+# whatever this CPU's kernels do (a real model's lines are its own): write_chain_llama's tiny
+# model, which after the prompt's "h" writes "\n i\n i\n i..." (a newline, a blank, "i").
+CHAIN = {"h": "<0x0A>", "<0x0A>": "\u2581", "\u2581": "i", "i": "<0x0A>"}
+CHAIN_PROMPT = [1, 6]  # <s> h
+CHAIN_TEXT = "\n i" * 200
 
 
-def test_t_max_predict_ms_ends_at_the_first_newline_after_it(server):
-    body = {"prompt": "def main():\n    print(1)\n", "n_predict": 200, "temperature": 0, "ignore_eos": True,
-            "t_max_predict_ms": 1, "return_tokens": True}
-    answer = post(server, "/completion", body)
-    pieces = [post(server, "/detokenize", {"tokens": [t]})["content"] for t in answer["tokens"]]
-    assert "\n" in pieces[-1] and not any("\n" in p for p in pieces[:-1]), pieces
-    assert answer["stop_type"] == "limit" and answer["tokens_predicted"] < 200
+@pytest.fixture(scope="module")
+def chain(model_path, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("chain")
+    s = start_server(model_path, folder, "--spec-type", "none", "-t", "1", "-c", "1024",
+                     model=str(write_chain_llama(folder / "chain.gguf", CHAIN)))
+    yield s
+    stop_server(s)
+
+
+def test_n_indent_ends_the_answer_at_a_line_indented_less(chain):
+    """Lines of one blank: n_indent 1 lets them all through, n_indent 2 ends the answer where the
+    first line after the first has its blank (kept) and then "i"."""
+    body = {"prompt": CHAIN_PROMPT, "n_predict": 12, "temperature": 0, "ignore_eos": True}
+    whole = post(chain, "/completion", body)
+    assert whole["content"] == CHAIN_TEXT[:12] and whole["tokens_predicted"] == 12
+    assert post(chain, "/completion", {**body, "n_indent": 1})["content"] == whole["content"]
+    cut = post(chain, "/completion", {**body, "n_indent": 2})
+    assert cut["content"] == "\n " and cut["stop_type"] == "limit" and cut["tokens_predicted"] == 3
+    streamed = [json.loads(line[6:]) for line in events(chain, "/completion", {**body, "n_indent": 2})]
+    assert "".join(c["content"] for c in streamed) == "\n " and streamed[-1]["stop_type"] == "limit"
+
+
+def test_t_max_predict_ms_ends_the_answer_with_a_newline_once_the_time_is_up(chain):
+    """1 ms: the answer ends with the first newline token after the time (when is this machine's
+    business: the fake clock of test_llama_api checks which token), long before 600 tokens; an
+    hour: all 600 tokens."""
+    body = {"prompt": CHAIN_PROMPT, "n_predict": 600, "temperature": 0, "ignore_eos": True}
+    timed = post(chain, "/completion", {**body, "t_max_predict_ms": 1})
+    assert timed["stop_type"] == "limit" and timed["tokens_predicted"] < 600
+    assert timed["content"].endswith("\n") and timed["content"] == CHAIN_TEXT[:timed["tokens_predicted"]]
+    untimed = post(chain, "/completion", {**body, "t_max_predict_ms": 3_600_000})
+    assert untimed["content"] == CHAIN_TEXT[:600] and untimed["stop_type"] == "limit"
+
+
+def test_refused_fields_at_the_value_that_changes_nothing_change_nothing(chain):
+    body = {"prompt": CHAIN_PROMPT, "n_predict": 6, "temperature": 0, "ignore_eos": True}
+    plain = post(chain, "/completion", body)
+    fields = {name: value for name, value in NEUTRAL_CASES}
+    assert post(chain, "/completion", {**body, **fields})["content"] == plain["content"] == CHAIN_TEXT[:6]
 
 
 def test_tokenize_detokenize_props_and_metrics(server):
@@ -350,6 +382,10 @@ def test_tokenize_detokenize_props_and_metrics(server):
     ("/completion", {"prompt": [1, 10**9]}, 400, "invalid_request_error", "outside this model's vocabulary"),
     ("/completion", {"prompt": "hi " * 5000}, 400, "exceed_context_size_error", "the context holds 4096"),
     ("/completion", {"prompt": "x", "grammar": "root ::= x"}, 400, "invalid_request_error", "not supported"),
+    ("/completion", {"prompt": "x", "json_schema": {"type": "object"}}, 400, "invalid_request_error",
+     "json_schema: not supported"),
+    ("/infill", {"input_prefix": "a", "input_suffix": "b", "json_schema": {}}, 400, "invalid_request_error",
+     "json_schema: not supported"),
     ("/infill", {"input_suffix": ""}, 400, "invalid_request_error", '"input_prefix" is required'),
     ("/detokenize", {"tokens": [-1]}, 400, "invalid_request_error", "outside this model's vocabulary"),
     ("/tokenize", [1], 400, "invalid_request_error", "must be a JSON object"),
