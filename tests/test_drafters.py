@@ -14,7 +14,7 @@ from speculative.events import Step, Token
 from speculative.loop import generate
 from speculative.sampling import Sampler
 from speculative.settings import SamplerSettings, SpecSettings
-from tests.fakes import FakeBackend, ToyModel, plain_decode
+from tests.fakes import Clock, FakeBackend, ToyModel, plain_decode
 
 GREEDY = SamplerSettings(temp=0.0)
 
@@ -93,29 +93,6 @@ def cyclic_model() -> ToyModel:
     """Greedy output of this toy model falls into a short cycle: n-gram lookup predicts it."""
     model = ToyModel(vocab=8, seed=3, eog_bias=-40.0)
     return model
-
-
-class Clock:
-    """Time that passes only while the fake target verifies, as long as the calibration says
-    (a verify of b tokens takes verify_costs[b - 1]): auto's timings are exact, whatever
-    else runs on the machine."""
-
-    def __init__(self, verify_costs):
-        self.now = 0.0
-        self.verify_costs = verify_costs
-
-    def perf_counter(self) -> float:
-        return self.now
-
-    def timed(self, backend: FakeBackend) -> FakeBackend:
-        decode_branches = backend.decode_branches
-
-        def verify(tokens, positions, seqs):
-            self.now += self.verify_costs[len(tokens) - 1]
-            return decode_branches(tokens, positions, seqs)
-
-        backend.decode_branches = verify
-        return backend
 
 
 def run_auto(model, drafters, verify_costs, n=60, draft_costs=None, calibrated=None):
