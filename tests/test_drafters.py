@@ -143,13 +143,15 @@ def test_auto_learns_while_declining():
 # -- calibration ---------------------------------------------------------------
 
 
-def test_calibration_is_measured_once_and_cached(tmp_path):
-    backend = FakeBackend(ToyModel(seed=0))
+def test_calibration_is_measured_once_and_cached(tmp_path, monkeypatch):
+    clock = Clock(lambda b: 1e-3 * b, redecode=True)  # a batch of b tokens takes b ms
+    monkeypatch.setattr("speculative.calibrate.time", clock)
+    backend = clock.timed(FakeBackend(ToyModel(seed=0)))
     cache = Cache(backend)
     identity = {"name": "toy", "threads": 2}
     messages = []
     first = batch_costs(cache, 5, identity, messages.append, path=tmp_path / "cal.json")
-    assert len(first) == 5 and all(c > 0 for c in first) and messages
+    assert first == pytest.approx([1e-3 * b for b in range(1, 6)]) and messages
     assert backend.cache == [] and len(cache) == 0  # the cache is left empty
     messages.clear()
     assert batch_costs(cache, 4, identity, messages.append, path=tmp_path / "cal.json") == first[:4]
