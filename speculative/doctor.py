@@ -34,6 +34,12 @@ class Check:
         return asdict(self)
 
 
+def probe_tokens(rng: np.random.Generator, n_vocab: int, n: int) -> list[int]:
+    """n random tokens away from both ends of the vocabulary (where special tokens are)."""
+    margin = min(100, n_vocab // 4)
+    return rng.integers(margin, n_vocab - margin, n).tolist()
+
+
 def batch_invariance(cache: Cache, batches=BATCHES, depths=DEPTHS, seed: int = 0) -> list[Check]:
     """Score positions one at a time and inside each batch, at each cache depth that fits."""
     model = cache.model
@@ -42,8 +48,7 @@ def batch_invariance(cache: Cache, batches=BATCHES, depths=DEPTHS, seed: int = 0
     for cached in depths:
         if cached + max(batches) > model.n_ctx:
             continue
-        tokens = rng.integers(min(100, model.n_vocab // 4), model.n_vocab - min(100, model.n_vocab // 4),
-                              cached + max(batches)).tolist()
+        tokens = probe_tokens(rng, model.n_vocab, cached + max(batches))
         cache.forget()
         cache.extend(tokens[:cached])
         cache.checkpoint()  # a recurrent state comes back here after each batch

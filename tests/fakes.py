@@ -149,3 +149,48 @@ def plain_decode(model: ToyModel, prompt: list[int], n: int, sampler, n_ctx: int
         tokens.append(token)
         out.append(token)
     return out
+
+
+class Clock:
+    """Time that passes only while a fake model works, as long as the test says (patched in
+    for the `time` of the loop, auto and calibration, it makes every timing they take exact,
+    whatever else runs on the machine): scoring a batch of b tokens (a verify) takes
+    verify_costs[b - 1] (or verify_costs(b), a function); with `redecode`, so does decoding b
+    tokens without drafts (the prompt, and a recurrent state's accepted tokens decoded again
+    after a restore); copying a recurrent state into a checkpoint takes `save`, restoring one
+    `restore`."""
+
+    def __init__(self, verify_costs, save: float = 0.0, restore: float = 0.0, redecode: bool = False):
+        self.now = 0.0
+        self.verify_costs = verify_costs
+        self.save, self.restore, self.redecode = save, restore, redecode
+
+    def cost(self, b: int) -> float:
+        return self.verify_costs(b) if callable(self.verify_costs) else self.verify_costs[b - 1]
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def timed(self, backend: FakeBackend) -> FakeBackend:
+        decode, decode_branches = backend.decode, backend.decode_branches
+        save_state, load_state = backend.save_state, backend.load_state
+
+        def verify(tokens, positions, seqs):
+            self.now += self.cost(len(tokens))
+            return decode_branches(tokens, positions, seqs)
+
+        def decoded(tokens, pos, outputs):
+            self.now += self.cost(len(tokens)) if self.redecode and len(tokens) else 0.0
+            return decode(tokens, pos, outputs)
+
+        def saved(partial=False):
+            self.now += self.save if partial else 0.0
+            return save_state(partial)
+
+        def restored(data, n_tokens, partial=False):
+            self.now += self.restore if partial else 0.0
+            return load_state(data, n_tokens, partial)
+
+        backend.decode_branches, backend.decode = verify, decoded
+        backend.save_state, backend.load_state = saved, restored
+        return backend

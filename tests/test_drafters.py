@@ -14,7 +14,7 @@ from speculative.events import Step, Token
 from speculative.loop import generate
 from speculative.sampling import Sampler
 from speculative.settings import SamplerSettings, SpecSettings
-from tests.fakes import FakeBackend, ToyModel, plain_decode
+from tests.fakes import Clock, FakeBackend, ToyModel, plain_decode
 
 GREEDY = SamplerSettings(temp=0.0)
 
@@ -95,29 +95,6 @@ def cyclic_model() -> ToyModel:
     return model
 
 
-class Clock:
-    """Time that passes only while the fake target verifies, as long as the calibration says
-    (a verify of b tokens takes verify_costs[b - 1]): auto's timings are exact, whatever
-    else runs on the machine."""
-
-    def __init__(self, verify_costs):
-        self.now = 0.0
-        self.verify_costs = verify_costs
-
-    def perf_counter(self) -> float:
-        return self.now
-
-    def timed(self, backend: FakeBackend) -> FakeBackend:
-        decode_branches = backend.decode_branches
-
-        def verify(tokens, positions, seqs):
-            self.now += self.verify_costs[len(tokens) - 1]
-            return decode_branches(tokens, positions, seqs)
-
-        backend.decode_branches = verify
-        return backend
-
-
 def run_auto(model, drafters, verify_costs, n=60, draft_costs=None, calibrated=None):
     """`calibrated`: what auto was told verifies cost (default: what they do cost)."""
     clock = Clock(verify_costs)
@@ -166,13 +143,15 @@ def test_auto_learns_while_declining():
 # -- calibration ---------------------------------------------------------------
 
 
-def test_calibration_is_measured_once_and_cached(tmp_path):
-    backend = FakeBackend(ToyModel(seed=0))
+def test_calibration_is_measured_once_and_cached(tmp_path, monkeypatch):
+    clock = Clock(lambda b: 1e-3 * b, redecode=True)  # a batch of b tokens takes b ms
+    monkeypatch.setattr("speculative.calibrate.time", clock)
+    backend = clock.timed(FakeBackend(ToyModel(seed=0)))
     cache = Cache(backend)
     identity = {"name": "toy", "threads": 2}
     messages = []
     first = batch_costs(cache, 5, identity, messages.append, path=tmp_path / "cal.json")
-    assert len(first) == 5 and all(c > 0 for c in first) and messages
+    assert first == pytest.approx([1e-3 * b for b in range(1, 6)]) and messages
     assert backend.cache == [] and len(cache) == 0  # the cache is left empty
     messages.clear()
     assert batch_costs(cache, 4, identity, messages.append, path=tmp_path / "cal.json") == first[:4]

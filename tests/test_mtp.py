@@ -32,7 +32,7 @@ from speculative.nextn import NextnRows
 from speculative.sampling import Sampler
 from speculative.settings import SamplerSettings, SpecSettings
 from tests.conftest import speculate, speculate_json
-from tests.fakes import FakeBackend, ToyModel, plain_decode
+from tests.fakes import Clock, FakeBackend, ToyModel, plain_decode
 
 GREEDY = SamplerSettings(temp=0.0)
 N_EMBD = 4
@@ -236,16 +236,24 @@ def test_fake_mtp_sampled_run_repeats_and_p_min_stops_drafts():
 
 
 def test_fake_auto_plans_with_the_mtp_head():
+    """On the fake clock (target passes as calibrated, head steps free), whatever the machine's
+    speed: a head step at 5% of a pass is drafted with, one at 5 passes declined, with why."""
+    verify = [0.010, 0.011, 0.012, 0.013, 0.014]
     toy, cache, mtp = fake_pair()
-    drafter = Auto([Checked(mtp, cache.model.is_eog)], [0.010, 0.011, 0.012, 0.013, 0.014], 4,
-                   {"draft-mtp": 0.0005}, {"draft-mtp": 0.0001})
-    events = run_fake(cache, [1, 2, 3], drafter)
-    assert tokens_of(events) == plain_decode(toy, [1, 2, 3], 40, Sampler(GREEDY, 0))
-    assert any(s.drafter == "draft-mtp" for s in steps_of(events))
-    slow = Auto([Checked(mtp, cache.model.is_eog)], [0.010, 0.011, 0.012, 0.013, 0.014], 4,
-                {"draft-mtp": 0.05}, {"draft-mtp": 0.01})
-    run_fake(cache, [1, 2, 3], slow)
-    assert slow.summary() and "draft-mtp" in slow.summary()[0]
+    drafter = Auto([Checked(mtp, cache.model.is_eog)], verify, 4, {"draft-mtp": 0.0005}, {"draft-mtp": 0.0001})
+    clock = Clock(verify)
+    clock.timed(cache.model)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("speculative.loop.time", clock)
+        patch.setattr("speculative.auto.time", clock)
+        events = run_fake(cache, [1, 2, 3], drafter)
+        assert tokens_of(events) == plain_decode(toy, [1, 2, 3], 40, Sampler(GREEDY, 0))
+        assert any(s.drafter == "draft-mtp" for s in steps_of(events))
+        slow = Auto([Checked(mtp, cache.model.is_eog)], verify, 4, {"draft-mtp": 0.05}, {"draft-mtp": 0.01})
+        events = run_fake(cache, [1, 2, 3], slow)
+    assert not any(s.drafter == "draft-mtp" for s in steps_of(events))
+    assert slow.summary() == ["auto declined draft-mtp: slower than the target alone on this hardware even at "
+                              "95% acceptance"]
 
 
 def test_draft_mtp_settings():
@@ -406,17 +414,39 @@ def test_a_head_file_of_another_width_exits_3(tiny):
     assert len(lines) == 1 and "width 128" in lines[0] and "have 64" in lines[0]
 
 
+def price(home: Path, target: float, head: float) -> None:
+    """Make the calibrations a run measured under `home` say that every target pass costs
+    `target` seconds and every MTP head step `head` (the calibration file: calibrate.py)."""
+    path = home / "calibration.json"
+    stored = json.loads(path.read_text())
+    assert sorted("mtp" in entry["identity"] for entry in stored.values()) == [False, True], stored
+    for entry in stored.values():
+        entry["seconds"] = [head if "mtp" in entry["identity"] else target] * len(entry["seconds"])
+    path.write_text(json.dumps(stored))
+
+
 @real
 @pytest.mark.parametrize("form", ["combined", "sidecar"])
 def test_auto_plans_with_the_mtp_head(tiny, tmp_path, form):
+    """auto's choice follows the calibration, not this machine's speed: where target passes are
+    dear and head steps cheap it drafts with the head, where the head costs more than a pass
+    it declines the head and says why."""
     models = ("-m", str(tiny["mtp"])) if form == "combined" else ("-m", str(tiny["plain"]), "-md", str(tiny["head"]))
-    out = speculate_json(*models, "-p", PROMPT, "-n", "32", "--temp", "0", "--ignore-eos",
-                         "-t", "1", env={"SPECULATE_HOME": str(tmp_path)})
+    args = (*models, "-p", PROMPT, "-n", "32", "--temp", "0", "--ignore-eos", "-t", "1")
+    env = {"SPECULATE_HOME": str(tmp_path)}
+    out = speculate_json(*args, env=env)  # measures both calibrations (what it plans with them: this machine's)
     assert out["draft"] is None
     assert (out["target"]["nextn_layers"], out["target"]["mtp_head"]) == (
         (1, None) if form == "combined" else (0, str(tiny["head"])))
-    planned = any(p["drafter"] == "draft-mtp" for p in out["plans"])
-    assert planned or any("draft-mtp" in note for note in out["notes"]), (out["plans"], out["notes"])
+    price(tmp_path, target=50e-3, head=10e-6)
+    cheap = speculate_json(*args, env=env)
+    assert sum(p["steps"] for p in cheap["plans"] if p["drafter"] == "draft-mtp") > 0, cheap["plans"]
+    assert not any("draft-mtp" in note for note in cheap["notes"]), cheap["notes"]
+    price(tmp_path, target=1e-3, head=100e-3)
+    dear = speculate_json(*args, env=env)
+    assert not any(p["drafter"] == "draft-mtp" for p in dear["plans"]), dear["plans"]
+    assert "auto declined draft-mtp: slower than the target alone on this hardware even at 95% acceptance" \
+        in dear["notes"], dear["notes"]
 
 
 @real

@@ -8,11 +8,14 @@ checkpoint of the state and a decode of the accepted tokens again (the others); 
 speculative/cache.py. Greedy identity is checked with drafts forced to be rejected at every
 position. Qwen3.5's delta-net scores a batch with a chunked kernel and single tokens with
 another, so its identity is asserted where `doctor`'s measurement finds them equal, and
-otherwise the measured difference is what the test reports.
+otherwise the measured difference is what the test reports. That doctor finds such a
+difference in recurrent layers is shown on a fake recurrent model whose batches drift (no
+model needed, so not marked `real`).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +23,10 @@ import pytest
 
 import gguf
 
+from cli.main import app
 from scripts.tiny_model import ARCH_INFO, write_model
 from speculative.cache import Cache
-from speculative.doctor import batch_invariance
+from speculative.doctor import batch_invariance, probe_tokens
 from speculative.drafters import Draft, Drafter, NgramSimple
 from speculative.engine import Engine, ModelSpec
 from speculative.events import Step, Token
@@ -32,10 +36,11 @@ from speculative.sampling import Sampler
 from speculative.settings import SamplerSettings, SpecSettings
 
 from tests.conftest import speculate, speculate_json
+from tests.fakes import FakeBackend, ToyModel
 from tests.gguf_builder import write_out
 from tests.test_serve import start_server, stop_server
 
-pytestmark = pytest.mark.real
+real = pytest.mark.real  # all but the fake-backend test of doctor's probe
 
 GENERATIVE = [a for a, info in ARCH_INFO.items() if info.generative]
 RECURRENT = [a for a, info in ARCH_INFO.items() if info.recurrent or info.hybrid]
@@ -97,6 +102,7 @@ def run(cache: Cache, prompt: list[int], drafter: Drafter | None = None, draft_m
     return list(generate(cache, prompt, Sampler(sampling, seed, banned), spec, drafter))
 
 
+@real
 @pytest.mark.parametrize("arch", GENERATIVE)
 def test_every_generating_architecture_runs(tiny, arch):
     out = speculate_json("-m", str(tiny(arch)), "-p", PROMPT, "-n", "16", "--temp", "0", "--ignore-eos",
@@ -104,6 +110,7 @@ def test_every_generating_architecture_runs(tiny, arch):
     assert out["n_predict"] == 16 and out["finish_reason"] == "length"
 
 
+@real
 @pytest.mark.parametrize("arch, why", [("bert", "an embedding model"), ("dream", "a diffusion model"),
                                        ("llada", "a diffusion model")])
 def test_what_cannot_generate_exits_3_with_one_line(tiny, arch, why):
@@ -115,6 +122,7 @@ def test_what_cannot_generate_exits_3_with_one_line(tiny, arch, why):
     assert proc.stdout == b""
 
 
+@real
 @pytest.mark.parametrize("arch", RECURRENT)
 def test_rejections_at_every_position_keep_greedy_output(tiny, arch, batch_invariant):
     """Drafts of 1..8 tokens with the wrong token at every position in turn: the output is
@@ -139,6 +147,7 @@ def test_rejections_at_every_position_keep_greedy_output(tiny, arch, batch_invar
             assert rejected_at == set(range(draft_max)), f"draft_max {draft_max}"
 
 
+@real
 @pytest.mark.parametrize("arch", ["lfm2", "mamba"])
 def test_a_hybrid_or_recurrent_draft_model_drafts_exactly(tiny, arch, batch_invariant):
     """A recurrent draft model drafts one token per decode and comes back to its checkpoint."""
@@ -155,6 +164,7 @@ def test_a_hybrid_or_recurrent_draft_model_drafts_exactly(tiny, arch, batch_inva
     assert sum(s.n_accepted for s in steps) > 0 and any(s.n_accepted < s.n_drafted for s in steps)
 
 
+@real
 @pytest.mark.parametrize("arch", ["lfm2", "granitehybrid"])
 def test_a_seeded_sampled_run_repeats_and_prefix_reuse_equals_a_fresh_engine(tiny, arch):
     """Sampled with n-gram drafts: the same seed gives the same text twice; a second prompt
@@ -174,6 +184,7 @@ def test_a_seeded_sampled_run_repeats_and_prefix_reuse_equals_a_fresh_engine(tin
         assert tokens_of(reused) == tokens_of(fresh.run(follow_up, GREEDY, spec, seed=1))
 
 
+@real
 def test_a_drafting_sidecar_given_as_the_model_exits_3(tmp_path):
     path = tmp_path / "eagle3.gguf"
     w = gguf.GGUFWriter(str(path), "eagle3")
@@ -186,6 +197,7 @@ def test_a_drafting_sidecar_given_as_the_model_exits_3(tmp_path):
                                         "another model and cannot generate on its own"]
 
 
+@real
 def test_draft_trees_on_a_recurrent_target_exit_2(tiny):
     proc = speculate("-m", str(tiny("lfm2")), "-md", str(tiny("llama")), "--spec-type", "draft", "-np", "2",
                      "-p", "hi", "-n", "4", "-t", "1", timeout=120)
@@ -194,6 +206,7 @@ def test_draft_trees_on_a_recurrent_target_exit_2(tiny):
     assert len(proc.stderr.splitlines()) == 1
 
 
+@real
 def test_prompt_cache_and_batch_on_a_hybrid_model(tiny, tmp_path, batch_invariant):
     """The prompt cache file restores a hybrid model's state; `batch` runs it."""
     model = str(tiny("lfm2"))
@@ -211,15 +224,94 @@ def test_prompt_cache_and_batch_on_a_hybrid_model(tiny, tmp_path, batch_invarian
     assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 2
 
 
+class BatchVariant(FakeBackend):
+    """A recurrent fake model (one state, no snapshots: it comes back to checkpoints, as Mamba
+    does) that scores batches of `from_batch` tokens or more with another kernel, as Qwen3.5's
+    chunked delta-net does: row i of such a batch is i * `drift` off what decoding the tokens
+    one by one gives. Its first row is exact, so only a probe of every position sees it."""
+
+    rollback_limit = 0
+    # what doctor's report shows of a loaded model
+    placement, n_gpu_layers, n_threads, flash_attn, kernels, recurrent, arch = "cpu", 0, 1, "off", [], True, "toy"
+
+    def __init__(self, from_batch: int, drift: float):
+        super().__init__(ToyModel(seed=4), n_ctx=512)
+        self.from_batch, self.drift = from_batch, drift
+
+    def decode(self, tokens, pos, outputs):
+        rows = super().decode(tokens, pos, outputs)
+        if outputs == "all" and len(tokens) >= self.from_batch:
+            rows = [row + np.float32(i * self.drift) for i, row in enumerate(rows)]
+        return rows
+
+
+def test_doctor_finds_a_recurrent_kernel_that_changes_with_the_batch():
+    """Batches of 9 and more drift by 0.25 a logit per position: doctor finds (b - 1) * 0.25 in
+    each of them, after 16 cached tokens and after 300, and nothing in smaller batches; every
+    batch starts again from the recurrent state's checkpoint."""
+    backend = BatchVariant(from_batch=9, drift=0.25)
+    checks = batch_invariance(Cache(backend))
+    expected = {(cached, b): (b - 1) * 0.25 if b >= 9 else 0.0 for cached in (16, 300) for b in range(2, 17)}
+    assert {(c.cached, c.batch): c.max_abs_diff for c in checks} == pytest.approx(expected, abs=1e-5)
+    assert backend.checkpoints["restored"] >= 2 * 15 and backend.cache == []
+
+
+class DoctorEngine:
+    """What `speculate doctor` loads, with the fake model in place of the GGUF's."""
+
+    def __init__(self, model: FakeBackend):
+        self.target = model
+        self.caches = {"target": Cache(model)}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+@pytest.mark.parametrize("drift", [0.25, 0.0])
+def test_doctors_verdict_is_what_it_measured(monkeypatch, tmp_path, capsys, drift):
+    """The command's verdict and report, over the fake: not batch-invariant where batches of 9
+    and more differ (as the JSON and as text), batch-invariant where nothing does."""
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF" + bytes(28))  # doctor's -m check reads the magic; the fake loads nothing
+    monkeypatch.setattr("cli.doctor.Engine", lambda spec: DoctorEngine(BatchVariant(9, drift)))
+    app(args=["doctor", "-m", str(path), "--json"], standalone_mode=False, prog_name="speculate")
+    report = json.loads(capsys.readouterr().out)
+    assert report["recurrent"] is True and len(report["checks"]) == 30
+    assert report["batch_invariant"] is (drift == 0.0)
+    app(args=["doctor", "-m", str(path)], standalone_mode=False, prog_name="speculate")
+    text = capsys.readouterr().out
+    if drift:
+        differ = "differs in batches 9, 10, 11, 12, 13, 14, 15, 16 (max |logit difference| 3.75)"
+        assert text.count(differ) == 2 and "verdict: not batch-invariant" in text, text
+    else:
+        assert text.count("bit-identical in every batch") == 2 and "verdict: batch-invariant" in text, text
+
+
+@real
 def test_doctor_probes_recurrent_layers(tiny):
-    """Every position of a batch is compared with token-by-token decoding, so a recurrent
-    kernel that changes with the batch (Qwen3.5's chunked delta-net) shows, with its margin."""
-    report = speculate_json("doctor", "-m", str(tiny("qwen35")), "-t", "1")
+    """On the tiny Qwen3.5 (gated delta-net layers), the command measures what decoding in fresh
+    contexts, without checkpoints, measures: the same difference (or none) at every batch size
+    after 16 cached tokens, so the checkpoints doctor comes back to add none of their own."""
+    path = tiny("qwen35")
+    report = speculate_json("doctor", "-m", str(path), "-t", str(THREADS))
     assert report["recurrent"] is True and report["architecture"] == "qwen35"
     assert len(report["checks"]) == 30 and all(np.isfinite(c["max_abs_diff"]) for c in report["checks"])
-    assert report["batch_invariant"] == all(c["max_abs_diff"] == 0 for c in report["checks"])
+    with LlamaModel(path, name="qwen35", n_ctx=512, n_batch=512, n_threads=THREADS) as model:
+        tokens = probe_tokens(np.random.default_rng(0), model.n_vocab, 16 + 16)  # doctor's first probe
+        model.decode(tokens[:16], 0, "none")
+        alone = np.array([model.decode([t], 16 + i, "last")[0].copy() for i, t in enumerate(tokens[16:])])
+        fresh = {}
+        for b in range(2, 17):
+            model.trim(0)  # a recurrent state may be dropped whole
+            model.decode(tokens[:16], 0, "none")
+            fresh[b] = float(np.abs(np.array(model.decode(tokens[16 : 16 + b], 16, "all")) - alone[:b]).max())
+    assert {c["batch"]: c["max_abs_diff"] for c in report["checks"] if c["cached"] == 16} == fresh
 
 
+@real
 def test_serve_on_a_hybrid_model_keeps_the_conversation_where_exact(tiny, tmp_path, model_path):
     """A second chat turn restores the hybrid state at the end of the first prompt (its
     checkpoint) and answers as the one-shot command does."""
