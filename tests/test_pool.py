@@ -6,11 +6,15 @@ its own configuration's output."""
 from __future__ import annotations
 
 import json
+import select
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from speculative.errors import UsageError
+from speculative.files import locked
 from speculative.pool import AGREED, MAGIC, Pool, PoolDrafter, PoolFile, check_pool_file, fingerprint
 
 from .conftest import SMOL, speculate, speculate_json
@@ -74,6 +78,42 @@ def test_a_pool_file_round_trips_and_merges_what_two_processes_saved(tmp_path):
     kept = Pool()
     PoolFile(path, A, notices.append).load(kept)
     assert list(kept.outputs) == [output(300)]
+
+
+SAVER = """
+import sys
+from pathlib import Path
+from speculative.pool import Pool, PoolFile
+path, tokenizer, start = Path(sys.argv[1]), bytes.fromhex(sys.argv[2]), int(sys.argv[3])
+pool = Pool()
+pool.add(list(range(start, start + 40)))
+PoolFile(path, tokenizer, lambda message: print(message, file=sys.stderr, flush=True)).save(pool)
+"""
+
+
+def test_savers_that_find_the_pool_file_locked_wait_and_merge_what_each_saved(tmp_path):
+    """The test holds the file's lock; two processes save meanwhile: each says it waits (an
+    event, seen before the lock goes), and once released both outputs are in the file, with
+    what it held before."""
+    path = tmp_path / "pool"
+    earlier = Pool()
+    earlier.add(output(100))
+    PoolFile(path, A, print).save(earlier)
+    before = path.read_bytes()
+    with locked(path):
+        savers = [subprocess.Popen([sys.executable, "-c", SAVER, str(path), A.hex(), str(start)],
+                                   stderr=subprocess.PIPE, text=True) for start in (200, 300)]
+        for saver in savers:
+            ready, _, _ = select.select([saver.stderr], [], [], 120)  # a guard against a hang only
+            line = saver.stderr.readline() if ready else "(nothing in 120 s)"
+            assert "another process is saving it; waiting" in line, line
+        assert path.read_bytes() == before  # neither wrote past the lock
+    for saver in savers:
+        assert saver.wait(timeout=120) == 0, saver.stderr.read()
+    merged = Pool()
+    PoolFile(path, A, print).load(merged)
+    assert list(merged.outputs)[0] == output(100)
+    assert sorted(merged.outputs) == [output(100), output(200), output(300)]
 
 
 def test_a_damaged_pool_file_is_ignored_with_a_notice_and_rewritten(tmp_path):
