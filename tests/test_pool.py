@@ -168,14 +168,30 @@ PROMPT = "List the numbers from 1 to 30, one per line, as words:"
 FLAGS = ("-n", "48", "--temp", "0", "-t", "1")
 
 
+@pytest.fixture
+def flat_costs(model_path, tmp_path) -> dict:
+    """The environment of a speculate home whose calibration says a batch of any size costs as
+    much as one token, and less than this machine ever takes: whether auto drafts from a proposal
+    then does not depend on a calibration measured under whatever load there is (drafts are cheap,
+    and in proportion they stay so as the run learns the machine's speed), and never going faster
+    than its calibration, the run does not drop it for a measured one."""
+    env = {"SPECULATE_HOME": str(tmp_path / "home")}
+    proc = speculate("-m", str(model_path(SMOL)), "-p", "hi", "-n", "1", "--temp", "0", "-t", "1", env=env)
+    assert proc.returncode == 0 and "calibrating" in proc.stderr, proc.stderr
+    path = tmp_path / "home" / "calibration.json"
+    (key, entry), = json.loads(path.read_text()).items()
+    path.write_text(json.dumps({key: {**entry, "seconds": [1e-4] * 64}}))
+    return env
+
+
 @pytest.mark.real
-def test_separate_runs_draft_from_what_earlier_runs_wrote(model_path, tmp_path, batch_invariant):
+def test_separate_runs_draft_from_what_earlier_runs_wrote(model_path, tmp_path, batch_invariant, flat_costs):
     model = str(model_path(SMOL))
     pool = tmp_path / "runs.pool"
     alone = speculate_json("-m", model, "-p", PROMPT, *FLAGS, "--spec-type", "none")
-    first = speculate_json("-m", model, "-p", PROMPT, *FLAGS, "--spec-pool", str(pool))
+    first = speculate_json("-m", model, "-p", PROMPT, *FLAGS, "--spec-pool", str(pool), env=flat_costs)
     assert pool.is_file() and not any(p["drafter"] == "ngram-pool" for p in first["plans"])
-    second = speculate_json("-m", model, "-p", PROMPT, *FLAGS, "--spec-pool", str(pool))
+    second = speculate_json("-m", model, "-p", PROMPT, *FLAGS, "--spec-pool", str(pool), env=flat_costs)
     pooled = [p for p in second["plans"] if p["drafter"] == "ngram-pool"]
     assert pooled and second["n_accept"] > 0
     assert first["text"] == second["text"] == alone["text"]
@@ -187,14 +203,14 @@ def test_separate_runs_draft_from_what_earlier_runs_wrote(model_path, tmp_path, 
 
 
 @pytest.mark.real
-def test_a_batch_drafts_from_its_earlier_requests(model_path, tmp_path):
+def test_a_batch_drafts_from_its_earlier_requests(model_path, tmp_path, flat_costs):
     model = str(model_path(SMOL))
     requests = tmp_path / "requests.jsonl"
     requests.write_text("".join(json.dumps({"id": i, "prompt": PROMPT}) + "\n" for i in range(3)))
 
     def plans(*flags: str) -> list[list[str]]:
         out = tmp_path / f"out{len(flags)}.jsonl"
-        proc = speculate("batch", str(requests), "-o", str(out), "-m", model, *FLAGS, *flags)
+        proc = speculate("batch", str(requests), "-o", str(out), "-m", model, *FLAGS, *flags, env=flat_costs)
         assert proc.returncode == 0, proc.stderr
         records = sorted((json.loads(line) for line in out.read_text().splitlines()), key=lambda r: r["id"])
         return [[p["drafter"] for p in r["stats"]["plans"]] for r in records]
@@ -205,12 +221,12 @@ def test_a_batch_drafts_from_its_earlier_requests(model_path, tmp_path):
 
 
 @pytest.mark.real
-def test_bench_runs_never_draft_from_their_own_prompts_output(model_path, tmp_path):
+def test_bench_runs_never_draft_from_their_own_prompts_output(model_path, tmp_path, flat_costs):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": PROMPT}) + "\n" for i in range(2)))
     out = tmp_path / "bench.json"
     proc = speculate("bench", str(prompts), "-m", str(model_path(SMOL)), "-C", "auto", "--repeat", "2", "-n", "32",
-                     "-t", "1", "-o", str(out))
+                     "-t", "1", "-o", str(out), env=flat_costs)
     assert proc.returncode == 0, proc.stderr
     runs = [r for r in json.loads(out.read_text())["runs"] if r["config"] == "auto"]
     pooled = {r["prompt"]: [p for p in r["plans"] if p["drafter"] == "ngram-pool"] for r in runs}
