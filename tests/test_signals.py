@@ -15,9 +15,6 @@ import pytest
 
 from tests.conftest import SMOL, SPECULATE, probe_command
 
-pytestmark = pytest.mark.real
-
-
 def restore_signals() -> None:
     # Signals as at a terminal: a shell without job control starts background jobs with
     # SIGINT ignored, and CI may run us that way.
@@ -60,6 +57,7 @@ def decodes(err: str) -> list[tuple[int, int]]:
     return [(int(n), int(ret)) for n, ret in re.findall(r"probe: llama_decode of (\d+) tokens returned (-?\d+)", err)]
 
 
+@pytest.mark.real
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_during_prompt_processing_stops_llama_cpp_mid_decode(model_path, signum):
     """The probe holds llama.cpp inside the prompt's decode, at its first poll of the abort
@@ -79,6 +77,7 @@ def test_a_signal_during_prompt_processing_stops_llama_cpp_mid_decode(model_path
     assert out.strip() == b""
 
 
+@pytest.mark.real
 def test_sigterm_during_generation_is_ctrl_c(model_path):
     proc = start("-m", str(model_path(SMOL)), "-p", "Write a long story:", "-n", "-1", "--ignore-eos",
                  "--temp", "0", PIECES="4")
@@ -91,6 +90,7 @@ def test_sigterm_during_generation_is_ctrl_c(model_path):
     assert "Traceback" not in err and "speculate: error" not in err
 
 
+@pytest.mark.real
 @pytest.mark.parametrize("reader, json_output", [("head -c 10", False), ("true", False), ("true", True)])
 def test_a_reader_that_goes_away_ends_output_quietly(model_path, reader, json_output):
     """`| head -c 10` closes the pipe mid-stream; `| true` before the first byte. The probe
@@ -122,3 +122,4 @@ def test_commands_whose_reader_is_gone_exit_0_quietly(args):
         os.close(write)
     assert proc.returncode == 0, proc.stderr.decode()
     assert proc.stderr == b""
+
