@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, List, Optional
@@ -360,12 +361,14 @@ class ModelOptions:
                             ("-ngld/--n-gpu-layers-draft", self.n_gpu_layers_draft)):
             if value is not None and value < -1:
                 raise UsageError(f"{flag} must be -1 (all) or >= 0, got {value}")
-        for role, local, hub in (("target", self.model, self.hf_repo), ("draft", self.model_draft, self.hf_repo_draft)):
+        for role, local, hub, variable in (("target", self.model, self.hf_repo, HF_REPO.envvar),
+                                           ("draft", self.model_draft, self.hf_repo_draft, HF_REPO_DRAFT.envvar)):
             if local is not None and hub is not None:
                 flags = "-m and -hf" if role == "target" else "-md and -hfd"
-                raise UsageError(f"{flags} both name the {role} model; give one of them")
+                raise UsageError(f"{flags} both name the {role} model{_set_by(hub, variable)}; give one of them")
         if self.hf_file is not None and self.hf_repo is None:
-            raise UsageError("-hff/--hf-file names a file in the -hf repository; give -hf too")
+            raise UsageError(f"-hff/--hf-file names a file in the -hf repository{_set_by(self.hf_file, HF_FILE.envvar)}; "
+                             "give -hf too")
         if self.flash_attn not in FLASH_ATTN_MODES:
             raise UsageError(f"-fa/--flash-attn: expected one of {', '.join(FLASH_ATTN_MODES)}, "
                              f"got {self.flash_attn!r}")
@@ -457,6 +460,11 @@ def _adapters(loras: list[tuple[str, float]]) -> tuple[tuple[Path, float], ...]:
         check_gguf_file(path, "LoRA adapter")
     return adapters
 
+
+def _set_by(value: str, variable: str) -> str:
+    """Where a hub flag's value came from, when the environment gave it (llama.cpp's LLAMA_ARG_*
+    variables: a user may have them set for llama-server and not think of them)."""
+    return f" ({variable} is set to {value!r})" if os.environ.get(variable) == value else ""
 
 # -- option groups: declared once, attached to every command that takes them --------
 

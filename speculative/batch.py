@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Union
 
+from . import interrupt
 from .chat import prompt_or_messages
 from .engine import Engine
 from .errors import SpeculateError, UsageError
@@ -409,8 +410,9 @@ def run_batch(engine: Engine | None, items: list[Item], results: Results,
     try:
         for item in pending(items, results):
             record = run_request(engine, item) if isinstance(item, Request) else error_record(item, item.error)
-            results.append(record)
-            summary.add(record)
+            with interrupt.deferred():  # a record in the file is one the summary counts
+                results.append(record)
+                summary.add(record)
             if on_record:
                 on_record(summary)
     except KeyboardInterrupt:

@@ -6,7 +6,7 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 
 def write_atomic(path: Path, chunks: Iterable[bytes]) -> None:
@@ -28,16 +28,22 @@ def write_atomic(path: Path, chunks: Iterable[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
+def locked(path: Path, waiting: Callable[[], None] | None = None) -> Iterator[None]:
     """One process at a time works on `path` (an advisory lock on the hidden `.NAME.lock`
-    beside it, where the OS has fcntl): pulls of one model, saves of one pool file."""
+    beside it, where the OS has fcntl): pulls of one model, saves of one pool file.
+    `waiting` is called when another process holds it, before waiting for it."""
     with open(Path(path).parent / f".{Path(path).name}.lock", "a+b") as handle:
         try:
             import fcntl
         except ImportError:  # pragma: no cover - Windows
             yield
             return
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting:
+                waiting()
+            fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
         finally:

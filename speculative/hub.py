@@ -167,10 +167,11 @@ def download_dir() -> Path:
     return cache_dirs()[0]
 
 
-def offline() -> bool:
-    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE), read as huggingface_hub reads it."""
-    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
-    return value.upper() in {"1", "ON", "YES", "TRUE"}
+def offline() -> str | None:
+    """The variable that keeps the hub offline, if one does: HF_HUB_OFFLINE, else (when that
+    is unset or empty) TRANSFORMERS_OFFLINE, read as huggingface_hub reads them."""
+    name = "HF_HUB_OFFLINE" if os.environ.get("HF_HUB_OFFLINE") else "TRANSFORMERS_OFFLINE"
+    return name if os.environ.get(name, "").upper() in {"1", "ON", "YES", "TRUE"} else None
 
 
 def _repo_dir(cache: Path, repo: str) -> Path:
@@ -260,9 +261,9 @@ class Hub:
         """USER/REPO[:QUANT] (and -hff FILE) -> the local path of the model (its first part),
         downloaded and verified if no cache has it."""
         repo, quant = split_repo(spec, flag)
-        if offline():
-            return self._from_cache(repo, quant, hf_file, "HF_HUB_OFFLINE is set",
-                                    "run once without HF_HUB_OFFLINE to download it")
+        if variable := offline():
+            return self._from_cache(repo, quant, hf_file, f"{variable} is set",
+                                    f"run once without {variable} to download it")
         try:
             commit, files = self.listing(repo)
         except _Unreachable as e:
@@ -279,8 +280,8 @@ class Hub:
         """A registry model's hub source: `path` at `revision`, which must be the file the registry pins."""
         if blob := find_blob(repo, sha256, size):
             return blob
-        if offline():
-            raise ModelError(f"{repo}/{path} is not in the cache and HF_HUB_OFFLINE is set")
+        if variable := offline():
+            raise ModelError(f"{repo}/{path} is not in the cache and {variable} is set")
         try:
             commit, files = self.listing(repo, revision)
         except _Unreachable as e:

@@ -7,6 +7,9 @@ main thread for the command line, where the handlers below run): there they only
 a graph node, and the backend calls `stop`, which raises KeyboardInterrupt. Anywhere
 else the handlers raise KeyboardInterrupt straight away, as Python's Ctrl-C does.
 
+A few steps must not be cut in two, such as writing a batch result and counting it:
+within `deferred()`, a signal waits for the end of the block.
+
 A generation run for someone else (`speculate serve`, whose client can go away in
 the middle of a long prompt) is stopped the same way: `cancel_when(check)` makes
 `poll` ask `check` too, and then `stop` raises Cancelled.
@@ -20,6 +23,8 @@ from typing import Callable, Iterator, NoReturn
 
 _pending = False
 _cancel: Callable[[], bool] | None = None
+_deferring = False
+_deferred = False  # a signal came during `deferred()`
 
 
 class Cancelled(Exception):
@@ -61,9 +66,26 @@ def cancel_when(check: Callable[[], bool]) -> Iterator[None]:
         _cancel = None
 
 
+@contextmanager
+def deferred() -> Iterator[None]:
+    """Ctrl-C or SIGTERM during the block raises KeyboardInterrupt at its end, not in its middle."""
+    global _deferring, _deferred
+    _deferring = True
+    try:
+        yield
+    finally:
+        _deferring = False
+        if _deferred:
+            _deferred = False
+            raise KeyboardInterrupt
+
+
 def _handler(signum, frame) -> None:
-    global _pending
+    global _pending, _deferred
     if frame is not None and frame.f_code is poll.__code__:
         _pending = True  # inside llama.cpp's callback, where an exception would be lost
+        return
+    if _deferring:
+        _deferred = True
         return
     raise KeyboardInterrupt

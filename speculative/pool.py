@@ -196,7 +196,8 @@ class PoolFile:
         then this process's, newest last, within the bound; atomically, under a lock."""
         if not self.usable or not pool.added:
             return
-        with locked(self.path):
+        with locked(self.path, waiting=lambda: self.notice(f"--spec-pool {self.path}: another process is saving it; "
+                                                           "waiting to merge with what it saves")):
             try:
                 outputs = self._read() if self.path.exists() else []
             except (OSError, ValueError, _Foreign):

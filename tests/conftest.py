@@ -69,6 +69,15 @@ def speculate(*args: str, env: dict | None = None, input: bytes | None = None,
     return proc
 
 
+PROBE = Path(__file__).resolve().with_name("probe.py")
+
+
+def probe_command(*args: str) -> list[str]:
+    """`speculate ARGS` under tests/probe.py, whose probes (chosen by PROBE_* variables in the
+    environment) report the moments a test waits for and hold the run there."""
+    return [sys.executable, str(PROBE), *args]
+
+
 def speculate_json(*args: str, **kw) -> dict:
     proc = speculate(*args, "--json", **kw)
     assert proc.returncode == 0, proc.stderr

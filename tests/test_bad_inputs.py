@@ -40,17 +40,21 @@ QWEN_LIKE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|
     ("{{ 'a'.ljust(10**10) }}", "an argument of 10000000000"),
     ("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "the output exceeds"),
     ("{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
-     "MiB of memory|took longer than"),  # whichever limit a loaded machine reaches first
+     "MiB of memory"),
     ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "RecursionError"),
     ("{{ raise_exception('no system role') }}", "no system role"),
     ("{% for %}", "chat template failed"),
 ])
 def test_hostile_chat_templates_stop_with_a_clear_error(template, message):
+    """Each limit is met by the template made to meet it: only the endless loop is given a
+    time limit it can reach (1 s), the others one far off (it stays a guard against a hang),
+    so that a slow machine does not reach the time limit before the limit under test."""
+    seconds = 1.0 if message == "took longer than" else 120.0
     t0 = time.monotonic()
     with pytest.raises(ModelError, match="chat template") as e:
-        render(template, conversation("hi", None), seconds=1.0)
+        render(template, conversation("hi", None), seconds=seconds)
     assert re.search(message, str(e.value)) and "\n" not in str(e.value)
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < seconds + 60  # a guard against a render the time limit did not stop
 
 
 def test_bounded_rendering_still_renders_real_templates_and_long_conversations():

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
-import time
 
 import pytest
 
@@ -14,7 +14,8 @@ from speculative.batch import Rejected, Request, Results
 from speculative.errors import UsageError
 from speculative.settings import SamplerSettings, SpecSettings
 from speculative.text import StopFilter
-from tests.conftest import SMOL, SPECULATE, speculate, speculate_json
+from speculative import interrupt
+from tests.conftest import SMOL, SPECULATE, probe_command, speculate, speculate_json
 
 SAMPLING = SamplerSettings(temp=0.0, seed=5)
 SPEC = SpecSettings(types=("none",), n_predict=7)
@@ -174,6 +175,30 @@ def test_success_needs_every_request_recorded_without_error():
     assert (s["accept_rate"], s["cached_share"], s["decode_tps"]) == (0.5, 0.4, 8.0)
 
 
+def test_a_signal_while_a_record_is_written_stops_the_batch_with_that_record_counted(tmp_path, monkeypatch):
+    """SIGTERM as the second record reaches the disk (in its fsync, after the line is in the file,
+    where a test watching the file would send it): the summary counts what the file holds."""
+    out = tmp_path / "results.jsonl"
+    results = Results(out)
+    synced, fsync = [], os.fsync
+
+    def fsync_then_sigterm(fd: int) -> None:
+        fsync(fd)
+        synced.append(fd)
+        if len(synced) == 2:
+            signal.raise_signal(signal.SIGTERM)  # its handler runs here, before append returns
+
+    monkeypatch.setattr(batch.os, "fsync", fsync_then_sigterm)
+    previous = signal.signal(signal.SIGTERM, interrupt._handler)  # as `speculate` installs it
+    try:
+        summary = batch.run_batch(None, [Rejected(line, None, "not JSON") for line in range(1, 6)], results)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        results.close()
+    assert summary.interrupted and len(records(out)) == 2
+    assert (summary.failed, summary.remaining) == (2, 3)
+
+
 # -- real models ---------------------------------------------------------------
 
 SYSTEM = "You are a concise assistant. Answer in one short sentence."
@@ -204,6 +229,22 @@ def records(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def start_held(requests, out, flags, request: str) -> subprocess.Popen:
+    """`speculate batch REQUESTS -o OUT FLAGS` under tests/probe.py, returned once the request
+    whose id is `request` (as JSON) has generated its first piece of text: it waits there for a
+    signal (the requests before it are recorded, it is not)."""
+    env = {**os.environ, "PROBE_PIECES": "1", "PROBE_REQUEST": request}
+    proc = subprocess.Popen(probe_command("batch", str(requests), "-o", str(out), *flags),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    seen = []
+    while not (line := proc.stderr.readline()).startswith("probe: 1 pieces"):
+        if not line:
+            proc.wait()
+            pytest.fail(f"the batch ended (exit {proc.returncode}) before request {request} ran: {''.join(seen)}")
+        seen.append(line)
+    return proc
+
+
 @pytest.mark.real
 def test_a_batch_killed_and_resumed_equals_an_uninterrupted_one(model_path, tmp_path, batch_invariant):
     flags = ("-m", str(model_path(SMOL)), "--spec-type", "ngram-simple", "--temp", "0", "-n", "12")
@@ -229,15 +270,10 @@ def test_a_batch_killed_and_resumed_equals_an_uninterrupted_one(model_path, tmp_
     assert "kept in the cache from the request before" in proc.stderr
 
     out = tmp_path / "resumed.jsonl"
-    killed = subprocess.Popen([SPECULATE, "batch", str(requests), "-o", str(out), *flags],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while killed.poll() is None and (not out.exists() or out.read_text().count("\n") < 4):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    killed = start_held(requests, out, flags, request='"q9"')  # held in q9 (line 11), after the 10 lines before it
     killed.send_signal(signal.SIGKILL)
     killed.wait()
-    assert 4 <= out.read_text().count("\n") < 22
+    assert out.read_text().count("\n") == 10
     with open(out, "ab") as f:  # as if killed in the middle of writing the next line
         f.write(b'{"id": "q9", "line": 1')
 
@@ -261,13 +297,9 @@ def test_a_failing_request_is_recorded_and_sigterm_stops_the_batch_resumably(mod
     out = tmp_path / "results.jsonl"
     args = [SPECULATE, "batch", str(path), "-o", str(out), "-m", str(model_path(SMOL)), "-c", "256",
             "--spec-type", "none", "--temp", "0", "--ignore-eos", "-n", "200"]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while not out.exists() or out.read_text().count("\n") < 2:
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)  # request 2 is generating 200 tokens
-    _, err = proc.communicate(timeout=60)
+    proc = start_held(path, out, args[5:], request="2")  # request 2 is generating, held there
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)  # a guard against a hang only
     assert proc.returncode == 130, err
     assert "interrupted, 4 left: rerun the same command to resume" in err
     long, first = records(out)

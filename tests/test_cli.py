@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
-import time
 
 import pytest
 
-from tests.conftest import QWEN, QWEN_DRAFT, SMOL, SPECULATE, speculate, speculate_json
+from tests.conftest import QWEN, QWEN_DRAFT, SMOL, probe_command, speculate, speculate_json
 from tests.gguf_builder import write_chain_llama
 
 pytestmark = pytest.mark.real
@@ -200,9 +200,13 @@ def test_prompt_longer_than_context_exits_1(model_path):
 
 def test_output_into_a_closed_pipe_ends_quietly(model_path):
     smol = str(model_path(SMOL))
-    cmd = f"'{SPECULATE}' -m '{smol}' -p 'Write a long story:' -n 200 --temp 0 --ignore-eos | head -c 5"
-    proc = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, timeout=300)
+    # the probe holds the write after those 5 bytes until head has gone
+    command = " ".join(f"'{arg}'" for arg in probe_command())
+    cmd = f"{command} -m '{smol}' -p 'Write a long story:' -n 200 --temp 0 --ignore-eos | head -c 5"
+    proc = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, timeout=300,
+                          env={**os.environ, "PROBE_STDOUT": "5"})
     err = proc.stderr.decode()
+    assert "probe: stdout's reader is gone" in err, err
     assert len(proc.stdout) == 5
     assert "Traceback" not in err and "Broken pipe" not in err and "BrokenPipeError" not in err
     assert proc.returncode == 0, err
@@ -211,18 +215,21 @@ def test_output_into_a_closed_pipe_ends_quietly(model_path):
 def test_ctrl_c_prints_partial_text_and_stats_and_exits_130(model_path):
     smol = str(model_path(SMOL))
     # SIGINT as at a terminal: a shell without job control starts background jobs with
-    # it ignored, and CI may run us that way.
-    proc = subprocess.Popen([SPECULATE, "-m", smol, "-p", "Write a long story:", "-n", "-1",
-                             "--ignore-eos", "--temp", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    # it ignored, and CI may run us that way. The probe holds the run after its third piece
+    # of text until the signal has come.
+    proc = subprocess.Popen(probe_command("-m", smol, "-p", "Write a long story:", "-n", "-1", "--ignore-eos",
+                                          "--temp", "0"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PROBE_PIECES": "3"},
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    first = proc.stdout.read(20)  # generation has started
-    time.sleep(0.5)
+    seen = []
+    while not (line := proc.stderr.readline().decode()).startswith("probe: 3 pieces"):
+        assert line, f"the run ended before its third piece: {''.join(seen)}"
+        seen.append(line)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=120)  # a guard against a hang only
     err = err.decode()
     assert proc.returncode == 130, err
-    assert first and "decoded " in err and "finish    = interrupted" in err
+    assert out.strip() and "decoded " in err and "finish    = interrupted" in err
     assert "Traceback" not in err
 
 
@@ -302,18 +309,26 @@ def test_auto_reports_its_plans_and_python_overhead(model_path):
 
 @pytest.mark.real
 def test_a_calibration_measured_under_load_is_measured_again(model_path, tmp_path):
+    """A stored calibration that says the target is far slower than it runs (as if measured while
+    something else ran) is forgotten after a run, and the next run measures again. The stored
+    costs are written here, not measured, so that nothing depends on the load: v(b) = b x 60 s
+    makes drafting never pay (every step is a plain one, which times the machine), and a plain
+    step would have to take over 23 s (48 of them: past the test's time limit) for the run not
+    to look faster. A run of one token calibrates without timing enough steps to judge it."""
     env = {"SPECULATE_HOME": str(tmp_path)}
-    flags = ("-m", str(model_path(SMOL)), "-p", "def fib(n):", "-n", "48", "--temp", "0", "-t", "1")
-    assert "calibrating" in speculate(*flags, env=env).stderr
+    flags = ("-m", str(model_path(SMOL)), "-p", "def fib(n):", "--temp", "0", "-t", "1")
+    assert "calibrating" in speculate(*flags, "-n", "1", env=env).stderr
     path = tmp_path / "calibration.json"
     (key, entry), = json.loads(path.read_text()).items()
-    entry["seconds"] = [20 * s for s in entry["seconds"]]  # as if something else ran meanwhile
-    path.write_text(json.dumps({key: entry}))
-    proc = speculate(*flags, env=env)
+    planted = [60.0 * b for b in range(1, len(entry["seconds"]) + 1)]
+    path.write_text(json.dumps({key: {**entry, "seconds": planted}}))
+    proc = speculate(*flags, "-n", "48", env=env)
     assert proc.returncode == 0 and "faster than its calibration" in proc.stderr, proc.stderr
     assert json.loads(path.read_text()) == {}
-    proc = speculate(*flags, env=env)
-    assert "calibrating" in proc.stderr and "faster than its calibration" not in proc.stderr
+    proc = speculate(*flags, "-n", "1", env=env)
+    assert proc.returncode == 0 and "calibrating" in proc.stderr, proc.stderr
+    (again, measured), = json.loads(path.read_text()).items()
+    assert again == key and len(measured["seconds"]) == len(planted) and measured["seconds"] != planted
 
 
 @pytest.mark.real

@@ -6,11 +6,15 @@ its own configuration's output."""
 from __future__ import annotations
 
 import json
+import select
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from speculative.errors import UsageError
+from speculative.files import locked
 from speculative.pool import AGREED, MAGIC, Pool, PoolDrafter, PoolFile, check_pool_file, fingerprint
 
 from .conftest import SMOL, speculate, speculate_json
@@ -76,6 +80,42 @@ def test_a_pool_file_round_trips_and_merges_what_two_processes_saved(tmp_path):
     assert list(kept.outputs) == [output(300)]
 
 
+SAVER = """
+import sys
+from pathlib import Path
+from speculative.pool import Pool, PoolFile
+path, tokenizer, start = Path(sys.argv[1]), bytes.fromhex(sys.argv[2]), int(sys.argv[3])
+pool = Pool()
+pool.add(list(range(start, start + 40)))
+PoolFile(path, tokenizer, lambda message: print(message, file=sys.stderr, flush=True)).save(pool)
+"""
+
+
+def test_savers_that_find_the_pool_file_locked_wait_and_merge_what_each_saved(tmp_path):
+    """The test holds the file's lock; two processes save meanwhile: each says it waits (an
+    event, seen before the lock goes), and once released both outputs are in the file, with
+    what it held before."""
+    path = tmp_path / "pool"
+    earlier = Pool()
+    earlier.add(output(100))
+    PoolFile(path, A, print).save(earlier)
+    before = path.read_bytes()
+    with locked(path):
+        savers = [subprocess.Popen([sys.executable, "-c", SAVER, str(path), A.hex(), str(start)],
+                                   stderr=subprocess.PIPE, text=True) for start in (200, 300)]
+        for saver in savers:
+            ready, _, _ = select.select([saver.stderr], [], [], 120)  # a guard against a hang only
+            line = saver.stderr.readline() if ready else "(nothing in 120 s)"
+            assert "another process is saving it; waiting" in line, line
+        assert path.read_bytes() == before  # neither wrote past the lock
+    for saver in savers:
+        assert saver.wait(timeout=120) == 0, saver.stderr.read()
+    merged = Pool()
+    PoolFile(path, A, print).load(merged)
+    assert list(merged.outputs)[0] == output(100)
+    assert sorted(merged.outputs) == [output(100), output(200), output(300)]
+
+
 def test_a_damaged_pool_file_is_ignored_with_a_notice_and_rewritten(tmp_path):
     path = tmp_path / "pool"
     pool = Pool()
@@ -128,14 +168,30 @@ PROMPT = "List the numbers from 1 to 30, one per line, as words:"
 FLAGS = ("-n", "48", "--temp", "0", "-t", "1")
 
 
+@pytest.fixture
+def flat_costs(model_path, tmp_path) -> dict:
+    """The environment of a speculate home whose calibration says a batch of any size costs as
+    much as one token, and less than this machine ever takes: whether auto drafts from a proposal
+    then does not depend on a calibration measured under whatever load there is (drafts are cheap,
+    and in proportion they stay so as the run learns the machine's speed), and never going faster
+    than its calibration, the run does not drop it for a measured one."""
+    env = {"SPECULATE_HOME": str(tmp_path / "home")}
+    proc = speculate("-m", str(model_path(SMOL)), "-p", "hi", "-n", "1", "--temp", "0", "-t", "1", env=env)
+    assert proc.returncode == 0 and "calibrating" in proc.stderr, proc.stderr
+    path = tmp_path / "home" / "calibration.json"
+    (key, entry), = json.loads(path.read_text()).items()
+    path.write_text(json.dumps({key: {**entry, "seconds": [1e-4] * 64}}))
+    return env
+
+
 @pytest.mark.real
-def test_separate_runs_draft_from_what_earlier_runs_wrote(model_path, tmp_path, batch_invariant):
+def test_separate_runs_draft_from_what_earlier_runs_wrote(model_path, tmp_path, batch_invariant, flat_costs):
     model = str(model_path(SMOL))
     pool = tmp_path / "runs.pool"
     alone = speculate_json("-m", model, "-p", PROMPT, *FLAGS, "--spec-type", "none")
-    first = speculate_json("-m", model, "-p", PROMPT, *FLAGS, "--spec-pool", str(pool))
+    first = speculate_json("-m", model, "-p", PROMPT, *FLAGS, "--spec-pool", str(pool), env=flat_costs)
     assert pool.is_file() and not any(p["drafter"] == "ngram-pool" for p in first["plans"])
-    second = speculate_json("-m", model, "-p", PROMPT, *FLAGS, "--spec-pool", str(pool))
+    second = speculate_json("-m", model, "-p", PROMPT, *FLAGS, "--spec-pool", str(pool), env=flat_costs)
     pooled = [p for p in second["plans"] if p["drafter"] == "ngram-pool"]
     assert pooled and second["n_accept"] > 0
     assert first["text"] == second["text"] == alone["text"]
@@ -147,14 +203,14 @@ def test_separate_runs_draft_from_what_earlier_runs_wrote(model_path, tmp_path, 
 
 
 @pytest.mark.real
-def test_a_batch_drafts_from_its_earlier_requests(model_path, tmp_path):
+def test_a_batch_drafts_from_its_earlier_requests(model_path, tmp_path, flat_costs):
     model = str(model_path(SMOL))
     requests = tmp_path / "requests.jsonl"
     requests.write_text("".join(json.dumps({"id": i, "prompt": PROMPT}) + "\n" for i in range(3)))
 
     def plans(*flags: str) -> list[list[str]]:
         out = tmp_path / f"out{len(flags)}.jsonl"
-        proc = speculate("batch", str(requests), "-o", str(out), "-m", model, *FLAGS, *flags)
+        proc = speculate("batch", str(requests), "-o", str(out), "-m", model, *FLAGS, *flags, env=flat_costs)
         assert proc.returncode == 0, proc.stderr
         records = sorted((json.loads(line) for line in out.read_text().splitlines()), key=lambda r: r["id"])
         return [[p["drafter"] for p in r["stats"]["plans"]] for r in records]
@@ -165,12 +221,12 @@ def test_a_batch_drafts_from_its_earlier_requests(model_path, tmp_path):
 
 
 @pytest.mark.real
-def test_bench_runs_never_draft_from_their_own_prompts_output(model_path, tmp_path):
+def test_bench_runs_never_draft_from_their_own_prompts_output(model_path, tmp_path, flat_costs):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": PROMPT}) + "\n" for i in range(2)))
     out = tmp_path / "bench.json"
     proc = speculate("bench", str(prompts), "-m", str(model_path(SMOL)), "-C", "auto", "--repeat", "2", "-n", "32",
-                     "-t", "1", "-o", str(out))
+                     "-t", "1", "-o", str(out), env=flat_costs)
     assert proc.returncode == 0, proc.stderr
     runs = [r for r in json.loads(out.read_text())["runs"] if r["config"] == "auto"]
     pooled = {r["prompt"]: [p for p in r["plans"] if p["drafter"] == "ngram-pool"] for r in runs}

