@@ -80,9 +80,12 @@ class BenchFile:
     def __init__(self, path: Path):
         try:
             raw = path.read_bytes()
+        except OSError as e:
+            raise ReplayError(f"{path}: cannot read it ({e.strerror or e})") from None
+        try:
             data = json.loads(gzip.decompress(raw) if path.name.endswith(".gz") else raw)
-        except (OSError, EOFError, UnicodeDecodeError, ValueError) as e:  # (gzip.BadGzipFile is an OSError)
-            raise ReplayError(f"{path}: cannot read it as JSON ({getattr(e, 'strerror', None) or e})") from None
+        except (OSError, EOFError, ValueError, RecursionError) as e:  # (gzip.BadGzipFile is an OSError)
+            raise ReplayError(f"{path}: not JSON{' (gzipped)' if path.name.endswith('.gz') else ''} ({e})") from None
         meta = data.get("meta") if isinstance(data, dict) else None
         if not isinstance(meta, dict) or not isinstance(data.get("runs"), list):
             raise ReplayError(f"{path}: not a speculate bench file (no meta and runs)")
@@ -652,7 +655,8 @@ def chosen_prompts(file: BenchFile, categories: list[str] | None, ids: list[str]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("bench_file", type=Path, metavar="BENCH.json")
+    parser.add_argument("bench_file", type=Path, metavar="BENCH.json",
+                        help="what `speculate bench -o` wrote (gzipped as committed: BENCH.json.gz)")
     parser.add_argument("--category", action="append", help="only prompts of this category (repeatable)")
     parser.add_argument("--prompt", action="append", metavar="ID", help="only this prompt (repeatable)")
     parser.add_argument("--pool-tokens", type=int, default=POOL_TOKENS, metavar="N",

@@ -75,6 +75,9 @@ def test_the_proposals_at_every_position_as_worked_out():
     assert {i: p.match for i, p in enumerate(at) if p.length} == MATCHES
     assert [at[i].kind for i in (4, 5, 8, 9, 13, 17, 18)] == [0, 3, 3, 1, 1, 0, 3]
     assert [at[i].run for i in (4, 5, 7, 8, 12, 13, 17, 18)] == [0, 1, 3, 4, 8, 9, 0, 1]
+    # a policy's cells: the class, and the run in buckets 0, 1-3, 4-7, 8+
+    assert [replay_auto.cell(at[i]) for i in (4, 5, 7, 8, 11, 12, 17, 18)] == [
+        (0, 0), (3, 1), (3, 1), (3, 2), (1, 2), (1, 3), (0, 0), (3, 1)]
 
 
 def test_the_bound_and_its_plan():
@@ -231,17 +234,22 @@ def test_a_gzipped_bench_file_is_read_as_it_is_committed(tmp_path, capsys):
     assert capsys.readouterr().out == plain.replace(str(path), str(packed))
 
 
-def test_runs_whose_output_differs_are_named(tmp_path, capsys):
+def test_runs_whose_output_differs_are_named_and_a_bound_recorded_with_other_costs_is_told(tmp_path, capsys):
     path = bench_json(tmp_path, auto_tokens=[*OUTPUT[:-1], 54])
+    data = json.loads(path.read_text())
+    data["runs"][0]["ngram_bound"] = 1.5  # bench measured the calibration again after this run
+    path.write_text(json.dumps(data))
     assert replay_auto.main([str(path)]) == 0
     text = capsys.readouterr().out
     assert "outputs: 1 prompt with runs whose output is not the target-only one" in text
     assert "1 run with another output than target-only's: auto (repeat 0)" in text
+    assert "n-gram bound 1.600x (the file's: 1.500x: DIFFER)" in text
 
 
 @pytest.mark.parametrize("content, message", [
-    ("{not json", "cannot read it as JSON"),
-    (b"\x1f\x8b not gzip", "cannot read it as JSON"),
+    ("{not json", "not JSON (Expecting property name"),
+    (b"\x1f\x8b not gzip", "not JSON (gzipped)"),
+    (None, "cannot read it (No such file or directory)"),
     ('{"meta": {}, "runs": []}', "no meta.costs or meta.prompt_tokens"),
     ('{"runs": []}', "not a speculate bench file"),
     ('{"meta": {"costs": {"target": [1, 2]}, "prompt_tokens": {}, "settings": {}}, "runs": []}',
@@ -249,7 +257,8 @@ def test_runs_whose_output_differs_are_named(tmp_path, capsys):
 ])
 def test_a_file_the_replay_cannot_use_is_one_line_and_exit_2(tmp_path, capsys, content, message):
     path = tmp_path / ("bad.json.gz" if isinstance(content, bytes) else "bad.json")
-    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    if content is not None:
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
     assert replay_auto.main([str(path)]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and err.startswith("replay_auto: error: ")
