@@ -153,11 +153,11 @@ class Position:
     run: int       # output tokens right before it that the proposals there predicted, in a row
 
 
-def positions(prompt: Prompt) -> list[Position]:
-    drafts = bench.ngram_proposals(prompt.tokens, prompt.output, DRAFT_MAX_AUTO)
+def positions(output: list[int], drafts: list[Draft]) -> list[Position]:
+    """What the bound and the policies know of each position, from ngram-simple's proposals there."""
     out, run = [], 0
     for i, draft in enumerate(drafts):
-        match = next((j for j, t in enumerate(draft.tokens) if i + j >= len(prompt.output) or t != prompt.output[i + j]),
+        match = next((j for j, t in enumerate(draft.tokens) if i + j >= len(output) or t != output[i + j]),
                      len(draft.tokens))
         out.append(Position(len(draft.tokens), draft.kind, match, run))
         run = run + 1 if match else 0
@@ -197,28 +197,21 @@ class DraftModelStandIn(Drafter):
         raise ModelNeeded(len(context))
 
 
-@dataclass
-class Seen:
-    """What auto saw at one step: each free drafter's proposal (length, kind, auto's cautious
-    first-token estimate for that kind), and what it chose."""
-    at: int
-    proposals: dict[str, tuple[int, int, float]]
-    chosen: str | None
-    k: int
+Seen = dict[str, tuple[int, int, float]]  # free drafter -> its proposal's length, kind, and auto's
+                                           # cautious first-token estimate for that kind
 
 
 class ObservedAuto(Auto):
-    """Auto, noting what it saw and chose at every step it planned."""
+    """Auto, noting what it saw at every step it planned (by the context's length then)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.seen: list[Seen] = []
+        self.seen: dict[int, Seen] = {}
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
-        draft = super().propose(context, k)
-        proposals = {name: (len(p.tokens), p.kind, float(self.estimates(name, p.kind).rates(cautious=True)[0]))
-                     for name, p in self._proposals.items() if p.tokens}
-        self.seen.append(Seen(len(context), proposals, draft.source if draft.tokens else None, len(draft.tokens)))
+        draft = super().propose(context, k)  # planned: the estimates below are the ones it planned with
+        self.seen[len(context)] = {name: (len(p.tokens), p.kind, float(self.estimates(name, p.kind).rates(cautious=True)[0]))
+                                   for name, p in self._proposals.items() if p.tokens}
         return draft
 
 
@@ -286,7 +279,7 @@ def replay_auto(prompt: Prompt, file: BenchFile, config: str, pool: Pool | None)
         elif isinstance(event, Token):
             emitted.append(event.id)
     result.same_output = emitted == prompt.output
-    result.seen = {s.at - len(prompt.tokens): s for s in auto.seen}
+    result.seen = {at - len(prompt.tokens): seen for at, seen in auto.seen.items()}
     result.plans = dict(stats.plans)
     result.modelled = bench.modelled_speedup(file, stats.plans, stats.n_predict + (stats.finish_reason == "stop"))
     result.declined = dict(auto.declined)
@@ -410,10 +403,10 @@ class PromptReport:
 
 def analyse(file: BenchFile, pid: str, pool_tokens: int) -> PromptReport:
     prompt = file.prompt(pid)
-    at = positions(prompt)
-    bound = bench.ngram_bound(prompt.tokens, prompt.output, file.verify)
-    _, choice = bench.bound_plan(prompt.output, [d.tokens for d in bench.ngram_proposals(
-        prompt.tokens, prompt.output, len(file.verify) - 1)], file.verify)
+    drafts = bench.ngram_proposals(prompt.tokens, prompt.output, len(file.verify) - 1)
+    at = positions(prompt.output, drafts)
+    bound = bench.ngram_bound(prompt.tokens, prompt.output, file.verify)  # the function bench recorded it with
+    _, choice = bench.bound_plan(prompt.output, [d.tokens for d in drafts], file.verify)
     recorded = [r["ngram_bound"] for r in prompt.runs if r["config"] == bench.BASELINE and r.get("ngram_bound")]
     pool = file.pool_before(pid, pool_tokens)
     autos = [replay_auto(prompt, file, config, pool) for config in file.auto_configs()]
@@ -491,9 +484,9 @@ def step_rows(report: PromptReport, replayed: AutoReplay) -> list[str]:
             d, k, a = auto_at[i]
             seen = replayed.seen.get(i)
             auto = f"{d}:{k} acc {a}" if k else "k=0"
-            if seen is not None and seen.proposals:
-                name = d if k else ("ngram-simple" if "ngram-simple" in seen.proposals else next(iter(seen.proposals)))
-                length, kind, estimate = seen.proposals.get(name, next(iter(seen.proposals.values())))
+            if seen:
+                name = d if k else ("ngram-simple" if "ngram-simple" in seen else next(iter(seen)))
+                length, kind, estimate = seen[name]
                 auto += f"  (saw {name} {length} tokens, class {kind}, first-token estimate {estimate:.2f})"
         lines.append(f"    {i:4}  {proposal:31}{bound:13}{auto}")
     return lines
@@ -617,7 +610,7 @@ def report_json(file: BenchFile, reports: list[PromptReport], rows: list[dict], 
                 "plans": [{"drafter": d, "k": k, "steps": n} for (d, k), n in sorted(a.plans.items())],
                 "steps": [{"position": i, "drafter": d, "k": k, "accepted": acc,
                            "seen": {name: {"length": n, "class": c, "first_token_estimate": e}
-                                    for name, (n, c, e) in (a.seen[i].proposals.items() if i in a.seen else [])}}
+                                    for name, (n, c, e) in a.seen.get(i, {}).items()}}
                           for i, d, k, acc in a.steps if k or i in bound_drafts],
                 "declined": a.declined, "in_file": runs})
         prompts.append({

@@ -71,7 +71,7 @@ def analysed(tmp_path, **kwargs) -> replay_auto.PromptReport:
 
 
 def test_the_proposals_at_every_position_as_worked_out():
-    at = replay_auto.positions(replay_auto.Prompt("copy", "edit", PROMPT, OUTPUT, False, [], []))
+    at = replay_auto.positions(OUTPUT, bench.ngram_proposals(PROMPT, OUTPUT, len(VERIFY) - 1))
     assert {i: p.match for i, p in enumerate(at) if p.length} == MATCHES
     assert [at[i].kind for i in (4, 5, 8, 9, 13, 17, 18)] == [0, 3, 3, 1, 1, 0, 3]
     assert [at[i].run for i in (4, 5, 7, 8, 12, 13, 17, 18)] == [0, 1, 3, 4, 8, 9, 0, 1]
@@ -91,8 +91,8 @@ def test_the_bound_and_its_plan():
     cost, choice = bench.bound_plan(OUTPUT, proposals, VERIFY)
     assert cost == 12.5
     assert bench.ngram_bound(PROMPT, OUTPUT, VERIFY) == 1.6
-    steps = replay_auto.walk(len(OUTPUT), choice, replay_auto.positions(
-        replay_auto.Prompt("copy", "edit", PROMPT, OUTPUT, False, [], [])))
+    steps = replay_auto.walk(len(OUTPUT), choice, replay_auto.positions(OUTPUT, bench.ngram_proposals(
+        PROMPT, OUTPUT, len(VERIFY) - 1)))
     assert steps == [(0, 0, 0), (1, 0, 0), (2, 0, 0), (3, 0, 0), (4, 9, 9), (14, 0, 0), (15, 0, 0), (16, 0, 0),
                      (17, 1, 1), (19, 0, 0)]
 
@@ -120,7 +120,7 @@ def test_the_continuation_shares():
     # First token right: 4-12 (matches 9 down to 1) and 17 (1): 10 proposals. With 4 output
     # tokens left to run on over (positions up to 16): 4-12, of which 4-9 (matches 9-4) ran to 4:
     # 6 of 9. With 8 left (up to 12): 4-12 again, of which 4 and 5 (9 and 8) ran to 8: 2 of 9.
-    at = replay_auto.positions(replay_auto.Prompt("copy", "edit", PROMPT, OUTPUT, False, [], []))
+    at = replay_auto.positions(OUTPUT, bench.ngram_proposals(PROMPT, OUTPUT, len(VERIFY) - 1))
     assert replay_auto.continuation([at]) == {"first_right": 10, "ran_4": 6, "of_4": 9, "share_4": 6 / 9,
                                                "ran_8": 2, "of_8": 9, "share_8": 2 / 9}
 
@@ -144,7 +144,7 @@ def test_auto_replayed_drafts_the_copy_only_where_proposals_are_and_its_time_is_
     assert sum(auto.plans.values()) == len(auto.steps)
     # What auto saw at each step it drafted: the proposal it drafted from, and an estimate.
     for i, k, _ in drafted:
-        length, kind, estimate = auto.seen[i].proposals["ngram-simple"]
+        length, kind, estimate = auto.seen[i]["ngram-simple"]
         assert length >= k and 0.0 < estimate < 1.0
 
 
