@@ -21,6 +21,13 @@ run's output and plan). For each prompt chosen (default: all), over its target-o
 4. continuation statistics: of the proposals whose first token was right, the share whose match
    ran on to 4 and to 8 tokens.
 
+The bound and the policies see ngram-simple's proposal at every position of the output, asked
+position after position as bench.ngram_bound asks it; a policy's run at a position is how many
+output tokens right before it those proposals predicted in a row (their first token right,
+drafted or not: auto scores every proposal so). Their speedups count target-only decoding as
+ngram_bound does (a pass per output token); auto's modelled speedup as bench does (one more
+pass for an end-of-generation token), so the replayed figure compares with the file's.
+
 Plain text on stdout (the README quotes it), the same figures as JSON with --json. Exit 2 for a
 file that is not a bench file with the replay's inputs, or a selection that matches nothing.
 """
