@@ -25,7 +25,7 @@ from typing import Callable, Iterable
 from .chat import prompt_or_messages
 from .engine import Engine
 from .errors import UsageError
-from .drafters import NgramSimple
+from .drafters import Draft, NgramSimple
 from .settings import DRAFT_MAX_AUTO, NGRAM_N_AUTO, SamplerSettings, SpecSettings, acceptance
 from .stream import complete
 
@@ -283,16 +283,33 @@ def ngram_bound(prompt: list[int], output: list[int], verify: list[float], n: in
     would get from n-gram proposals (ngram-simple, n tokens, up to len(verify) - 1 drafted),
     with the measured verify costs: a bound for what auto can do with them on this machine.
     Dynamic programming over positions: cost[i] = min over k of v(k+1) + cost[i + accepted + 1]."""
-    drafter, max_k = NgramSimple(n=n, m=len(verify) - 1), len(verify) - 1
-    proposals = [drafter.propose(prompt + output[:i], max_k).tokens for i in range(len(output))]
+    proposals = [draft.tokens for draft in ngram_proposals(prompt, output, len(verify) - 1, n)]
+    cost, _ = bound_plan(output, proposals, verify)
+    return len(output) * verify[0] / cost if cost else 1.0
+
+
+def ngram_proposals(prompt: list[int], output: list[int], max_k: int, n: int = NGRAM_N_AUTO) -> list[Draft]:
+    """ngram-simple's proposal (up to max_k tokens) at every position of the output, asked in
+    order, position after position."""
+    drafter = NgramSimple(n=n, m=max_k)
+    return [drafter.propose(prompt + output[:i], max_k) for i in range(len(output))]
+
+
+def bound_plan(output: list[int], proposals: list[list[int]], verify: list[float]) -> tuple[float, list[int]]:
+    """ngram_bound's dynamic programming: the least time to produce the output when each step
+    may draft k tokens of the proposal at its position, and the k that achieves it at every
+    position (0: plain decoding; the plan is the steps from position 0 on, each moving past
+    its accepted tokens and the bonus)."""
     cost = [0.0] * (len(output) + 1)
+    choice = [0] * len(output)
     for i in range(len(output) - 1, -1, -1):
         best = verify[0] + cost[i + 1]
         for k in range(1, min(len(proposals[i]), len(output) - i - 1) + 1):
             accepted = next((j for j in range(k) if proposals[i][j] != output[i + j]), k)
-            best = min(best, verify[k] + cost[i + accepted + 1])
+            if verify[k] + cost[i + accepted + 1] < best:  # ties keep the shorter draft
+                best, choice[i] = verify[k] + cost[i + accepted + 1], k
         cost[i] = best
-    return len(output) * verify[0] / cost[0] if cost[0] else 1.0
+    return cost[0], choice
 
 
 def summarize(runs: list[Run]) -> list[dict]:
