@@ -289,12 +289,34 @@ def mtp_runs(data) -> list[str]:
     return lines
 
 
+def replay(data) -> list[str]:
+    """scripts/replay_auto.py's per-category figures: how much of the n-gram bound auto gets, measured
+    in the bench file and replayed, against the best fixed-length policy per kind of proposal in
+    hindsight, and how often a proposal that starts right runs on."""
+    lines = header("category", "n-gram bound", "auto, in the bench (modelled)", "auto, replayed",
+                   "best class policy per prompt, in hindsight", "one class policy for the category",
+                   "right first tokens running on to 4 / 8")
+
+    def cell(value: float, bound: float) -> str:
+        return f"{value:.2f}x ({100 * (value - 1) / (bound - 1):.0f}%)" if bound > 1 else f"{value:.2f}x"
+
+    for c in data["categories"]:
+        bound, auto = c["bound"], c["auto"]["auto"]
+        cont = c["continuation"]
+        lines.append(row(c["category"], f"{bound:.2f}x", cell(auto["in_file"], bound), cell(auto["replayed"], bound),
+                         cell(c["policy_per_prompt"], bound), cell(c["policy"]["speedup"], bound),
+                         f"{100 * cont['share_4']:.0f}% / {100 * cont['share_8']:.0f}%"))
+    return lines
+
+
 TABLES = {t.name: t for t in [
     Table("recurrent", ("recurrent.json",), "python scripts/bench_recurrent.py -o docs/results/recurrent.json",
           recurrent),
     Table("measured", ("bench-dev.json.gz",),
           "speculate bench scripts/prompts.jsonl -C auto -C ngram-simple -C draft --sweep draft-max=1,2,3,4,8 "
           "--repeat 3 -o bench-dev.json (then gzip)", measured),
+    Table("replay", ("replay.json",),
+          "python scripts/replay_auto.py docs/results/bench-dev.json.gz --json docs/results/replay.json", replay),
     Table("sampled", ("bench-sampled.json.gz",),
           "speculate bench scripts/prompts.jsonl -C draft --sweep accept=rejection,match --temp 0.7 -s 1 -n 64 "
           "-o bench-sampled.json (then gzip)", sampled),
