@@ -312,6 +312,26 @@ def replay(data) -> list[str]:
 TABLES = {t.name: t for t in [
     Table("recurrent", ("recurrent.json",), "python scripts/bench_recurrent.py -o docs/results/recurrent.json",
           recurrent),
+    Table("pool", ("pool.json",),
+          "python scripts/bench_pool.py -o /tmp/pool && cp /tmp/pool/report.json docs/results/pool.json", pool),
+    Table("cache-ram", ("cache-ram.json",), "python scripts/bench_cache_ram.py -o docs/results/cache-ram.json",
+          cache_ram),
+    Table("prompt-cache", ("prompt-cache.json",),
+          "python scripts/bench_prompt_cache.py -o docs/results/prompt-cache.json", prompt_cache),
+    Table("fim", ("fim.json.gz",), "python scripts/bench_fim.py -o fim.json (then gzip into docs/results/)", fim),
+    Table("state-sizes", ("state-sizes.json",), "python scripts/state_sizes.py -o docs/results/state-sizes.json",
+          state_sizes),
+    Table("doctor", ("doctor.json",), "python scripts/doctor_builds.py -o docs/results/doctor.json", doctor),
+    Table("flash-attn", ("flash-attn.json",), "python scripts/bench_flash_attn.py -o docs/results/flash-attn.json",
+          flash_attn),
+    Table("mtp-costs", ("mtp.json",), "python scripts/bench_mtp.py -o docs/results/mtp.json", mtp_costs),
+    Table("mtp-runs", ("mtp.json",), "python scripts/bench_mtp.py -o docs/results/mtp.json", mtp_runs),
+]}
+
+# Tables whose benchmark has not been run again since its raw output was lost: the README still
+# quotes their older numbers as prose, unmarked, until these runs are committed (issue 25). Each
+# renderer is ready for its file; once the file is under docs/results/, move the entry up.
+PENDING = {t.name: t for t in [
     Table("measured", ("bench-dev.json.gz",),
           "speculate bench scripts/prompts.jsonl -C auto -C ngram-simple -C draft --sweep draft-max=1,2,3,4,8 "
           "--repeat 3 -o bench-dev.json (then gzip)", measured),
@@ -324,24 +344,10 @@ TABLES = {t.name: t for t in [
     Table("rpc-100ms", ("rpc-100ms.json",),
           "python scripts/bench_rpc.py -n 48 --delays 100 --category complete --limit 3 -C auto,ngram-simple "
           "-C auto,ngram-simple,draft -C draft -o docs/results/rpc-100ms.json", rpc),
-    Table("pool", ("pool.json",),
-          "python scripts/bench_pool.py -o /tmp/pool && cp /tmp/pool/report.json docs/results/pool.json", pool),
-    Table("cache-ram", ("cache-ram.json",), "python scripts/bench_cache_ram.py -o docs/results/cache-ram.json",
-          cache_ram),
-    Table("prompt-cache", ("prompt-cache.json",),
-          "python scripts/bench_prompt_cache.py -o docs/results/prompt-cache.json", prompt_cache),
-    Table("fim", ("fim.json",), "python scripts/bench_fim.py -o docs/results/fim.json", fim),
     Table("builds", ("builds.json",),
           "python scripts/compare_builds.py .venv .venv-test --env-b GGML_CPU_TILED_MM=0 -o docs/results/builds.json",
           builds),
     Table("build-time", ("build-time.txt",), "scripts/build_time.sh > docs/results/build-time.txt", build_time),
-    Table("state-sizes", ("state-sizes.json",), "python scripts/state_sizes.py -o docs/results/state-sizes.json",
-          state_sizes),
-    Table("doctor", ("doctor.json",), "python scripts/doctor_builds.py -o docs/results/doctor.json", doctor),
-    Table("flash-attn", ("flash-attn.json",), "python scripts/bench_flash_attn.py -o docs/results/flash-attn.json",
-          flash_attn),
-    Table("mtp-costs", ("mtp.json",), "python scripts/bench_mtp.py -o docs/results/mtp.json", mtp_costs),
-    Table("mtp-runs", ("mtp.json",), "python scripts/bench_mtp.py -o docs/results/mtp.json", mtp_runs),
 ]}
 
 
