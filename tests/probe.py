@@ -13,6 +13,13 @@ PROBE_REQUEST=ID With PROBE_PIECES, in `speculate batch`: only in the request wh
                  (as JSON: 2, "q9").
 PROBE_STDOUT=B   Once B bytes of text went to stdout, the next write first waits until stdout's
                  reader has gone: "probe: stdout's reader is gone".
+PROBE_SERVE=1    In `speculate serve`: a prompt starting with HOLD_STEP is held after its first
+                 piece of text (sent to the client) until the request must stop (its client
+                 gone, its time up) or, with PROBE_RELEASE=FILE, until FILE exists; one starting
+                 with HOLD_PROMPT is held inside llama.cpp, at the first graph node of its
+                 prompt's decode (the abort callback), until the request must stop. Each hold
+                 says "probe: holding after the first piece" / "... inside llama.cpp's prompt
+                 decode" (on stderr: the server's log).
 
 A wait that nothing ends gives up after HOLD_LIMIT seconds, saying so, so that a test whose
 event never comes fails instead of hanging.
@@ -28,6 +35,8 @@ import time
 from pathlib import Path
 
 HOLD_LIMIT = 300.0
+HOLD_STEP = "[hold after the first piece] "
+HOLD_PROMPT = "[hold inside the prompt] "
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -120,6 +129,43 @@ if os.environ.get("PROBE_STDOUT"):
         _out["sent"] += len(text.encode("utf-8"))
 
     render._Stdout.write = _write_once_the_reader_is_gone
+
+if os.environ.get("PROBE_SERVE"):
+    from speculative import llamacpp, serving  # noqa: E402
+    from speculative.stream import Piece  # noqa: E402
+
+    _release = os.environ.get("PROBE_RELEASE")
+    _prompt_holds: list = []  # a HOLD_PROMPT request's "must it stop?", for llama.cpp's next abort callback
+    _generate = serving.generate
+
+    def _hold(until, where: str) -> None:
+        say(f"holding {where}")
+        end = time.monotonic() + HOLD_LIMIT
+        while not until() and time.monotonic() < end:
+            time.sleep(0.01)
+
+    def _abort_callback(_data=None):
+        if _prompt_holds:
+            _hold(_prompt_holds.pop(), "inside llama.cpp's prompt decode")
+        return interrupt.poll()
+
+    def _held_generate(engine, generation, spec, should_stop):
+        prompt = generation.prompt or ""
+        must_stop = lambda: should_stop() is not None  # noqa: E731
+        if prompt.startswith(HOLD_PROMPT):
+            _prompt_holds.append(must_stop)
+        step = prompt.startswith(HOLD_STEP)
+        try:
+            for output in _generate(engine, generation, spec, should_stop):
+                yield output
+                if step and isinstance(output, Piece):
+                    step = False
+                    _hold((lambda: os.path.exists(_release)) if _release else must_stop, "after the first piece")
+        finally:
+            _prompt_holds.clear()
+
+    llamacpp._abort = llamacpp.ll.ggml_abort_callback(_abort_callback)
+    serving.generate = _held_generate
 
 if __name__ == "__main__":
     from cli.main import main

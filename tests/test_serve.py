@@ -3,7 +3,7 @@ well-behaved client never sends, many clients at once, disconnects and signals.
 
 One server (SmolLM2 as its own draft: greedy, every drafted token is accepted) serves the
 module; the tests that need other flags start their own. Those of the queue, disconnects and
-time hold a request where they need it (HOLD_PROBE), so none depends on this machine's speed.
+time hold a request where they need it (PROBE_SERVE), so none depends on this machine's speed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import secrets
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -27,7 +26,8 @@ import pytest
 
 from scripts.tiny_model import write_model
 from speculative.server import GRACE_SECONDS
-from tests.conftest import SMOL, SPECULATE, speculate, speculate_json
+from tests.conftest import SMOL, SPECULATE, probe_command, speculate, speculate_json
+from tests.probe import HOLD_PROMPT, HOLD_STEP
 from tests.gguf_builder import write_tiny_llama
 
 pytestmark = pytest.mark.real
@@ -71,71 +71,21 @@ class Server:
         return self.log.read_text(errors="replace")
 
 
-# A server whose requests a test can hold where it needs them, so that what it checks never
-# depends on how fast this machine generates (in the style of tests/test_signals.py's PROBE).
-# A /v1/completions prompt starting with HOLD_STEP is held after its first piece of text (sent
-# to the client) until the request must stop (its client gone, its time up) or, with
-# $PROBE_RELEASE set, until that file exists; one starting with HOLD_PROMPT is held inside
-# llama.cpp, at the first graph node of its prompt's decode (the abort callback), until the
-# request must stop. Each hold writes "probe: holding ..." on stderr, the server's log.
-HOLD_STEP = "[hold after the first piece] "
-HOLD_PROMPT = "[hold inside the prompt] "
-HOLD_PROBE = f"""
-import os, sys, time
-from speculative import interrupt, llamacpp, serving
-from speculative.stream import Piece
-
-RELEASE = os.environ.get("PROBE_RELEASE")
-GIVE_UP = 300  # seconds: a test that never releases a request fails, the server does not hang
-
-def hold(until, where):
-    sys.stderr.write("probe: holding " + where + "\\n")
-    sys.stderr.flush()
-    give_up = time.monotonic() + GIVE_UP
-    while not until() and time.monotonic() < give_up:
-        time.sleep(0.01)
-
-prompt_holds = []  # a HOLD_PROMPT request's "must it stop?", for llama.cpp's next abort callback
-
-def abort_callback(_data=None):
-    if prompt_holds:
-        hold(prompt_holds.pop(), "inside llama.cpp's prompt decode")
-    return interrupt.poll()
-
-llamacpp._abort = llamacpp.ll.ggml_abort_callback(abort_callback)
-generate = serving.generate
-
-def held(engine, generation, spec, should_stop):
-    prompt = generation.prompt or ""
-    must_stop = lambda: should_stop() is not None
-    if prompt.startswith({HOLD_PROMPT!r}):
-        prompt_holds.append(must_stop)
-    step = prompt.startswith({HOLD_STEP!r})
-    try:
-        for output in generate(engine, generation, spec, should_stop):
-            yield output
-            if step and isinstance(output, Piece):
-                step = False
-                hold((lambda: os.path.exists(RELEASE)) if RELEASE else must_stop, "after the first piece")
-    finally:
-        prompt_holds.clear()
-
-serving.generate = held
-from cli.main import main
-main()
-"""
+# A server whose requests a test can hold where it needs them (tests/probe.py's PROBE_SERVE), so
+# that what it checks never depends on how fast this machine generates: a prompt starting with
+# HOLD_STEP is held after its first piece, one starting with HOLD_PROMPT inside its prompt's decode.
 
 
 def start_server(model_path, tmp_path: Path, *args: str, key: str | None = KEY, model: str | None = None,
                  env: dict[str, str] | None = None, probe: bool = False) -> Server:
-    """`speculate serve -m MODEL ARGS` (with `probe`, through HOLD_PROBE), answering /health."""
+    """`speculate serve -m MODEL ARGS` (with `probe`, under tests/probe.py's PROBE_SERVE), answering /health."""
     model = model or str(model_path(SMOL))
     port = _free_port()
     log = tmp_path / f"serve-{port}.log"
-    env = {**os.environ, "SPECULATE_API_KEY": key or "", **(env or {})}
-    command = [sys.executable, "-c", HOLD_PROBE] if probe else [SPECULATE]
+    env = {**os.environ, "SPECULATE_API_KEY": key or "", **({"PROBE_SERVE": "1"} if probe else {}), **(env or {})}
+    command = probe_command("serve") if probe else [SPECULATE, "serve"]
     with open(log, "wb") as out:
-        proc = subprocess.Popen([*command, "serve", "-m", model, "--port", str(port), *args],
+        proc = subprocess.Popen([*command, "-m", model, "--port", str(port), *args],
                                 stdout=out, stderr=subprocess.STDOUT, env=env)
     server = Server(proc, port, log)
     deadline = time.monotonic() + 180
@@ -534,7 +484,7 @@ def test_a_hostile_chat_template_is_a_400_and_the_server_stays_up(model_path, tm
 
 
 # -- load, disconnects, time -----------------------------------------------------------
-# Each of these holds a request (HOLD_PROBE) where the test needs it: a queue seen full stays
+# Each of these holds a request (PROBE_SERVE) where the test needs it: a queue seen full stays
 # full, a disconnect lands mid-stream or mid-prompt, a deadline or the drain's grace comes
 # while the request still runs, on any machine. What they check is what the server reports:
 # its answers, its log lines, its /metrics gauges; wall-clock bounds only guard against a hang.
@@ -545,7 +495,7 @@ FINISH = re.compile(r"completion: (?:\d+ prompt tokens \(\d+ cached\), (\d+) gen
 
 @pytest.fixture(scope="module")
 def held(model_path, tmp_path_factory):
-    """A server whose requests can be held (HOLD_PROBE): SmolLM2 alone, --parallel 2, /metrics."""
+    """A server whose requests can be held (PROBE_SERVE): SmolLM2 alone, --parallel 2, /metrics."""
     s = start_server(model_path, tmp_path_factory.mktemp("held"), "--spec-type", "none", "-t", "1",
                      "--parallel", "2", "--metrics", probe=True)
     yield s
