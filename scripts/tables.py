@@ -3,7 +3,7 @@
 
     python scripts/tables.py             # every table
     python scripts/tables.py fim pool    # some of them
-    python scripts/tables.py --list      # each table's name, file and the command that measured it
+    python scripts/tables.py --list      # each table's name, file and the command that measures it
 
 Each table of measurements in README.md follows a marker line `<!-- table NAME -->`; the
 table under it must hold the numbers this script prints for NAME (tests/test_tables.py
@@ -364,11 +364,13 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in args.names if n not in TABLES]
     if unknown:
         parser.error(f"unknown table {', '.join(unknown)} (known: {', '.join(TABLES)})")
+    if args.list:
+        for table in [*TABLES.values(), *PENDING.values()]:
+            pending = "  [pending: not run yet]" if table.name in PENDING else ""
+            print(f"{table.name}: docs/results/{', docs/results/'.join(table.files)}  ({table.command}){pending}")
+        return 0
     for name in args.names or TABLES:
         table = TABLES[name]
-        if args.list:
-            print(f"{name}: docs/results/{', docs/results/'.join(table.files)}  ({table.command})")
-            continue
         print(f"<!-- table {name} -->  {table.command}")
         print("\n".join(render(name)))
         print()

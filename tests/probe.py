@@ -47,11 +47,16 @@ def say(line: str) -> None:
     os.write(2, f"probe: {line}\n".encode())
 
 
+def wait_until(until) -> None:
+    """Until `until()` is true, or HOLD_LIMIT seconds have passed."""
+    end = time.monotonic() + HOLD_LIMIT
+    while not until() and time.monotonic() < end:
+        time.sleep(0.01)
+
+
 def hold_for_a_signal() -> None:
     """Until the signal's handler raises KeyboardInterrupt here (in this Python code)."""
-    end = time.monotonic() + HOLD_LIMIT
-    while time.monotonic() < end:
-        time.sleep(0.01)
+    wait_until(lambda: False)
     say(f"no signal came in {HOLD_LIMIT:.0f} s")
 
 
@@ -69,6 +74,7 @@ if os.environ.get("PROBE_DECODE"):
         if _state["decoding"] and not _state["announced"]:
             _state["announced"] = True
             os.write(2, b"probe: llama.cpp is decoding\n")
+            # Inline, not wait_until: the signal's handler must run in this frame.
             end = time.monotonic() + HOLD_LIMIT
             while not interrupt._pending and time.monotonic() < end:
                 time.sleep(0.01)
@@ -140,9 +146,7 @@ if os.environ.get("PROBE_SERVE"):
 
     def _hold(until, where: str) -> None:
         say(f"holding {where}")
-        end = time.monotonic() + HOLD_LIMIT
-        while not until() and time.monotonic() < end:
-            time.sleep(0.01)
+        wait_until(until)
 
     def _abort_callback(_data=None):
         if _prompt_holds:

@@ -27,8 +27,8 @@ import pytest
 from scripts.tiny_model import write_model
 from speculative.server import GRACE_SECONDS
 from tests.conftest import SMOL, SPECULATE, probe_command, speculate, speculate_json
-from tests.probe import HOLD_PROMPT, HOLD_STEP
 from tests.gguf_builder import write_tiny_llama
+from tests.probe import HOLD_PROMPT, HOLD_STEP
 
 pytestmark = pytest.mark.real
 
