@@ -208,20 +208,6 @@ def builds(data) -> list[str]:
     return lines
 
 
-def build_time(text: str) -> list[str]:
-    """scripts/build_time.sh's lines: CMAKE_ARGS="...": N s on C cores."""
-    lines = header("CMAKE_ARGS", "build time")
-    times = []
-    for line in text.splitlines():
-        if line.startswith("CMAKE_ARGS="):
-            args, _, rest = line[len('CMAKE_ARGS="'):].partition('": ')
-            times.append((args, int(rest.split()[0])))
-    for i, (args, seconds) in enumerate(times):
-        less = f" ({100 * (1 - seconds / times[0][1]):.0f}% less)" if i else ""
-        lines.append(row(f"`{args}`" if args else "(none, the stock build)", f"{seconds} s{less}"))
-    return lines
-
-
 def state_sizes(data) -> list[str]:
     lines = header("model", "saved state per token")
     for r in data["rows"]:
@@ -326,30 +312,22 @@ TABLES = {t.name: t for t in [
           flash_attn),
     Table("mtp-costs", ("mtp.json",), "python scripts/bench_mtp.py -o docs/results/mtp.json", mtp_costs),
     Table("mtp-runs", ("mtp.json",), "python scripts/bench_mtp.py -o docs/results/mtp.json", mtp_runs),
-]}
-
-# Tables whose benchmark has not been run again since its raw output was lost: the README still
-# quotes their older numbers as prose, unmarked, until these runs are committed (issue 25). Each
-# renderer is ready for its file; once the file is under docs/results/, move the entry up.
-PENDING = {t.name: t for t in [
     Table("measured", ("bench-dev.json.gz",),
-          "speculate bench scripts/prompts.jsonl -C auto -C ngram-simple -C draft --sweep draft-max=1,2,3,4,8 "
-          "--repeat 3 -o bench-dev.json (then gzip)", measured),
+          "GGML_CPU_TILED_MM=0 speculate bench scripts/prompts.jsonl -C auto -C ngram-simple -C draft "
+          "--sweep draft-max=3,8 -o bench-dev.json (then gzip)", measured),
     Table("replay", ("replay.json",),
           "python scripts/replay_auto.py docs/results/bench-dev.json.gz --json docs/results/replay.json", replay),
     Table("sampled", ("bench-sampled.json.gz",),
           "speculate bench scripts/prompts.jsonl -C draft --sweep accept=rejection,match --temp 0.7 -s 1 -n 64 "
-          "-o bench-sampled.json (then gzip)", sampled),
-    Table("rpc", ("rpc.json",), "python scripts/bench_rpc.py -n 48 -o docs/results/rpc.json", rpc),
+          "-o bench-sampled.json (then gzip; the stock build)", sampled),
+    Table("rpc", ("rpc.json",), "python scripts/bench_rpc.py -n 48 --delays 0,20 -o docs/results/rpc.json", rpc),
     Table("rpc-100ms", ("rpc-100ms.json",),
           "python scripts/bench_rpc.py -n 48 --delays 100 --category complete --limit 3 -C auto,ngram-simple "
           "-C auto,ngram-simple,draft -C draft -o docs/results/rpc-100ms.json", rpc),
     Table("builds", ("builds.json",),
           "python scripts/compare_builds.py .venv .venv-test --env-b GGML_CPU_TILED_MM=0 -o docs/results/builds.json",
           builds),
-    Table("build-time", ("build-time.txt",), "scripts/build_time.sh > docs/results/build-time.txt", build_time),
 ]}
-
 
 def render(name: str) -> list[str]:
     table = TABLES[name]
@@ -365,9 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown table {', '.join(unknown)} (known: {', '.join(TABLES)})")
     if args.list:
-        for table in [*TABLES.values(), *PENDING.values()]:
-            pending = "  [pending: not run yet]" if table.name in PENDING else ""
-            print(f"{table.name}: docs/results/{', docs/results/'.join(table.files)}  ({table.command}){pending}")
+        for table in TABLES.values():
+            print(f"{table.name}: docs/results/{', docs/results/'.join(table.files)}  ({table.command})")
         return 0
     for name in args.names or TABLES:
         table = TABLES[name]
