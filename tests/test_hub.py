@@ -115,6 +115,8 @@ HF_VARS = ("MODEL_ENDPOINT", "LLAMA_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CAC
            "LLAMA_ARG_SPEC_DRAFT_HF_REPO", "HF_HUB_ETAG_TIMEOUT")
 
 
+# The tests that take `tiny` run (or download) real GGUF files through llama.cpp: marked `real`,
+# they stay out of the fast lane (`-m "not real"`) though they need no pulled model.
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> dict[str, bytes]:
     """Real tiny GGUF models by file name: two quants' worth of names, a split one, and sidecars."""
@@ -179,6 +181,7 @@ def blobs(user: Env, repo: str) -> list[str]:
     return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
 
 
+@pytest.mark.real
 def test_hf_downloads_the_default_quant_into_the_hub_cache_and_runs_it(fake, user, tiny):
     commit = fake.add_repo("u/tiny-GGUF", {n: tiny[n] for n in ("tiny-Q8_0.gguf", "mmproj-tiny-Q4_K_M.gguf",
                                                                  "tiny-Q4_K_M.gguf")} | {"README.md": b"# tiny\n"})
@@ -197,6 +200,7 @@ def test_hf_downloads_the_default_quant_into_the_hub_cache_and_runs_it(fake, use
     assert user.generate("-hf", "u/tiny-GGUF", "-hff", "tiny-Q8_0.gguf")["text"] == q8["text"]
 
 
+@pytest.mark.real
 def test_a_cached_model_is_not_downloaded_again(fake, user, tiny):
     fake.add_repo("u/tiny-GGUF", {"tiny-Q4_K_M.gguf": tiny["tiny-Q4_K_M.gguf"]})
     first = user.generate("-hf", "u/tiny-GGUF")
@@ -205,6 +209,7 @@ def test_a_cached_model_is_not_downloaded_again(fake, user, tiny):
     assert len(downloads(fake)) == 1
 
 
+@pytest.mark.real
 def test_split_models_are_fetched_whole(fake, user, tiny):
     parts = {n: b for n, b in tiny.items() if n.startswith("big-")}
     assert len(parts) == 3
@@ -215,6 +220,7 @@ def test_split_models_are_fetched_whole(fake, user, tiny):
     assert out["text"] == text_of(snapshot / "big-Q4_K_M-00001-of-00003.gguf", user)
 
 
+@pytest.mark.real
 def test_the_token_reaches_the_hub_and_a_private_repo_needs_it(fake, user, tiny):
     token = "hf_" + "a" * 34
     fake.add_repo("u/private-GGUF", {"tiny-Q4_K_M.gguf": tiny["tiny-Q4_K_M.gguf"]}, private=True, token=token)
@@ -227,6 +233,7 @@ def test_the_token_reaches_the_hub_and_a_private_repo_needs_it(fake, user, tiny)
     assert user.generate("-hf", "u/private-GGUF", HF_TOKEN=token)["text"]  # the token from the environment
 
 
+@pytest.mark.real
 def test_hub_errors_exit_3_with_one_line_saying_what_to_do(fake, user, tiny):
     fake.add_repo("u/gated-GGUF", {"tiny-Q4_K_M.gguf": tiny["tiny-Q4_K_M.gguf"]}, gated=True, token="hf_" + "b" * 34)
     fake.add_repo("u/docs", {"README.md": b"no models here\n"})
@@ -245,6 +252,7 @@ def test_hub_errors_exit_3_with_one_line_saying_what_to_do(fake, user, tiny):
     assert blobs(user, "u/gated-GGUF") == []
 
 
+@pytest.mark.real
 def test_a_corrupt_download_is_removed_and_nothing_looks_complete(fake, user, tiny):
     fake.add_repo("u/tiny-GGUF", {"tiny-Q4_K_M.gguf": tiny["tiny-Q4_K_M.gguf"]})
     fake.corrupt("u/tiny-GGUF", "tiny-Q4_K_M.gguf")
@@ -254,6 +262,7 @@ def test_a_corrupt_download_is_removed_and_nothing_looks_complete(fake, user, ti
     assert not list((user.cache / "models--u--tiny-GGUF").glob("snapshots/*/*"))
 
 
+@pytest.mark.real
 def test_a_cut_connection_is_retried_and_the_file_verified(fake, user, tiny):
     data = tiny["tiny-Q4_K_M.gguf"]
     fake.add_repo("u/tiny-GGUF", {"tiny-Q4_K_M.gguf": data})
@@ -263,6 +272,7 @@ def test_a_cut_connection_is_retried_and_the_file_verified(fake, user, tiny):
     assert blobs(user, "u/tiny-GGUF") == [sha256(data)]
 
 
+@pytest.mark.real
 def test_a_download_that_keeps_failing_exits_3_and_the_next_run_resumes_the_part(fake, user, tiny):
     data = tiny["tiny-Q4_K_M.gguf"]
     fake.add_repo("u/tiny-GGUF", {"tiny-Q4_K_M.gguf": data})
@@ -280,6 +290,7 @@ def test_a_download_that_keeps_failing_exits_3_and_the_next_run_resumes_the_part
     assert blobs(user, "u/tiny-GGUF") == [sha256(data)]
 
 
+@pytest.mark.real
 def test_offline_a_cached_model_runs_with_no_connection_at_all(fake, user, tiny):
     fake.add_repo("u/tiny-GGUF", {"tiny-Q4_K_M.gguf": tiny["tiny-Q4_K_M.gguf"], "tiny-Q8_0.gguf": tiny["tiny-Q8_0.gguf"]})
     online = user.generate("-hf", "u/tiny-GGUF")
@@ -296,6 +307,7 @@ def test_offline_a_cached_model_runs_with_no_connection_at_all(fake, user, tiny)
     assert fake.connections == before
 
 
+@pytest.mark.real
 def test_transformers_offline_is_hf_hub_offline_as_huggingface_hub_reads_them(fake, user, tiny):
     fake.add_repo("u/tiny-GGUF", {"tiny-Q4_K_M.gguf": tiny["tiny-Q4_K_M.gguf"]})
     online = user.generate("-hf", "u/tiny-GGUF")
@@ -311,6 +323,7 @@ def test_transformers_offline_is_hf_hub_offline_as_huggingface_hub_reads_them(fa
     assert fake.connections > before
 
 
+@pytest.mark.real
 def test_llama_cpps_variables_name_the_models_as_the_flags_do(fake, user, tiny):
     """LLAMA_ARG_HF_REPO, LLAMA_ARG_HF_FILE and LLAMA_ARG_SPEC_DRAFT_HF_REPO, as llama.cpp's
     common/arg.cpp reads them for -hf, -hff and -hfd; a flag on the command line wins."""
@@ -338,6 +351,7 @@ def test_llama_cpps_variables_name_the_models_as_the_flags_do(fake, user, tiny):
     assert stray.returncode == 2 and "(LLAMA_ARG_HF_FILE is set to 'tiny-Q8_0.gguf')" in stray.stderr, stray.stderr
 
 
+@pytest.mark.real
 def test_an_unreachable_hub_falls_back_to_the_cache(fake, user, tiny):
     fake.add_repo("u/tiny-GGUF", {"tiny-Q4_K_M.gguf": tiny["tiny-Q4_K_M.gguf"]})
     online = user.generate("-hf", "u/tiny-GGUF")
@@ -355,6 +369,7 @@ def test_an_unreachable_hub_falls_back_to_the_cache(fake, user, tiny):
     assert gone.returncode == 3 and "not in the cache" in gone.stderr and "check the connection" in gone.stderr
 
 
+@pytest.mark.real
 def test_a_model_huggingface_hub_downloaded_is_found(fake, user, tiny):
     from huggingface_hub import hf_hub_download
     fake.add_repo("u/tiny-GGUF", {"tiny-Q4_K_M.gguf": tiny["tiny-Q4_K_M.gguf"]})
@@ -371,6 +386,7 @@ def test_a_model_huggingface_hub_downloaded_is_found(fake, user, tiny):
         r for r in rows if r["name"] == "u/tiny-GGUF:Q4_K_M").items()
 
 
+@pytest.mark.real
 def test_llama_cache_is_looked_in_first_and_downloaded_into(fake, user, tiny, tmp_path):
     fake.add_repo("u/tiny-GGUF", {"tiny-Q4_K_M.gguf": tiny["tiny-Q4_K_M.gguf"], "tiny-Q8_0.gguf": tiny["tiny-Q8_0.gguf"]})
     llama = tmp_path / "llama-cache"
@@ -390,6 +406,7 @@ def registry_file(tmp_path: Path, entry: str) -> Path:
     return path
 
 
+@pytest.mark.real
 def test_a_registry_model_pulls_from_its_hub_source_under_its_pin(fake, user, tiny, tmp_path):
     data = tiny["tiny-Q4_K_M.gguf"]
     commit = fake.add_repo("u/tiny-GGUF", {"tiny-Q4_K_M.gguf": data})
@@ -416,6 +433,7 @@ def test_a_registry_model_pulls_from_its_hub_source_under_its_pin(fake, user, ti
         assert blobs(user, "u/tiny-GGUF") == []
 
 
+@pytest.mark.real
 def test_models_pull_takes_hf_names(fake, user, tiny):
     fake.add_repo("u/tiny-GGUF", {"tiny-Q4_K_M.gguf": tiny["tiny-Q4_K_M.gguf"]})
     proc = user.run("models", "pull", "-hf", "u/tiny-GGUF:Q4_K_M")
@@ -445,6 +463,7 @@ def socket_closed():
         yield f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
+@pytest.mark.real
 def test_a_draft_from_the_hub_drafts_for_a_target_from_the_hub(fake, user, tiny, batch_invariant):
     fake.add_repo("u/tiny-GGUF", {"tiny-Q4_K_M.gguf": tiny["tiny-Q4_K_M.gguf"]})
     fake.add_repo("u/draft-GGUF", {"draft-Q8_0.gguf": tiny["tiny-Q8_0.gguf"]})  # another seed, one tokenizer
@@ -484,6 +503,7 @@ def test_sources_keep_the_order_written(tmp_path):
         assert entry.sources == expected and entry.hf.repo == "u/r"
 
 
+@pytest.mark.real
 def test_a_split_model_is_completed_beside_the_part_a_cache_has(fake, user, tiny, tmp_path):
     from huggingface_hub import hf_hub_download
     parts = {n: b for n, b in tiny.items() if n.startswith("big-")}
@@ -530,6 +550,7 @@ class Silent:
         self.sock.close()
 
 
+@pytest.mark.real
 def test_a_hub_that_does_not_answer_is_given_up_after_the_stated_timeout(fake, user, tiny):
     """The client hangs up on a silent hub by itself, having waited the stated 2 s, not the
     default 10 s: a timer's wait, measured by the server, not the whole run's time (which is
