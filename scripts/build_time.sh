@@ -3,7 +3,7 @@
 # once per CMAKE_ARGS variant given (default: the stock build and -DLLAVA_BUILD=OFF).
 #   scripts/build_time.sh ["CMAKE ARGS" ...] [> build-time.txt]
 # Each build runs in a fresh temporary venv with pip's cache off; nothing is installed.
-# The first line says when and where (scripts/tables.py reads the output back).
+# The first line says when and where.
 set -euo pipefail
 VERSION=0.3.36
 [ $# -gt 0 ] || set -- "" "-DLLAVA_BUILD=OFF"
