@@ -14,9 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from speculative import bench
-from speculative.engine import Engine
 from speculative.errors import UsageError
-from speculative.llamacpp import system_info
 from speculative.settings import SamplerSettings, SpecSettings
 
 from . import options
@@ -81,6 +79,9 @@ def bench_command(
         done.append(run)
         stderr.print(f"[{len(done)}/{total}] {run.prompt:28s} {run.config:34s} {run.decode_tps:6.2f} t/s  "
                      f"accepted {run.n_accept}/{run.n_drafted}")
+
+    from speculative.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
+    from speculative.llamacpp import system_info
 
     with Engine(target, draft, notify=stderr.print, **pool.engine_args()) as engine:
         started = time.time()

@@ -13,10 +13,10 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, Time
 from rich.table import Table
 
 from speculative import hub as hf
-from speculative.engine import ModelSpec
 from speculative.errors import ModelError, UsageError
 from speculative.pull import pull
 from speculative.registry import ModelEntry, Registry, resolve
+from speculative.settings import ModelSpec
 
 from .render import PipeConsole, quiet_pipe
 

@@ -13,17 +13,11 @@ from typing import Callable, List, Optional
 
 import typer
 
-from speculative import lookup_cache
-from speculative.engine import MAX_SNAPSHOTS, ModelSpec, no_mtp_layers
 from speculative.errors import UsageError
-from speculative.gguf_meta import has_nextn_layers, is_mtp_head
-from speculative.pool import POOL_TOKENS, check_pool_file
-from speculative import rpc
-from speculative.llamacpp import FLASH_ATTN_MODES, offload_devices
 from speculative.registry import Registry, check_gguf_file
-from speculative.settings import (DEFAULT_SEQUENCE, DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, NGRAM_CACHE_DRAFT, NGRAM_N_AUTO,
-                                  NGRAM_N_FIXED, LookupCacheSettings, NgramModSettings, NgramSettings,
-                                  SamplerSettings, SpecSettings)
+from speculative.settings import (DEFAULT_SEQUENCE, DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, FLASH_ATTN_MODES,
+                                  NGRAM_CACHE_DRAFT, NGRAM_N_AUTO, NGRAM_N_FIXED, POOL_TOKENS, LookupCacheSettings,
+                                  ModelSpec, NgramModSettings, NgramSettings, SamplerSettings, SpecSettings)
 
 from .models import resolve_models
 
@@ -252,10 +246,13 @@ def spec_settings(*, spec_type: Optional[str], draft_max: Optional[int], draft_m
         ngram_map_k4v=one((k4v_n, k4v_m, k4v_hits)), ngram_mod=mod,
         lookup_cache=LookupCacheSettings(lookup_static, lookup_dynamic))
     spec.validate()
-    if lookup_static is not None:
-        lookup_cache.check_static(lookup_static)
-    if lookup_dynamic is not None:
-        lookup_cache.check_writable(lookup_dynamic)  # refused now, not after loading the models
+    if lookup_static is not None or lookup_dynamic is not None:
+        from speculative import lookup_cache  # (numpy: imported only when needed, for start-up time)
+
+        if lookup_static is not None:
+            lookup_cache.check_static(lookup_static)
+        if lookup_dynamic is not None:
+            lookup_cache.check_writable(lookup_dynamic)  # refused now, not after loading the models
     return spec
 
 
@@ -272,6 +269,8 @@ class PoolOptions:
         if self.file is not None:
             if self.tokens == 0:
                 raise UsageError("--spec-pool FILE needs a pool: --spec-pool-tokens must be > 0")
+            from speculative.pool import check_pool_file
+
             check_pool_file(self.file)
 
     def engine_args(self) -> dict:
@@ -337,6 +336,8 @@ class ModelOptions:
     @property
     def mtp_head_given(self) -> bool:
         """-md names an MTP head file (NextN layers without a model), not a draft model."""
+        from speculative.gguf_meta import is_mtp_head
+
         return self.model_draft is not None and Path(self.model_draft).is_file() and is_mtp_head(Path(self.model_draft))
 
     def uses_draft(self, spec: SpecSettings) -> bool:
@@ -376,6 +377,10 @@ class ModelOptions:
             raise UsageError("--lora-draft is for the draft model, which this run does not load")
         loras = ([(name, 1.0) for name in _names(self.lora, "--lora")] + _scaled(self.lora_scaled),
                  [(name, 1.0) for name in _names(self.lora_draft, "--lora-draft")])
+        # llama.cpp loads from here on (imported this late, a refused command line answers at once)
+        from speculative.engine import MAX_SNAPSHOTS, no_mtp_layers
+        from speculative.gguf_meta import has_nextn_layers, is_mtp_head
+
         devices = self._devices()  # RPC servers checked and registered before anything loads
         # -md is resolved for draft-mtp too: it may be an MTP head file (convert_hf_to_gguf.py --mtp)
         with_md = use_draft or (mtp is not None and (self.model_draft or self.hf_repo_draft) is not None)
@@ -406,6 +411,9 @@ class ModelOptions:
         """The devices of the target's and the draft's offloaded layers (None: llama.cpp's choice),
         as llama.cpp's --rpc, -dev and -devd choose them; --rpc's servers are checked and their
         devices registered."""
+        from speculative import rpc
+        from speculative.llamacpp import offload_devices
+
         remote = tuple(rpc.connect(rpc.parse(self.rpc))) if self.rpc is not None else None
         target = _device_list(self.device, "-dev/--device")
         draft = _device_list(self.device_draft, "-devd/--device-draft")
@@ -421,6 +429,8 @@ def _device_list(value: Optional[str], flag: str) -> tuple[str, ...] | None:
         return None
     if value.strip() == "none":
         return ()
+    from speculative.llamacpp import offload_devices
+
     names = tuple(_names([value], flag))
     known = offload_devices()
     for name in names:

@@ -9,7 +9,6 @@ from typing import Optional
 
 import typer
 
-from speculative.engine import Engine
 from speculative.errors import UsageError
 from speculative.ram_cache import DEFAULT_MIB
 from speculative.settings import SpecSettings
@@ -54,6 +53,7 @@ def serve_command(
     /infill, /tokenize, /detokenize, /props, /health, and /metrics with --metrics). One generation
     runs at a time; Ctrl-C or SIGTERM stops the server (exit 0)."""
     from speculative import server  # the web stack: imported by this command only (start-up time)
+    from speculative.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
     from speculative.serving import Worker
 
     api_key = api_key or None  # an empty SPECULATE_API_KEY is no key

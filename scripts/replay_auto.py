@@ -51,7 +51,8 @@ from speculative import bench  # noqa: E402
 from speculative.auto import Auto  # noqa: E402
 from speculative.drafters import Draft, Drafter, NgramMapK, NgramSimple  # noqa: E402
 from speculative.events import Step, Token  # noqa: E402
-from speculative.pool import POOL_TOKENS, Pool, PoolDrafter  # noqa: E402
+from speculative.pool import Pool, PoolDrafter  # noqa: E402
+from speculative.settings import POOL_TOKENS  # noqa: E402
 from speculative.replay import replay  # noqa: E402
 from speculative.settings import DRAFT_MAX_AUTO, NGRAM_N_AUTO, SpecSettings  # noqa: E402
 from speculative.stats import Stats  # noqa: E402

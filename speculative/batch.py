@@ -23,14 +23,16 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator, Union
+from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Union
 
 from . import interrupt
 from .chat import prompt_or_messages
-from .engine import Engine
 from .errors import SpeculateError, UsageError
 from .settings import SamplerSettings, SpecSettings
 from .stream import complete
+
+if TYPE_CHECKING:  # annotations only: importing the engine loads llama.cpp
+    from .engine import Engine
 
 try:
     import fcntl

@@ -20,14 +20,16 @@ import json
 import statistics
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from .chat import prompt_or_messages
-from .engine import Engine
 from .errors import UsageError
-from .drafters import Draft, NgramSimple
 from .settings import DRAFT_MAX_AUTO, NGRAM_N_AUTO, SamplerSettings, SpecSettings, acceptance
 from .stream import complete
+
+if TYPE_CHECKING:  # annotations only: the engine loads llama.cpp, the drafters numpy
+    from .drafters import Draft
+    from .engine import Engine
 
 BASELINE = "target only"
 BASELINE_EVERY = 2  # configurations between two target-only runs
@@ -291,6 +293,8 @@ def ngram_bound(prompt: list[int], output: list[int], verify: list[float], n: in
 def ngram_proposals(prompt: list[int], output: list[int], max_k: int, n: int = NGRAM_N_AUTO) -> list[Draft]:
     """ngram-simple's proposal (up to max_k tokens) at every position of the output, asked in
     order, position after position."""
+    from .drafters import NgramSimple
+
     drafter = NgramSimple(n=n, m=max_k)
     return [drafter.propose(prompt + output[:i], max_k) for i in range(len(output))]
 

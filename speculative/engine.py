@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -34,9 +33,9 @@ from .errors import GenerationError, ModelError, UsageError
 from .events import Event, Prefilled, PromptCache, Token
 from .llamacpp import LlamaModel
 from .loop import generate
-from .pool import POOL_TOKENS, Pool, PoolDrafter, PoolFile, fingerprint
+from .pool import Pool, PoolDrafter, PoolFile, fingerprint
 from .sampling import Sampler
-from .settings import SamplerSettings, SpecSettings, acceptance, check_prompt
+from .settings import POOL_TOKENS, ModelSpec, SamplerSettings, SpecSettings, acceptance, check_prompt
 from .vocab import check_compatible, read_vocab
 
 
@@ -49,27 +48,6 @@ DRAFT_SEED_OFFSET = 0x9E3779B9  # the draft samples from its own random stream, 
 # each a whole unquantised copy of it (hundreds of MiB for a large hybrid): drafts longer than
 # this roll back from a checkpoint instead (cache.py), which auto plans with (auto.Rewind).
 MAX_SNAPSHOTS = 8
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    path: Path
-    name: str
-    n_ctx: int = 4096
-    n_batch: int = 2048
-    n_gpu_layers: int = -1
-    n_threads: int | None = None
-    flash_attn: str = "auto"
-    n_seq: int = 1  # KV-cache sequences: -np, the most draft-tree branches
-    n_rs_seq: int = 0  # a recurrent state's snapshots: the longest draft it can undo directly (cache.py)
-    loras: tuple[tuple[Path, float], ...] = ()  # LoRA adapters and their scales
-    mtp: bool = False  # load its NextN (MTP) layers, where it has them, to draft with (draft-mtp)
-    mtp_sidecar: Path | None = None  # an MTP head file (-md) that drafts for it instead (draft-mtp)
-    devices: tuple[str, ...] | None = None  # devices for its offloaded layers (None: llama.cpp's choice)
-
-    def lora_info(self) -> list[dict]:
-        """The adapters, for JSON output."""
-        return [{"path": str(path), "scale": scale} for path, scale in self.loras]
 
 
 class Engine:

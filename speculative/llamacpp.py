@@ -242,9 +242,6 @@ def batch_variant_kernels() -> list[str]:
     return kernels
 
 
-FLASH_ATTN_MODES = ("auto", "on", "off")
-
-
 def flash_attn_type(mode: str, on_gpu: bool) -> int:
     """llama.cpp's flash-attention setting for -fa MODE. `auto` is llama.cpp's auto on this
     machine's GPUs and off elsewhere: on the CPU the flash-attention kernel is batch-variant (see

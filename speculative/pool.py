@@ -32,12 +32,12 @@ from .drafters import Draft, Drafter
 from .drafters.ngram import ALIGNED_SLACK, RECENT_OCCURRENCES, match_class, shared_suffix
 from .errors import UsageError
 from .files import locked, write_atomic
+from .settings import POOL_TOKENS
 
 MAGIC = b"SPECPOOL"
 VERSION = 1
 POOL_N = 4              # n-gram length looked up (an output of another request needs more than
                         # the 3 tokens that find a passage in the current one)
-POOL_TOKENS = 200_000   # most tokens kept, in memory and on disk (about 1 MB on disk)
 MIN_OUTPUT = 8          # shorter outputs teach nothing
 AGREED = 4              # a proposal's kind (auto's estimates): another earlier output continues alike
 _HEAD = struct.Struct("<8sI32sII")

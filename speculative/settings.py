@@ -1,17 +1,17 @@
 """What a run is asked to do, and the checks on it: how tokens are sampled
 (SamplerSettings, the sampling flags), how speculation drafts and verifies
-(SpecSettings, the speculation flags), and which acceptance rule follows from both.
+(SpecSettings, the speculation flags), which acceptance rule follows from both, and
+which model files load and how (ModelSpec, the model flags).
 The command line, batch request lines and HTTP requests all build these; the loop
 and the drafters only read them."""
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
-
-import numpy as np
 
 from .errors import GenerationError, UsageError
 
@@ -67,7 +67,7 @@ class SamplerSettings:
         if self.repeat_last_n < -1:
             raise UsageError(f"--repeat-last-n must be -1 (the whole context) or >= 0, got {self.repeat_last_n}")
         for flag, v in (("--presence-penalty", self.presence_penalty), ("--frequency-penalty", self.frequency_penalty)):
-            if not np.isfinite(v):
+            if not math.isfinite(v):
                 raise UsageError(f"{flag} must be a number, got {v}")
         if self.seed < -1 or self.seed >= 2**32:
             raise UsageError(f"--seed must be -1 (random) or in [0, 2^32), got {self.seed}")
@@ -99,6 +99,8 @@ DRAFT_MAX_AUTO = 16    # auto's cap: it picks k <= this each step
 NGRAM_N_FIXED = 12
 NGRAM_N_AUTO = 3
 MAX_BRANCHES = 16  # -np: more branches than this make verify batches that never pay
+POOL_TOKENS = 200_000  # --spec-pool-tokens: most tokens the pool keeps (about 1 MB on disk)
+FLASH_ATTN_MODES = ("auto", "on", "off")  # -fa
 
 
 @dataclass(frozen=True)
@@ -246,6 +248,29 @@ class SpecSettings:
         if (cache.static or cache.dynamic) and "ngram-cache" not in self.drafters:
             flag = "-lcs/--lookup-cache-static" if cache.static else "-lcd/--lookup-cache-dynamic"
             raise UsageError(f"{flag} is for --spec-type ngram-cache, which this run does not use")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model file and how it loads: the model flags (-m/-md, -c, -ngl, -t, -fa, --lora, -dev)."""
+    path: Path
+    name: str
+    n_ctx: int = 4096
+    n_batch: int = 2048
+    n_gpu_layers: int = -1
+    n_threads: int | None = None
+    flash_attn: str = "auto"
+    n_seq: int = 1  # KV-cache sequences: -np, the most draft-tree branches
+    n_rs_seq: int = 0  # a recurrent state's snapshots: the longest draft it can undo directly (cache.py)
+    loras: tuple[tuple[Path, float], ...] = ()  # LoRA adapters and their scales
+    mtp: bool = False  # load its NextN (MTP) layers, where it has them, to draft with (draft-mtp)
+    mtp_sidecar: Path | None = None  # an MTP head file (-md) that drafts for it instead (draft-mtp)
+    devices: tuple[str, ...] | None = None  # devices for its offloaded layers (None: llama.cpp's choice)
+
+    def lora_info(self) -> list[dict]:
+        """The adapters, for JSON output."""
+        return [{"path": str(path), "scale": scale} for path, scale in self.loras]
+
 
 def acceptance(sampling: SamplerSettings, spec: SpecSettings) -> str:
     """How drafted tokens are verified, decided once for the engine, the drafter and the loop:

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
-from .engine import Engine
 from .events import Done, Step, Token
 from .settings import SamplerSettings, SpecSettings
 from .stats import Stats
 from .text import LineLimits, StopFilter, TextStream
+
+if TYPE_CHECKING:  # annotations only: importing the engine loads llama.cpp
+    from .engine import Engine
 
 
 @dataclass(frozen=True)

@@ -24,13 +24,13 @@ from speculative.auto import Auto
 from speculative.cache import Cache, MtpCache
 from speculative.doctor import batch_invariance
 from speculative.drafters import MtpDrafter
-from speculative.engine import Engine, ModelSpec
+from speculative.engine import Engine
 from speculative.errors import UsageError
 from speculative.events import Prefilled, Step, Token
 from speculative.loop import generate
 from speculative.nextn import NextnRows
 from speculative.sampling import Sampler
-from speculative.settings import SamplerSettings, SpecSettings
+from speculative.settings import ModelSpec, SamplerSettings, SpecSettings
 from tests.conftest import speculate, speculate_json
 from tests.fakes import Clock, FakeBackend, ToyModel, plain_decode
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from speculative.engine import Engine, ModelSpec
-from speculative.settings import SamplerSettings, SpecSettings
+from speculative.engine import Engine
+from speculative.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.stream import Stream, complete
 from tests.conftest import SMOL
 

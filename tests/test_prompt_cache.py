@@ -9,10 +9,10 @@ import json
 import pytest
 
 from speculative import prompt_cache
-from speculative.engine import Engine, ModelSpec
+from speculative.engine import Engine
 from speculative.errors import UsageError
 from speculative.prompt_cache import Part, Unusable
-from speculative.settings import SamplerSettings, SpecSettings
+from speculative.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.stream import complete
 from tests.conftest import SMOL, speculate, speculate_json
 from tests.gguf_builder import write_lora, write_tiny_llama

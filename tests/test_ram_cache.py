@@ -13,11 +13,11 @@ import pytest
 
 from scripts.tiny_model import write_model
 from speculative.cache import Cache, _common_prefix
-from speculative.engine import NEXTN_ROLE, Engine, ModelSpec
+from speculative.engine import NEXTN_ROLE, Engine
 from speculative.ram_cache import MIN_TOKENS, RamCache, State
 from speculative.doctor import batch_invariance
 from speculative.errors import GenerationError
-from speculative.settings import SamplerSettings, SpecSettings
+from speculative.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.stats import Stats
 from speculative.stream import complete
 from tests.conftest import SMOL

@@ -28,12 +28,12 @@ from scripts.tiny_model import ARCH_INFO, write_model
 from speculative.cache import Cache
 from speculative.doctor import batch_invariance, probe_tokens
 from speculative.drafters import Draft, Drafter, NgramSimple
-from speculative.engine import Engine, ModelSpec
+from speculative.engine import Engine
 from speculative.events import Step, Token
 from speculative.llamacpp import LlamaModel
 from speculative.loop import generate
 from speculative.sampling import Sampler
-from speculative.settings import SamplerSettings, SpecSettings
+from speculative.settings import ModelSpec, SamplerSettings, SpecSettings
 
 from tests.conftest import speculate, speculate_json
 from tests.fakes import FakeBackend, ToyModel
@@ -276,7 +276,7 @@ def test_doctors_verdict_is_what_it_measured(monkeypatch, tmp_path, capsys, drif
     and more differ (as the JSON and as text), batch-invariant where nothing does."""
     path = tmp_path / "model.gguf"
     path.write_bytes(b"GGUF" + bytes(28))  # doctor's -m check reads the magic; the fake loads nothing
-    monkeypatch.setattr("cli.doctor.Engine", lambda spec: DoctorEngine(BatchVariant(9, drift)))
+    monkeypatch.setattr("speculative.engine.Engine", lambda spec: DoctorEngine(BatchVariant(9, drift)))
     app(args=["doctor", "-m", str(path), "--json"], standalone_mode=False, prog_name="speculate")
     report = json.loads(capsys.readouterr().out)
     assert report["recurrent"] is True and len(report["checks"]) == 30
