@@ -50,8 +50,9 @@ from .tree import Tree, chain_parents
 def prob(dist: Dist, token: int) -> float:
     """dist(token); 0 outside its support."""
     ids, probs = dist
-    hit = np.flatnonzero(ids == token)
-    return float(probs[hit[0]]) if len(hit) else 0.0
+    hit = ids == token
+    i = int(hit.argmax())  # the first hit, if any
+    return float(probs[i]) if hit[i] else 0.0
 
 
 def residual(p: Dist, q: Dist) -> Dist:
@@ -61,9 +62,9 @@ def residual(p: Dist, q: Dist) -> Dist:
     p_ids, p_probs = p
     q_ids, q_probs = q
     order = np.argsort(q_ids)
-    at = np.clip(np.searchsorted(q_ids, p_ids, sorter=order), 0, len(q_ids) - 1)
-    q_at = np.where(q_ids[order][at] == p_ids, q_probs[order][at], 0.0)
-    r = np.maximum(p_probs - q_at, 0.0)
+    ids, probs = q_ids[order], q_probs[order]
+    at = np.minimum(np.searchsorted(ids, p_ids), len(ids) - 1)  # (np.clip: most of the time on short lists)
+    r = np.maximum(p_probs - np.where(ids[at] == p_ids, probs[at], 0.0), 0.0)
     total = r.sum()
     if not total > 0.0:
         return p
