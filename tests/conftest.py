@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -77,6 +80,35 @@ def probe_command(*args: str) -> list[str]:
     environment) report the moments a test waits for and hold the run there."""
     return [sys.executable, str(PROBE), *args]
 
+
+
+def speculate_here(*args: str, env: dict | None = None, input: bytes = b"") -> subprocess.CompletedProcess:
+    """`speculate ARGS` run in this process through the console entry point, as speculate()
+    runs it (`env` added to the environment, stdin `input`; stdout as bytes, stderr as text):
+    for runs that load no model, where starting a process would be most of the test's time.
+    What the entry point changes (the signal handlers) and the environment are put back."""
+    from cli.main import main
+
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    out, err = io.BytesIO(), io.StringIO()
+    stdout = io.TextIOWrapper(out, encoding="utf-8", write_through=True)
+    stdin = io.TextIOWrapper(io.BytesIO(input), encoding="utf-8")
+    saved = sys.argv, sys.stdin, dict(os.environ)
+    sys.argv, sys.stdin, code = ["speculate", *args], stdin, 0
+    os.environ.update(env or {})
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(err):
+            main()
+    except SystemExit as e:
+        code = e.code or 0
+    finally:
+        sys.argv, sys.stdin = saved[:2]
+        os.environ.clear()
+        os.environ.update(saved[2])
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    stdout.flush()
+    return subprocess.CompletedProcess([SPECULATE, *args], code, out.getvalue(), err.getvalue())
 
 def speculate_json(*args: str, **kw) -> dict:
     proc = speculate(*args, "--json", **kw)

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,7 @@ from speculative.chat import conversation, render
 from speculative.errors import ModelError
 from speculative.llamacpp import LlamaModel
 from speculative.text import TextStream
-from tests.conftest import SMOL, speculate, speculate_json
+from tests.conftest import SMOL, speculate, speculate_here, speculate_json
 from tests.gguf_builder import write_tiny_llama
 
 # -- chat templates -------------------------------------------------------------
@@ -112,12 +113,24 @@ def test_a_model_with_a_hostile_template_exits_3(tmp_path):
     (("-p", "x", "-n", "many"), "Invalid value for '-n'"),
 ])
 def test_bad_command_lines_exit_2_with_one_line(args, message):
-    proc = speculate(*args)
+    proc = speculate_here(*args)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("speculate: error: ") and message in lines[0], proc.stderr
     assert proc.stdout == b""
 
+
+
+@pytest.mark.parametrize("args", [("--help",), ("-p", "x", "--draft-p-min", "2"), ("models", "--help")])
+def test_help_and_refused_command_lines_load_neither_llama_cpp_nor_numpy(args):
+    """They answer at once: importing the engine (llama.cpp's bindings, numpy, gguf) waits for
+    a command that runs a model, which is most of `speculate`'s start-up time."""
+    script = ("import sys\nfrom cli.main import main\nsys.argv = ['speculate', *sys.argv[1:]]\ntry:\n    main()\n"
+              "except SystemExit as e:\n    heavy = {m.split('.')[0] for m in sys.modules} & {'llama_cpp', 'numpy', 'gguf'}\n"
+              "    print('exit', e.code or 0, 'loaded', sorted(heavy), file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert proc.stderr.splitlines()[-1] == f"exit {0 if '--help' in args else 2} loaded []", proc.stderr
 
 # -- runtime limits -------------------------------------------------------------
 

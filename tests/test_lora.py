@@ -15,7 +15,7 @@ from gguf import GGUFReader
 from speculative.errors import ModelError
 from speculative.gguf_meta import preflight_adapter
 from speculative.llamacpp import LlamaModel
-from tests.conftest import SMOL, speculate, speculate_json
+from tests.conftest import SMOL, speculate, speculate_here, speculate_json
 from tests.gguf_builder import KV, T, V, build, write_lora, write_tiny_llama
 
 TINY_WEIGHTS = {"blk.0.attn_q.weight": (64, 64), "blk.1.ffn_up.weight": (64, 128)}  # [inputs, outputs]
@@ -140,7 +140,7 @@ def test_an_adapter_llama_cpp_refuses_is_a_model_error(tiny, tmp_path):
     (("--lora-draft", "a.gguf", "--spec-type", "none"), 2, "--lora-draft is for the draft model, which this run does not load"),
 ])
 def test_bad_adapter_flags_exit_with_one_line(tiny, args, code, message):
-    proc = speculate("-m", str(tiny), "-p", "hi", "-n", "1", *args)
+    proc = speculate_here("-m", str(tiny), "-p", "hi", "-n", "1", *args)
     assert proc.returncode == code, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("speculate: error: ") and message in lines[0], proc.stderr

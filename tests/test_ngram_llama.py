@@ -38,7 +38,7 @@ from speculative.events import Step, Token
 from speculative.loop import generate
 from speculative.sampling import Sampler
 from speculative.settings import NgramModSettings, SamplerSettings, SpecSettings
-from tests.conftest import vendored_tree
+from tests.conftest import speculate_here, vendored_tree
 from tests.fakes import FakeBackend, ToyModel, plain_decode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -835,7 +835,7 @@ def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     (("--spec-type", "ngram-mod", "--draft-min", "65"), "--draft-min (65) is larger than --draft-max (64)"),
 ])
 def test_bad_flags_exit_2_with_one_line_before_any_model(args, message):
-    proc = cli("-m", "/nonexistent/model.gguf", "-p", "x", *args)
+    proc = speculate_here("-m", "/nonexistent/model.gguf", "-p", "x", *args)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("speculate: error: ") and message in lines[0], proc.stderr

