@@ -72,16 +72,6 @@ def speculate(*args: str, env: dict | None = None, input: bytes | None = None,
     return proc
 
 
-PROBE = Path(__file__).resolve().with_name("probe.py")
-
-
-def probe_command(*args: str) -> list[str]:
-    """`speculate ARGS` under tests/probe.py, whose probes (chosen by PROBE_* variables in the
-    environment) report the moments a test waits for and hold the run there."""
-    return [sys.executable, str(PROBE), *args]
-
-
-
 def speculate_here(*args: str, env: dict | None = None, input: bytes = b"") -> subprocess.CompletedProcess:
     """`speculate ARGS` run in this process through the console entry point, as speculate()
     runs it (`env` added to the environment, stdin `input`; stdout as bytes, stderr as text):
@@ -109,6 +99,16 @@ def speculate_here(*args: str, env: dict | None = None, input: bytes = b"") -> s
             signal.signal(signum, handler)
     stdout.flush()
     return subprocess.CompletedProcess([SPECULATE, *args], code, out.getvalue(), err.getvalue())
+
+
+PROBE = Path(__file__).resolve().with_name("probe.py")
+
+
+def probe_command(*args: str) -> list[str]:
+    """`speculate ARGS` under tests/probe.py, whose probes (chosen by PROBE_* variables in the
+    environment) report the moments a test waits for and hold the run there."""
+    return [sys.executable, str(PROBE), *args]
+
 
 def speculate_json(*args: str, **kw) -> dict:
     proc = speculate(*args, "--json", **kw)

@@ -23,7 +23,7 @@ import pytest
 from speculative import llamacpp, rpc
 from speculative.errors import ModelError, UsageError
 from speculative.llamacpp import DEV_CPU, DEV_GPU, LlamaModel, rpc_available
-from tests.conftest import SMOL, SPECULATE, speculate, speculate_json
+from tests.conftest import SMOL, SPECULATE, speculate, speculate_here, speculate_json
 
 real = pytest.mark.real
 PROMPT = "def fibonacci(n):\n    # return the n-th Fibonacci number\n"
@@ -169,34 +169,15 @@ def build_without_rpc(monkeypatch):
     assert not rpc_available()
 
 
-@pytest.fixture
-def restored_signal_handlers():
-    """main() installs speculate's SIGINT and SIGTERM handlers (rpc-server its own): pytest's come back."""
-    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    yield
-    for signum, handler in saved.items():
-        signal.signal(signum, handler)
-
-
-def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    """`speculate ARGS` in this process, through the console entry point: (exit code, stderr)."""
-    from cli.main import main
-
-    monkeypatch.setattr(sys, "argv", ["speculate", *args])
-    with pytest.raises(SystemExit) as ended:
-        main()
-    return ended.value.code, capsys.readouterr().err
-
-
 @pytest.mark.parametrize("command", ["--rpc", "rpc-server"])
-def test_a_build_without_rpc_exits_3_with_one_line(build_without_rpc, restored_signal_handlers, monkeypatch,
-                                                   capsys, tmp_path, command):
+def test_a_build_without_rpc_exits_3_with_one_line(build_without_rpc, tmp_path, command):
     """Refused before anything else: no server is connected to (the endpoint has none, which
     would be another error), and rpc-server neither serves nor says it does."""
     port = str(free_port())
     args = (("-m", str(tmp_path / "never-loaded.gguf"), "--rpc", f"127.0.0.1:{port}", "-p", "hi", "-n", "2")
             if command == "--rpc" else ("rpc-server", "-p", port))
-    code, err = run_main(monkeypatch, capsys, *args)
+    proc = speculate_here(*args)
+    code, err = proc.returncode, proc.stderr
     assert code == 3, err
     assert err.startswith("speculate: error: this llama.cpp build has no RPC support") and err.count("\n") == 1, err
 
