@@ -232,13 +232,13 @@ class Worker:
             n_prompt = 0
             with interrupt.cancel_when(lambda: job.should_stop() is not None):  # also mid-prompt
                 for output in generate(self.engine, job.generation, self.spec, job.should_stop):
-                    job.post(output)
                     if isinstance(output, Started):
                         n_prompt = output.n_prompt
-                    elif isinstance(output, Final):
+                    elif isinstance(output, Final):  # in the log and /metrics before its client has it
                         _log(job.generation, output, n_prompt)
                         with self._lock:
                             self._metrics.add(output.stats)
+                    job.post(output)
         except ApiError as e:
             job.post(Failed(e))
         except Exception as e:  # a decode failure or a bug: this request fails, the server stays up

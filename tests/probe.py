@@ -19,7 +19,8 @@ PROBE_SERVE=1    In `speculate serve`: a prompt starting with HOLD_STEP is held 
                  with HOLD_PROMPT is held inside llama.cpp, at the first graph node of its
                  prompt's decode (the abort callback), until the request must stop. Each hold
                  says "probe: holding after the first piece" / "... inside llama.cpp's prompt
-                 decode" (on stderr: the server's log).
+                 decode" (on stderr: the server's log). Once a request's answer is posted
+                 to its client: "probe: posted a request's answer".
 
 A wait that nothing ends gives up after HOLD_LIMIT seconds, saying so, so that a test whose
 event never comes fails instead of hanging.
@@ -138,7 +139,7 @@ if os.environ.get("PROBE_STDOUT"):
 
 if os.environ.get("PROBE_SERVE"):
     from speculative import llamacpp, serving  # noqa: E402
-    from speculative.stream import Piece  # noqa: E402
+    from speculative.stream import Final, Piece  # noqa: E402
 
     _release = os.environ.get("PROBE_RELEASE")
     _prompt_holds: list = []  # a HOLD_PROMPT request's "must it stop?", for llama.cpp's next abort callback
@@ -168,8 +169,16 @@ if os.environ.get("PROBE_SERVE"):
         finally:
             _prompt_holds.clear()
 
+    _post = serving.Job.post
+
+    def _post_and_say(job, output) -> None:
+        _post(job, output)
+        if isinstance(output, Final):
+            say("posted a request's answer")
+
     llamacpp._abort = llamacpp.ll.ggml_abort_callback(_abort_callback)
     serving.generate = _held_generate
+    serving.Job.post = _post_and_say
 
 if __name__ == "__main__":
     from cli.main import main
