@@ -19,8 +19,8 @@ PROBE_SERVE=1    In `speculate serve`: a prompt starting with HOLD_STEP is held 
                  with HOLD_PROMPT is held inside llama.cpp, at the first graph node of its
                  prompt's decode (the abort callback), until the request must stop. Each hold
                  says "probe: holding after the first piece" / "... inside llama.cpp's prompt
-                 decode" (on stderr: the server's log). Once a request's answer is posted
-                 to its client: "probe: posted a request's answer".
+                 decode" (on stderr: the server's log). Just before a request's answer is
+                 posted to its client: "probe: posting a request's answer".
 
 A wait that nothing ends gives up after HOLD_LIMIT seconds, saying so, so that a test whose
 event never comes fails instead of hanging.
@@ -171,14 +171,14 @@ if os.environ.get("PROBE_SERVE"):
 
     _post = serving.Job.post
 
-    def _post_and_say(job, output) -> None:
-        _post(job, output)
+    def _say_and_post(job, output) -> None:
         if isinstance(output, Final):
-            say("posted a request's answer")
+            say("posting a request's answer")
+        _post(job, output)
 
     llamacpp._abort = llamacpp.ll.ggml_abort_callback(_abort_callback)
     serving.generate = _held_generate
-    serving.Job.post = _post_and_say
+    serving.Job.post = _say_and_post
 
 if __name__ == "__main__":
     from cli.main import main
