@@ -1,0 +1,1 @@
+"""The command line, `speculate`, imported as speculative.cli (see speculative/cli/__init__.py)."""

@@ -11,10 +11,10 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from speculative import batch
+from speculative.serving import batch
 from speculative.errors import UsageError
 from speculative.files import write_atomic
-from speculative.settings import SamplerSettings, SpecSettings
+from speculative.decoding.settings import SamplerSettings, SpecSettings
 
 from . import options
 from .render import EXIT_INTERRUPTED
@@ -49,7 +49,7 @@ def batch_command(
         todo = batch.pending(items, results)
         engine = None
         if any(isinstance(item, batch.Request) for item in todo):  # else no model is needed
-            from speculative.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
+            from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
 
             engine = Engine(*models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft, spec.mtp),
                             notify=_notice, **pool.engine_args())

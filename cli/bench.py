@@ -13,9 +13,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from speculative import bench
+from speculative.engine import bench
 from speculative.errors import UsageError
-from speculative.settings import SamplerSettings, SpecSettings
+from speculative.decoding.settings import SamplerSettings, SpecSettings
 
 from . import options
 
@@ -80,8 +80,8 @@ def bench_command(
         stderr.print(f"[{len(done)}/{total}] {run.prompt:28s} {run.config:34s} {run.decode_tps:6.2f} t/s  "
                      f"accepted {run.n_accept}/{run.n_drafted}")
 
-    from speculative.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
-    from speculative.llamacpp import system_info
+    from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
+    from speculative.llamacpp.model import system_info
 
     with Engine(target, draft, notify=stderr.print, **pool.engine_args()) as engine:
         started = time.time()

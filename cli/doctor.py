@@ -19,9 +19,9 @@ def doctor_command(
     """Report the llama.cpp build and measure whether it scores a position the same alone and
     inside a batch (then greedy speculative output is token-identical to target-only output)."""
     target, _ = replace(models, ctx_size=512, batch_size=512).specs(use_draft=False)
-    from speculative.doctor import batch_invariance
-    from speculative.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
-    from speculative.llamacpp import bindings_version, gpu_offload, rpc_available, system_info
+    from speculative.llamacpp.doctor import batch_invariance
+    from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
+    from speculative.llamacpp.model import bindings_version, gpu_offload, rpc_available, system_info
 
     with Engine(target) as engine:
         m = engine.target

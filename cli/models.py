@@ -12,11 +12,11 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, Time
                            TransferSpeedColumn)
 from rich.table import Table
 
-from speculative import hub as hf
+from speculative.models import hub as hf
 from speculative.errors import ModelError, UsageError
-from speculative.pull import pull
-from speculative.registry import ModelEntry, Registry, resolve
-from speculative.settings import ModelSpec
+from speculative.models.pull import pull
+from speculative.models.registry import ModelEntry, Registry, resolve
+from speculative.decoding.settings import ModelSpec
 
 from .render import PipeConsole, quiet_pipe
 

@@ -14,10 +14,8 @@ from typing import Callable, List, Optional
 import typer
 
 from speculative.errors import UsageError
-from speculative.registry import Registry, check_gguf_file
-from speculative.settings import (DEFAULT_SEQUENCE, DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, FLASH_ATTN_MODES,
-                                  NGRAM_CACHE_DRAFT, NGRAM_N_AUTO, NGRAM_N_FIXED, POOL_TOKENS, LookupCacheSettings,
-                                  ModelSpec, NgramModSettings, NgramSettings, SamplerSettings, SpecSettings)
+from speculative.models.registry import Registry, check_gguf_file
+from speculative.decoding.settings import (DEFAULT_SEQUENCE, DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, FLASH_ATTN_MODES, NGRAM_CACHE_DRAFT, NGRAM_N_AUTO, NGRAM_N_FIXED, POOL_TOKENS, LookupCacheSettings, ModelSpec, NgramModSettings, NgramSettings, SamplerSettings, SpecSettings)
 
 from .models import resolve_models
 
@@ -247,7 +245,7 @@ def spec_settings(*, spec_type: Optional[str], draft_max: Optional[int], draft_m
         lookup_cache=LookupCacheSettings(lookup_static, lookup_dynamic))
     spec.validate()
     if lookup_static is not None or lookup_dynamic is not None:
-        from speculative import lookup_cache  # (numpy: imported only when needed, for start-up time)
+        from speculative.drafters import lookup_cache  # (numpy: imported only when needed, for start-up time)
 
         if lookup_static is not None:
             lookup_cache.check_static(lookup_static)
@@ -269,7 +267,7 @@ class PoolOptions:
         if self.file is not None:
             if self.tokens == 0:
                 raise UsageError("--spec-pool FILE needs a pool: --spec-pool-tokens must be > 0")
-            from speculative.pool import check_pool_file
+            from speculative.drafters.pool import check_pool_file
 
             check_pool_file(self.file)
 
@@ -336,7 +334,7 @@ class ModelOptions:
     @property
     def mtp_head_given(self) -> bool:
         """-md names an MTP head file (NextN layers without a model), not a draft model."""
-        from speculative.gguf_meta import is_mtp_head
+        from speculative.models.gguf_meta import is_mtp_head
 
         return self.model_draft is not None and Path(self.model_draft).is_file() and is_mtp_head(Path(self.model_draft))
 
@@ -378,8 +376,8 @@ class ModelOptions:
         loras = ([(name, 1.0) for name in _names(self.lora, "--lora")] + _scaled(self.lora_scaled),
                  [(name, 1.0) for name in _names(self.lora_draft, "--lora-draft")])
         # llama.cpp loads from here on (imported this late, a refused command line answers at once)
-        from speculative.engine import MAX_SNAPSHOTS, no_mtp_layers
-        from speculative.gguf_meta import has_nextn_layers, is_mtp_head
+        from speculative.engine.engine import MAX_SNAPSHOTS, no_mtp_layers
+        from speculative.models.gguf_meta import has_nextn_layers, is_mtp_head
 
         devices = self._devices()  # RPC servers checked and registered before anything loads
         # -md is resolved for draft-mtp too: it may be an MTP head file (convert_hf_to_gguf.py --mtp)
@@ -411,8 +409,8 @@ class ModelOptions:
         """The devices of the target's and the draft's offloaded layers (None: llama.cpp's choice),
         as llama.cpp's --rpc, -dev and -devd choose them; --rpc's servers are checked and their
         devices registered."""
-        from speculative import rpc
-        from speculative.llamacpp import offload_devices
+        from speculative.llamacpp import rpc
+        from speculative.llamacpp.model import offload_devices
 
         remote = tuple(rpc.connect(rpc.parse(self.rpc))) if self.rpc is not None else None
         target = _device_list(self.device, "-dev/--device")
@@ -429,7 +427,7 @@ def _device_list(value: Optional[str], flag: str) -> tuple[str, ...] | None:
         return None
     if value.strip() == "none":
         return ()
-    from speculative.llamacpp import offload_devices
+    from speculative.llamacpp.model import offload_devices
 
     names = tuple(_names([value], flag))
     known = offload_devices()

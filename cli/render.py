@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from speculative.settings import ModelSpec, SamplerSettings, SpecSettings
-from speculative.stats import Stats
-from speculative.stream import Stream
+from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
+from speculative.decoding.stats import Stats
+from speculative.engine.stream import Stream
 
 if TYPE_CHECKING:
-    from speculative.engine import Engine
+    from speculative.engine.engine import Engine
 
 GREEN, RESET = "\x1b[32m", "\x1b[0m"
 EXIT_INTERRUPTED = 130
@@ -72,7 +72,7 @@ def run_and_render(target: ModelSpec, draft: ModelSpec | None, text: str, sampli
                    spec: SpecSettings, *, use_chat: bool, system: str | None, color: bool,
                    json_output: bool, prompt_cache: Path | None = None, prompt_cache_ro: bool = False,
                    pool: dict | None = None) -> int:
-    from speculative.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
+    from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
 
     seed = sampling.resolved_seed()
     with Engine(target, draft, notify=lambda message: print(message, file=sys.stderr),

@@ -39,7 +39,7 @@ def rpc_server_command(
         raise UsageError(f"-p/--port must be 1..65535, got {port}")
     if threads is not None and threads < 1:
         raise UsageError(f"-t/--threads must be >= 1, got {threads}")
-    from speculative import llamacpp  # loads llama.cpp: imported by this command (start-up time)
+    from speculative.llamacpp import model as llamacpp  # loads llama.cpp: imported by this command (start-up time)
 
     llamacpp.require_rpc()
     devices = _devices(device)
@@ -59,7 +59,7 @@ def rpc_server_command(
 
 def _devices(value: Optional[str]) -> list[str]:
     """-d as llama.cpp's rpc-server reads it, or its default: the GPUs, else the CPU."""
-    from speculative import llamacpp
+    from speculative.llamacpp import model as llamacpp
 
     if value is None:
         return llamacpp.offload_devices(remote=False) or llamacpp.cpu_devices()[:1]
@@ -88,7 +88,7 @@ def _loopback(host: str) -> bool:
 
 def _stop(signum, frame) -> None:  # pragma: no cover - ends the process
     """Ctrl-C or SIGTERM: ggml's server call never returns; end the process (its sockets close)."""
-    from speculative import llamacpp
+    from speculative.llamacpp import model as llamacpp
 
     llamacpp.flush_c_stdio()
     os._exit(0)

@@ -10,8 +10,8 @@ from typing import Optional
 import typer
 
 from speculative.errors import UsageError
-from speculative.ram_cache import DEFAULT_MIB
-from speculative.settings import SpecSettings
+from speculative.engine.ram_cache import DEFAULT_MIB
+from speculative.decoding.settings import SpecSettings
 
 from . import options
 
@@ -52,9 +52,9 @@ def serve_command(
     streamed or not, /v1/models) and llama-server's own endpoints for editors (/completion,
     /infill, /tokenize, /detokenize, /props, /health, and /metrics with --metrics). One generation
     runs at a time; Ctrl-C or SIGTERM stops the server (exit 0)."""
-    from speculative import server  # the web stack: imported by this command only (start-up time)
-    from speculative.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
-    from speculative.serving import Worker
+    from speculative.serving import app as server  # the web stack: imported by this command only (start-up time)
+    from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
+    from speculative.serving.worker import Worker
 
     api_key = api_key or None  # an empty SPECULATE_API_KEY is no key
     if not server.is_loopback(host) and api_key is None:
@@ -89,7 +89,7 @@ def build_info() -> str:
     """What /props reports as the build: speculate's and llama-cpp-python's versions."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from speculative.llamacpp import bindings_version
+    from speculative.llamacpp.model import bindings_version
 
     try:
         own = version("speculate")

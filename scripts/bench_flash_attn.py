@@ -5,7 +5,7 @@
 
 The figures of README.md's "Exactness and the CPU build" (what turning flash attention off
 costs). Two prompts cut from one source file of this repository (default
-speculative/engine.py): its first whole lines, as many as come nearest --short tokens (150)
+speculative/engine/engine.py): its first whole lines, as many as come nearest --short tokens (150)
 and --long tokens (2,100) of the target's tokenizer (the target is loaded once for that).
 Every round runs, for each prompt, `speculate --json -m MODEL -p - --spec-type none -n N
 --temp 0 --ignore-eos -fa off` and the same with `-fa on` (which first alternates from one
@@ -51,10 +51,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from scripts.results import meta  # noqa: E402
-from speculative.llamacpp import LlamaModel, system_info  # noqa: E402
-from speculative.registry import Registry, resolve  # noqa: E402
+from speculative.llamacpp.model import LlamaModel, system_info  # noqa: E402
+from speculative.models.registry import Registry, resolve  # noqa: E402
 
-DEFAULT_SOURCE = ROOT / "speculative" / "engine.py"
+DEFAULT_SOURCE = ROOT / "speculative" / "engine" / "engine.py"
 MODES = ("off", "on")
 
 
@@ -138,7 +138,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of off and on for each prompt (default 3)")
     parser.add_argument("-n", "--n-predict", type=int, default=96, help="tokens per run (default 96)")
     parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="the text the prompts are cut from "
-                        "(default speculative/engine.py)")
+                        "(default speculative/engine/engine.py)")
     parser.add_argument("--short", type=int, default=150, help="the short prompt's tokens, about (default 150)")
     parser.add_argument("--long", type=int, default=2100, help="the long prompt's tokens, about (default 2100)")
     parser.add_argument("-o", "--output", type=Path)

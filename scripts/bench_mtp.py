@@ -22,7 +22,7 @@ random-weight model with one NextN layer into a temporary folder, and this scrip
   first decode), and reports its seconds, the memory it added and its own buffers from the
   log; then it decodes --context-tokens tokens through the target and reads back the NextN
   rows it kept for the head (`nextn_state`): their bytes per token of context;
-- a head step against a target pass (speculative/calibrate.py's `measure` and `measure_mtp`,
+- a head step against a target pass (speculative/engine/calibrate.py's `measure` and `measure_mtp`,
   as auto calibrates them: a decode of b tokens after 32 of context, best of 3, b = 1..16),
   medians over --repeat: the target's one-token pass, the head's one-entry step, their ratio,
   and the head's batch of 16 per entry (catching up on the tokens the target accepted);
@@ -32,7 +32,7 @@ random-weight model with one NextN layer into a temporary folder, and this scrip
   temporary folder, so every size calibrates afresh): each run's decode speed and its ratio
   to the `none` run of the same round, the acceptance, auto's plans, the order of its steps
   (each run goes through `python -c` with Stats.add wrapped to write every step's drafter,
-  draft length and accepted tokens to a file, then cli.main.main(): the CLI itself, nothing
+  draft length and accepted tokens to a file, then speculative.cli.main.main(): the CLI itself, nothing
   else changed), and whether its tokens are the `none` run's.
 
 The head's weights are random (it favours the trunk's successor token, as tiny_model.py
@@ -96,10 +96,10 @@ import gguf  # noqa: E402
 
 from scripts.results import meta  # noqa: E402
 from scripts.tiny_model import write_model  # noqa: E402
-from speculative.cache import Cache, MtpCache  # noqa: E402
-from speculative.calibrate import measure, measure_mtp  # noqa: E402
-from speculative.engine import MAX_SNAPSHOTS  # noqa: E402
-from speculative.llamacpp import LlamaModel, system_info  # noqa: E402
+from speculative.decoding.cache import Cache, MtpCache  # noqa: E402
+from speculative.engine.calibrate import measure, measure_mtp  # noqa: E402
+from speculative.engine.engine import MAX_SNAPSHOTS  # noqa: E402
+from speculative.llamacpp.model import LlamaModel, system_info  # noqa: E402
 
 PROMPT = "once upon a time there were a cat and a dog. once upon a time there were"  # tests/test_mtp.py's
 CATCH_UP = 16  # the head's batch: the entries it decodes to catch up with the target
@@ -111,8 +111,8 @@ MIB = 2**20
 # The CLI, with every step it runs written to the file $BENCH_MTP_STEPS as it is counted.
 PROBE = """
 import json, os
-from speculative.events import Step
-from speculative.stats import Stats
+from speculative.decoding.events import Step
+from speculative.decoding.stats import Stats
 trail = open(os.environ["BENCH_MTP_STEPS"], "w")
 add = Stats.add
 def recorded(self, event):
@@ -121,7 +121,7 @@ def recorded(self, event):
         trail.flush()
     return add(self, event)
 Stats.add = recorded
-from cli.main import main
+from speculative.cli.main import main
 main()
 """
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from results import meta
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_SOURCE = ROOT / "speculative" / "stats.py"
+DEFAULT_SOURCE = ROOT / "speculative" / "decoding" / "stats.py"
 QUESTIONS = ("Explain what the Stats class counts, in three sentences.",
              "Which property would you use to compare speculation against plain decoding, and why?")
 FLAGS = ("-m", "qwen2.5-coder-1.5b-instruct", "--spec-type", "none", "--temp", "0", "-n", "64", "--chat")

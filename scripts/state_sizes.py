@@ -21,9 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scripts.results import meta  # noqa: E402
-from speculative.cache import Cache  # noqa: E402
-from speculative.llamacpp import LlamaModel, system_info  # noqa: E402
-from speculative.registry import Registry  # noqa: E402
+from speculative.decoding.cache import Cache  # noqa: E402
+from speculative.llamacpp.model import LlamaModel, system_info  # noqa: E402
+from speculative.models.registry import Registry  # noqa: E402
 
 MODELS = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")
 SHORT, LONG = 128, 512

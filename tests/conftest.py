@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from speculative.registry import Registry
+from speculative.models.registry import Registry
 
 # llama.cpp's x86 tiled matmul (8+ rows) scores positions in a batch differently from
 # alone; off, the CPU build of scripts/test.sh is batch-invariant (see README). Set
@@ -77,7 +77,7 @@ def speculate_here(*args: str, env: dict | None = None, input: bytes = b"") -> s
     runs it (`env` added to the environment, stdin `input`; stdout as bytes, stderr as text):
     for runs that load no model, where starting a process would be most of the test's time.
     What the entry point changes (the signal handlers) and the environment are put back."""
-    from cli.main import main
+    from speculative.cli.main import main
 
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     out, err = io.BytesIO(), io.StringIO()
@@ -134,7 +134,7 @@ def model_path():
 @pytest.fixture(scope="session")
 def batch_invariant():
     """Identity tests need a llama.cpp build whose CPU kernels do not change with batch size."""
-    from speculative.llamacpp import batch_variant_kernels
+    from speculative.llamacpp.model import batch_variant_kernels
 
     kernels = batch_variant_kernels()
     if kernels:

@@ -1,4 +1,4 @@
-"""`speculate` with probes: the same cli.main.main(), which says on stderr when a run reaches
+"""`speculate` with probes: the same speculative.cli.main.main(), which says on stderr when a run reaches
 a moment a test must act at, and holds the run there until the test has acted. A test that
 signals a run, or closes its output, then waits for an event instead of racing the work.
 
@@ -41,7 +41,7 @@ HOLD_PROMPT = "[hold inside the prompt] "
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import speculative.interrupt as interrupt  # noqa: E402  (before llamacpp registers the callback)
+import speculative.llamacpp.interrupt as interrupt  # noqa: E402  (before llamacpp registers the callback)
 
 
 def say(line: str) -> None:
@@ -94,8 +94,8 @@ if os.environ.get("PROBE_DECODE"):
     llama_cpp.llama_decode = _reported_decode
 
 if os.environ.get("PROBE_PIECES"):
-    import speculative.batch as batch  # noqa: E402
-    from speculative.stream import Stream  # noqa: E402
+    import speculative.serving.batch as batch  # noqa: E402
+    from speculative.engine.stream import Stream  # noqa: E402
 
     _pieces = int(os.environ["PROBE_PIECES"])
     _request = os.environ.get("PROBE_REQUEST")
@@ -120,7 +120,7 @@ if os.environ.get("PROBE_PIECES"):
     batch.run_request = _tracked_run_request
 
 if os.environ.get("PROBE_STDOUT"):
-    from cli import render  # noqa: E402
+    from speculative.cli import render  # noqa: E402
 
     _write = render._Stdout.write
     _out = {"sent": 0, "before": int(os.environ["PROBE_STDOUT"]), "waited": False}
@@ -138,8 +138,9 @@ if os.environ.get("PROBE_STDOUT"):
     render._Stdout.write = _write_once_the_reader_is_gone
 
 if os.environ.get("PROBE_SERVE"):
-    from speculative import llamacpp, serving  # noqa: E402
-    from speculative.stream import Final, Piece  # noqa: E402
+    from speculative.llamacpp import model as llamacpp
+    from speculative.serving import worker as serving  # noqa: E402
+    from speculative.engine.stream import Final, Piece  # noqa: E402
 
     _release = os.environ.get("PROBE_RELEASE")
     _prompt_holds: list = []  # a HOLD_PROMPT request's "must it stop?", for llama.cpp's next abort callback
@@ -181,6 +182,6 @@ if os.environ.get("PROBE_SERVE"):
     serving.Job.post = _say_and_post
 
 if __name__ == "__main__":
-    from cli.main import main
+    from speculative.cli.main import main
 
     main()

@@ -3,7 +3,7 @@
 A target that can undo at most `rollback_limit` drafted tokens (llama.cpp's snapshots of a
 recurrent state; 0 for Mamba's, which has none) copies its state into a checkpoint before a
 longer draft is verified, and when more than the limit are rejected, restores it and decodes
-the accepted tokens again (speculative/cache.py). auto plans with those costs (auto.Rewind),
+the accepted tokens again (speculative/decoding/cache.py). auto plans with those costs (auto.Rewind),
 which the engine measures on the loaded model (Engine._rewind, calibrate.checkpoint_costs).
 Here the fake backend does the rolling back and the fake clock says what each part costs, so
 what auto models can be held against what the cache really did, to the microsecond.
@@ -16,14 +16,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from speculative.auto import Auto, Rewind
-from speculative.cache import Cache
-from speculative.drafters import Draft, Drafter, ModelDrafter, NgramSimple
-from speculative.engine import Engine
-from speculative.events import Step, Token
-from speculative.loop import generate
-from speculative.sampling import Sampler
-from speculative.settings import SamplerSettings, SpecSettings
+from speculative.drafters.auto import Auto, Rewind
+from speculative.decoding.cache import Cache
+from speculative.decoding.drafter import Draft, Drafter
+from speculative.drafters import ModelDrafter, NgramSimple
+from speculative.engine.engine import Engine
+from speculative.decoding.events import Step, Token
+from speculative.decoding.loop import generate
+from speculative.decoding.sampling import Sampler
+from speculative.decoding.settings import SamplerSettings, SpecSettings
 from tests.fakes import Clock, FakeBackend, ToyModel, plain_decode
 
 GREEDY = SamplerSettings(temp=0.0)
@@ -57,7 +58,7 @@ def engine_of(cache: Cache) -> SimpleNamespace:
 
 def test_the_engine_measures_the_checkpoint_costs_auto_plans_with(monkeypatch):
     clock = Clock(verify_cost, SAVE, RESTORE, redecode=True)
-    monkeypatch.setattr("speculative.calibrate.time", clock)
+    monkeypatch.setattr("speculative.engine.calibrate.time", clock)
     cache = recurrent_target(ToyModel(), clock, limit=2)
     rewind = Engine._rewind(engine_of(cache), K_MAX)
     assert rewind.limit == 2
@@ -101,7 +102,7 @@ def step_seconds(limit: int, k: int, right: int) -> float:
     clock = Clock(verify_cost, SAVE, RESTORE, redecode=True)
     cache = recurrent_target(model, clock, limit)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("speculative.loop.time", clock)
+        patch.setattr("speculative.decoding.loop.time", clock)
         spec = SpecSettings(n_predict=K_MAX + 2, draft_max=K_MAX)
         events = list(generate(cache, PROMPT, Sampler(GREEDY, 0), spec, Scripted(reference, k, right, model.vocab)))
     steps = [e for e in events if isinstance(e, Step)]
@@ -151,7 +152,7 @@ def run_auto(limit: int, save: float, restore: float, drafter: str = "draft", n:
     clock = Clock(verify_cost, save, restore, redecode=True)
     cache = recurrent_target(model, clock, limit)
     with pytest.MonkeyPatch.context() as patch:
-        for module in ("loop", "auto", "calibrate"):
+        for module in ("decoding.loop", "drafters.auto", "engine.calibrate"):
             patch.setattr(f"speculative.{module}.time", clock)
         rewind = Engine._rewind(engine_of(cache), K_MAX)
         restored = cache.model.checkpoints["restored"]  # by the measurement

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from speculative.chat import conversation, render
+from speculative.engine.chat import conversation, render
 from speculative.errors import ModelError
-from speculative.llamacpp import LlamaModel
-from speculative.text import TextStream
+from speculative.llamacpp.model import LlamaModel
+from speculative.engine.text import TextStream
 from tests.conftest import SMOL, speculate, speculate_here, speculate_json
 from tests.gguf_builder import write_tiny_llama
 
@@ -125,7 +125,7 @@ def test_bad_command_lines_exit_2_with_one_line(args, message):
 def test_help_and_refused_command_lines_load_neither_llama_cpp_nor_numpy(args):
     """They answer at once: importing the engine (llama.cpp's bindings, numpy, gguf) waits for
     a command that runs a model, which is most of `speculate`'s start-up time."""
-    script = ("import sys\nfrom cli.main import main\nsys.argv = ['speculate', *sys.argv[1:]]\ntry:\n    main()\n"
+    script = ("import sys\nfrom speculative.cli.main import main\nsys.argv = ['speculate', *sys.argv[1:]]\ntry:\n    main()\n"
               "except SystemExit as e:\n    heavy = {m.split('.')[0] for m in sys.modules} & {'llama_cpp', 'numpy', 'gguf'}\n"
               "    print('exit', e.code or 0, 'loaded', sorted(heavy), file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=60,
@@ -184,7 +184,7 @@ def test_streamed_text_is_the_whole_sequence_decoded_at_once(model_path, prompt)
 
 def test_jinja2_older_than_3_1_6_is_refused_at_start_up():
     code = ("import sys, jinja2; jinja2.__version__ = '3.1.5'; sys.argv = ['speculate', 'models', 'list']\n"
-            "from cli.main import main; main()")
+            "from speculative.cli.main import main; main()")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.strip() == ("speculate: error: jinja2 3.1.5 is too old to render untrusted chat templates "

@@ -9,12 +9,12 @@ import subprocess
 
 import pytest
 
-from speculative import batch
-from speculative.batch import Rejected, Request, Results
+from speculative.serving import batch
+from speculative.serving.batch import Rejected, Request, Results
 from speculative.errors import UsageError
-from speculative.settings import SamplerSettings, SpecSettings
-from speculative.text import StopFilter
-from speculative import interrupt
+from speculative.decoding.settings import SamplerSettings, SpecSettings
+from speculative.engine.text import StopFilter
+from speculative.llamacpp import interrupt
 from tests.conftest import SMOL, SPECULATE, probe_command, speculate, speculate_json
 
 SAMPLING = SamplerSettings(temp=0.0, seed=5)

@@ -5,15 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from speculative.auto import Acceptance, Auto, best_plan, expected_tokens
-from speculative.cache import Cache
-from speculative.calibrate import _timed, batch_costs
-from speculative.drafters import Chain, Draft, ModelDrafter, NgramMapK, NgramSimple, Outcome
+from speculative.drafters.auto import Acceptance, Auto, best_plan, expected_tokens
+from speculative.decoding.cache import Cache
+from speculative.engine.calibrate import _timed, batch_costs
+from speculative.drafters import Chain, ModelDrafter, NgramMapK, NgramSimple
+from speculative.decoding.drafter import Draft, Outcome
 from speculative.drafters.ngram import NgramIndex
-from speculative.events import Step, Token
-from speculative.loop import generate
-from speculative.sampling import Sampler
-from speculative.settings import SamplerSettings, SpecSettings
+from speculative.decoding.events import Step, Token
+from speculative.decoding.loop import generate
+from speculative.decoding.sampling import Sampler
+from speculative.decoding.settings import SamplerSettings, SpecSettings
 from tests.fakes import Clock, FakeBackend, ToyModel, plain_decode
 
 GREEDY = SamplerSettings(temp=0.0)
@@ -101,8 +102,8 @@ def run_auto(model, drafters, verify_costs, n=60, draft_costs=None, calibrated=N
     target = Cache(clock.timed(FakeBackend(model)))
     auto = Auto(drafters, calibrated or verify_costs, k_max=8, draft_costs=draft_costs)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("speculative.loop.time", clock)
-        patch.setattr("speculative.auto.time", clock)
+        patch.setattr("speculative.decoding.loop.time", clock)
+        patch.setattr("speculative.drafters.auto.time", clock)
         events = list(generate(target, [1, 2, 3], Sampler(GREEDY, 0), SpecSettings(n_predict=n, draft_max=8), auto))
     return events, auto
 
@@ -145,7 +146,7 @@ def test_auto_learns_while_declining():
 
 def test_calibration_is_measured_once_and_cached(tmp_path, monkeypatch):
     clock = Clock(lambda b: 1e-3 * b, redecode=True)  # a batch of b tokens takes b ms
-    monkeypatch.setattr("speculative.calibrate.time", clock)
+    monkeypatch.setattr("speculative.engine.calibrate.time", clock)
     backend = clock.timed(FakeBackend(ToyModel(seed=0)))
     cache = Cache(backend)
     identity = {"name": "toy", "threads": 2}
@@ -173,7 +174,7 @@ def test_calibration_keeps_each_sizes_best_round(monkeypatch):
             clock.now += spikes.pop(len(batch), 0.0)
         clock.now += 1e-3 * len(batch)
 
-    monkeypatch.setattr("speculative.calibrate.time", clock)
+    monkeypatch.setattr("speculative.engine.calibrate.time", clock)
     costs = _timed(9, 100, decode, lambda: None)
     assert costs == pytest.approx([1e-3 * b for b in range(1, 10)])
 

@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from speculative.errors import ModelError
-from speculative.gguf_meta import preflight, read_metadata
+from speculative.models.gguf_meta import preflight, read_metadata
 from tests.conftest import QWEN, QWEN_DRAFT, SMOL, speculate
 from tests.gguf_builder import KV, Q, T, V, build, gstr, int_fields, tiny_llama_bytes, u32, u64, valid, write_tiny_llama
 

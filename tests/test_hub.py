@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from speculative import hub
+from speculative.models import hub
 from speculative.errors import ModelError, UsageError
-from speculative.hub import HubFile, choose, split_info, split_repo
+from speculative.models.hub import HubFile, choose, split_info, split_repo
 
 
 def files(*paths: str) -> list[HubFile]:
@@ -488,14 +488,14 @@ def test_a_downloaded_file_goes_through_the_gguf_preflight(fake, user):
     ('hf = { repo = "u/r" }', "missing file"),
 ])
 def test_a_bad_hub_source_is_a_registry_error(tmp_path, source, error):
-    from speculative.registry import Registry
+    from speculative.models.registry import Registry
     path = registry_file(tmp_path, f'size = 1\nsha256 = "{"0" * 64}"\n{source}')
     with pytest.raises(ModelError, match=error):
         Registry.load(path)
 
 
 def test_sources_keep_the_order_written(tmp_path):
-    from speculative.registry import Registry
+    from speculative.models.registry import Registry
     pypi = 'pypi = { package = "p", version = "1", member = "m", parts = 1 }'
     hf_ = 'hf = { repo = "u/r", file = "m.gguf", revision = "main" }'
     for order, expected in (((pypi, hf_), ("pypi", "hf")), ((hf_, pypi), ("hf", "pypi"))):

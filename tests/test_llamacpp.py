@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from speculative.llamacpp import LlamaModel
+from speculative.llamacpp.model import LlamaModel
 from tests.conftest import SMOL, speculate, speculate_json
 
 pytestmark = pytest.mark.real
@@ -31,7 +31,7 @@ def test_every_branch_of_a_tree_scores_as_its_own_sequence_would(model_path, bat
     """A draft tree in one batch, each branch a sequence: every token's logits equal those of
     its root-to-node path decoded alone, bit for bit; keep_branch then leaves exactly that
     path as the cache, and the next decode continues from it."""
-    from speculative.tree import Tree
+    from speculative.decoding.tree import Tree
 
     tree = Tree((-1, -1, -1, 0, 0, 1, 3, 5, 2))  # three root children; forks below 0
     with LlamaModel(model_path(SMOL), name=SMOL, n_ctx=512, n_seq=tree.n_branches) as model:

@@ -7,13 +7,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from speculative.cache import Cache
+from speculative.decoding.cache import Cache
 from speculative.drafters import ModelDrafter, top_probability
 from speculative.errors import GenerationError
-from speculative.events import Done, Prefilled, Step, Token
-from speculative.loop import generate
-from speculative.sampling import Sampler
-from speculative.settings import SamplerSettings, SpecSettings, check_prompt
+from speculative.decoding.events import Done, Prefilled, Step, Token
+from speculative.decoding.loop import generate
+from speculative.decoding.sampling import Sampler
+from speculative.decoding.settings import SamplerSettings, SpecSettings, check_prompt
 from tests.fakes import EOG, FakeBackend, ToyModel, plain_decode
 
 GREEDY = SamplerSettings(temp=0.0)

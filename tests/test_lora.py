@@ -13,8 +13,8 @@ import pytest
 from gguf import GGUFReader
 
 from speculative.errors import ModelError
-from speculative.gguf_meta import preflight_adapter
-from speculative.llamacpp import LlamaModel
+from speculative.models.gguf_meta import preflight_adapter
+from speculative.llamacpp.model import LlamaModel
 from tests.conftest import SMOL, speculate, speculate_here, speculate_json
 from tests.gguf_builder import KV, T, V, build, write_lora, write_tiny_llama
 

@@ -20,17 +20,17 @@ import numpy as np
 import pytest
 
 from scripts.tiny_model import write_model
-from speculative.auto import Auto
-from speculative.cache import Cache, MtpCache
-from speculative.doctor import batch_invariance
+from speculative.drafters.auto import Auto
+from speculative.decoding.cache import Cache, MtpCache
+from speculative.llamacpp.doctor import batch_invariance
 from speculative.drafters import MtpDrafter
-from speculative.engine import Engine
+from speculative.engine.engine import Engine
 from speculative.errors import UsageError
-from speculative.events import Prefilled, Step, Token
-from speculative.loop import generate
-from speculative.nextn import NextnRows
-from speculative.sampling import Sampler
-from speculative.settings import ModelSpec, SamplerSettings, SpecSettings
+from speculative.decoding.events import Prefilled, Step, Token
+from speculative.decoding.loop import generate
+from speculative.llamacpp.nextn import NextnRows
+from speculative.decoding.sampling import Sampler
+from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 from tests.conftest import speculate, speculate_json
 from tests.fakes import Clock, FakeBackend, ToyModel, plain_decode
 
@@ -244,8 +244,8 @@ def test_fake_auto_plans_with_the_mtp_head():
     clock = Clock(verify)
     clock.timed(cache.model)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("speculative.loop.time", clock)
-        patch.setattr("speculative.auto.time", clock)
+        patch.setattr("speculative.decoding.loop.time", clock)
+        patch.setattr("speculative.drafters.auto.time", clock)
         events = run_fake(cache, [1, 2, 3], drafter)
         assert tokens_of(events) == plain_decode(toy, [1, 2, 3], 40, Sampler(GREEDY, 0))
         assert any(s.drafter == "draft-mtp" for s in steps_of(events))

@@ -27,17 +27,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from speculative import lookup_cache
-from speculative.cache import Cache
-from speculative.drafters import (Chain, Draft, LookupFiles, ModelDrafter, ModTable, NgramCache, NgramMapK4v,
-                                  NgramMod, NgramSimple, Outcome)
+from speculative.drafters import lookup_cache
+from speculative.decoding.cache import Cache
+from speculative.drafters import (Chain, LookupFiles, ModelDrafter, ModTable, NgramCache, NgramMapK4v, NgramMod, NgramSimple)
+from speculative.decoding.drafter import Draft, Outcome
 from speculative.drafters.ngram_cache import Counts, draft
 from speculative.drafters.ngram_mod import MULTIPLIER, TABLE_SIZE
 from speculative.errors import UsageError
-from speculative.events import Step, Token
-from speculative.loop import generate
-from speculative.sampling import Sampler
-from speculative.settings import NgramModSettings, SamplerSettings, SpecSettings
+from speculative.decoding.events import Step, Token
+from speculative.decoding.loop import generate
+from speculative.decoding.sampling import Sampler
+from speculative.decoding.settings import NgramModSettings, SamplerSettings, SpecSettings
 from tests.conftest import speculate_here, vendored_tree
 from tests.fakes import FakeBackend, ToyModel, plain_decode
 
@@ -798,7 +798,7 @@ def test_defaults_are_llama_cpps():
 
 
 def test_spec_default_joins_the_list_where_llama_cpps_order_puts_ngram_mod():
-    from cli.options import with_spec_default
+    from speculative.cli.options import with_spec_default
     assert with_spec_default(None, True) == ("ngram-mod",)
     assert with_spec_default(None, False) == ("auto",)
     assert with_spec_default(("draft",), True) == ("ngram-mod", "draft")
@@ -810,7 +810,7 @@ def test_spec_default_joins_the_list_where_llama_cpps_order_puts_ngram_mod():
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """The command line of this tree (not an installed `speculate`): stdout as bytes."""
-    proc = subprocess.run([sys.executable, "-c", "from cli.main import main; main()", *args], capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", "from speculative.cli.main import main; main()", *args], capture_output=True,
                           timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT), "GGML_CPU_TILED_MM": "0"})
     proc.stderr = proc.stderr.decode("utf-8", errors="replace")
     return proc

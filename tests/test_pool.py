@@ -1,4 +1,4 @@
-"""The pool of earlier outputs (speculative/pool.py): drafting from it, its bound, its file
+"""The pool of earlier outputs (speculative/drafters/pool.py): drafting from it, its bound, its file
 (atomic, merged, damaged or foreign files), and the commands that keep one: speculate with
 --spec-pool FILE across processes, batch across requests, bench without a run drafting from
 its own configuration's output."""
@@ -15,7 +15,7 @@ import pytest
 
 from speculative.errors import UsageError
 from speculative.files import locked
-from speculative.pool import AGREED, MAGIC, Pool, PoolDrafter, PoolFile, check_pool_file, fingerprint
+from speculative.drafters.pool import AGREED, MAGIC, Pool, PoolDrafter, PoolFile, check_pool_file, fingerprint
 
 from .conftest import SMOL, speculate, speculate_json
 
@@ -83,7 +83,7 @@ def test_a_pool_file_round_trips_and_merges_what_two_processes_saved(tmp_path):
 SAVER = """
 import sys
 from pathlib import Path
-from speculative.pool import Pool, PoolFile
+from speculative.drafters.pool import Pool, PoolFile
 path, tokenizer, start = Path(sys.argv[1]), bytes.fromhex(sys.argv[2]), int(sys.argv[3])
 pool = Pool()
 pool.add(list(range(start, start + 40)))

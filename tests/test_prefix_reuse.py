@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from speculative.engine import Engine
-from speculative.settings import ModelSpec, SamplerSettings, SpecSettings
-from speculative.stream import Stream, complete
+from speculative.engine.engine import Engine
+from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
+from speculative.engine.stream import Stream, complete
 from tests.conftest import SMOL
 
 pytestmark = pytest.mark.real

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from speculative.errors import ModelError
-from speculative.registry import Registry
+from speculative.models.registry import Registry
 from tests.conftest import SPECULATE, speculate_here
 
 NAME = "fake-model"

@@ -12,14 +12,14 @@ from typing import Callable, Sequence
 import pytest
 
 from scripts.tiny_model import write_model
-from speculative.cache import Cache, _common_prefix
-from speculative.engine import NEXTN_ROLE, Engine
-from speculative.ram_cache import MIN_TOKENS, RamCache, State
-from speculative.doctor import batch_invariance
+from speculative.decoding.cache import Cache, _common_prefix
+from speculative.engine.engine import NEXTN_ROLE, Engine
+from speculative.engine.ram_cache import MIN_TOKENS, RamCache, State
+from speculative.llamacpp.doctor import batch_invariance
 from speculative.errors import GenerationError
-from speculative.settings import ModelSpec, SamplerSettings, SpecSettings
-from speculative.stats import Stats
-from speculative.stream import complete
+from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
+from speculative.decoding.stats import Stats
+from speculative.engine.stream import complete
 from tests.conftest import SMOL
 from tests.fakes import FakeBackend, ToyModel
 

@@ -5,7 +5,7 @@ The models are tiny random-weight GGUFs written here by scripts/tiny_model.py (n
 download, nothing binary committed). A recurrent state is one value per sequence, so a
 rejected draft is undone through llama.cpp's snapshots (n_rs_seq: LFM2, Qwen3.5) or a
 checkpoint of the state and a decode of the accepted tokens again (the others); see
-speculative/cache.py. Greedy identity is checked with drafts forced to be rejected at every
+speculative/decoding/cache.py. Greedy identity is checked with drafts forced to be rejected at every
 position. Qwen3.5's delta-net scores a batch with a chunked kernel and single tokens with
 another, so its identity is asserted where `doctor`'s measurement finds them equal, and
 otherwise the measured difference is what the test reports. That doctor finds such a
@@ -23,17 +23,18 @@ import pytest
 
 import gguf
 
-from cli.main import app
+from speculative.cli.main import app
 from scripts.tiny_model import ARCH_INFO, write_model
-from speculative.cache import Cache
-from speculative.doctor import batch_invariance, probe_tokens
-from speculative.drafters import Draft, Drafter, NgramSimple
-from speculative.engine import Engine
-from speculative.events import Step, Token
-from speculative.llamacpp import LlamaModel
-from speculative.loop import generate
-from speculative.sampling import Sampler
-from speculative.settings import ModelSpec, SamplerSettings, SpecSettings
+from speculative.decoding.cache import Cache
+from speculative.llamacpp.doctor import batch_invariance, probe_tokens
+from speculative.decoding.drafter import Draft, Drafter
+from speculative.drafters import NgramSimple
+from speculative.engine.engine import Engine
+from speculative.decoding.events import Step, Token
+from speculative.llamacpp.model import LlamaModel
+from speculative.decoding.loop import generate
+from speculative.decoding.sampling import Sampler
+from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 
 from tests.conftest import speculate, speculate_json
 from tests.fakes import FakeBackend, ToyModel
@@ -276,7 +277,7 @@ def test_doctors_verdict_is_what_it_measured(monkeypatch, tmp_path, capsys, drif
     and more differ (as the JSON and as text), batch-invariant where nothing does."""
     path = tmp_path / "model.gguf"
     path.write_bytes(b"GGUF" + bytes(28))  # doctor's -m check reads the magic; the fake loads nothing
-    monkeypatch.setattr("speculative.engine.Engine", lambda spec: DoctorEngine(BatchVariant(9, drift)))
+    monkeypatch.setattr("speculative.engine.engine.Engine", lambda spec: DoctorEngine(BatchVariant(9, drift)))
     app(args=["doctor", "-m", str(path), "--json"], standalone_mode=False, prog_name="speculate")
     report = json.loads(capsys.readouterr().out)
     assert report["recurrent"] is True and len(report["checks"]) == 30

@@ -20,9 +20,9 @@ from contextlib import contextmanager
 
 import pytest
 
-from speculative import llamacpp, rpc
+from speculative.llamacpp import model as llamacpp, rpc
 from speculative.errors import ModelError, UsageError
-from speculative.llamacpp import DEV_CPU, DEV_GPU, LlamaModel, rpc_available
+from speculative.llamacpp.model import DEV_CPU, DEV_GPU, LlamaModel, rpc_available
 from tests.conftest import SMOL, SPECULATE, speculate, speculate_here, speculate_json
 
 real = pytest.mark.real
@@ -215,7 +215,7 @@ DEVICE_CHOICES = {  # (this machine's GPUs, the flags) -> (target's devices, dra
 
 @pytest.mark.parametrize("gpus, flags, expected", DEVICE_CHOICES.values(), ids=DEVICE_CHOICES.keys())
 def test_each_model_gets_the_devices_llama_cpp_would_give_it(devices, tmp_path, gpus, flags, expected):
-    from cli.options import ModelOptions
+    from speculative.cli.options import ModelOptions
     from tests.gguf_builder import write_tiny_llama
 
     devices.update({name: (DEV_GPU, False) for name in gpus})
@@ -225,7 +225,7 @@ def test_each_model_gets_the_devices_llama_cpp_would_give_it(devices, tmp_path, 
 
 
 def test_an_rpc_device_without_rpc_is_a_usage_error(devices):
-    from cli.options import ModelOptions
+    from speculative.cli.options import ModelOptions
 
     with pytest.raises(UsageError, match="RPC0"):
         ModelOptions(device_draft="RPC0").specs(use_draft=True)

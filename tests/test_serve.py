@@ -25,7 +25,7 @@ import openai  # the test extra (pip install -e '.[test]'): without it this modu
 import pytest
 
 from scripts.tiny_model import write_model
-from speculative.server import GRACE_SECONDS
+from speculative.serving.app import GRACE_SECONDS
 from tests.conftest import SMOL, SPECULATE, probe_command, speculate, speculate_json
 from tests.gguf_builder import write_tiny_llama
 from tests.probe import HOLD_PROMPT, HOLD_STEP

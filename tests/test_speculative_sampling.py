@@ -17,13 +17,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from speculative.cache import Cache
+from speculative.decoding.cache import Cache
 from speculative.drafters import ModelDrafter
-from speculative.llamacpp import LlamaModel
-from speculative.events import Step, Token
-from speculative.loop import generate
-from speculative.sampling import Sampler
-from speculative.settings import SamplerSettings, SpecSettings
+from speculative.llamacpp.model import LlamaModel
+from speculative.decoding.events import Step, Token
+from speculative.decoding.loop import generate
+from speculative.decoding.sampling import Sampler
+from speculative.decoding.settings import SamplerSettings, SpecSettings
 from tests.conftest import SMOL
 
 pytestmark = pytest.mark.real

@@ -6,12 +6,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from speculative.cache import Cache
+from speculative.decoding.cache import Cache
 from speculative.drafters import ModelDrafter
-from speculative.loop import generate
-from speculative.sampling import Sampler
-from speculative.settings import SamplerSettings, SpecSettings
-from speculative.stream import Stream, complete
+from speculative.decoding.loop import generate
+from speculative.decoding.sampling import Sampler
+from speculative.decoding.settings import SamplerSettings, SpecSettings
+from speculative.engine.stream import Stream, complete
 from tests.fakes import FakeBackend, ToyModel
 
 GREEDY = SamplerSettings(temp=0.0)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cli.prompt import process_escapes
-from speculative.chat import conversation, render
+from speculative.cli.prompt import process_escapes
+from speculative.engine.chat import conversation, render
 from speculative.errors import ModelError, UsageError
-from speculative.registry import Registry, looks_like_path
-from speculative.sampling import Sampler, min_p, penalize, top_k, top_p, typical
-from speculative.settings import SamplerSettings
-from speculative.text import StopFilter, TextStream
-from speculative.verify import sample_and_match
+from speculative.models.registry import Registry, looks_like_path
+from speculative.decoding.sampling import Sampler, min_p, penalize, top_k, top_p, typical
+from speculative.decoding.settings import SamplerSettings
+from speculative.engine.text import StopFilter, TextStream
+from speculative.decoding.verify import sample_and_match
 
 # -- the acceptance rule ------------------------------------------------------
 
@@ -206,7 +206,7 @@ def test_paths_and_names_are_told_apart():
 
 
 def test_lora_scaled_takes_both_llama_cpp_forms():
-    from cli.main import join_lora_scaled
+    from speculative.cli.main import join_lora_scaled
 
     assert join_lora_scaled(["--lora-scaled", "a.gguf", "0.5", "-p", "x"]) == ["--lora-scaled", "a.gguf:0.5", "-p", "x"]
     assert join_lora_scaled(["--lora-scaled", "a.gguf:0.5", "-p", "x"]) == ["--lora-scaled", "a.gguf:0.5", "-p", "x"]
@@ -214,7 +214,7 @@ def test_lora_scaled_takes_both_llama_cpp_forms():
 
 
 def test_no_prompt_rate_when_the_cache_kept_all_it_could():
-    from speculative.stats import Stats
+    from speculative.decoding.stats import Stats
 
     assert Stats(n_prompt=100, n_cached=99, t_encode=1e-5).encode_tps == 0.0
     assert Stats(n_prompt=100, n_cached=50, t_encode=0.5).encode_tps == 100.0

@@ -1,4 +1,4 @@
-"""Speculative sampling (speculative/verify.py) alone: exact cases and statistics.
+"""Speculative sampling (speculative/decoding/verify.py) alone: exact cases and statistics.
 
 The statistical tests use the Bretagnolle-Huber-Carol bound: for N draws over V
 tokens, P(||empirical - p||_1 >= lam) <= 2^V exp(-N lam^2 / 2). Each check uses
@@ -13,9 +13,9 @@ import math
 import numpy as np
 import pytest
 
-from speculative.sampling import draw, one_hot
-from speculative.tree import Tree
-from speculative.verify import match_tree, prob, rejection_sample, rejection_sample_tree, residual
+from speculative.decoding.sampling import draw, one_hot
+from speculative.decoding.tree import Tree
+from speculative.decoding.verify import match_tree, prob, rejection_sample, rejection_sample_tree, residual
 
 V = 6
 N = 100_000

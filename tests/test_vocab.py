@@ -8,8 +8,8 @@ import pytest
 
 import gguf
 from speculative.errors import ModelError
-from speculative.gguf_meta import read_metadata
-from speculative.vocab import check_compatible, read_vocab
+from speculative.models.gguf_meta import read_metadata
+from speculative.models.vocab import check_compatible, read_vocab
 
 BASE = [f"tok{i}" for i in range(300)]
 

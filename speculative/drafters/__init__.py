@@ -1,11 +1,7 @@
 """Drafters propose tokens for the target to verify.
 
-Every drafter has the same small interface: `propose(context, k)` returns a
-Draft of up to k tokens that might follow `context`, and `accept(outcome)` tells
-it what the target made of them. `prefill(prompt)` lets a drafter do its prompt
-work up front, so it is timed as prompt processing rather than drafting, and
-`finish(context)` tells it the run is over (a drafter that learns across runs
-keeps what it saw).
+Every drafter implements the contract in speculative/decoding/drafter.py (Draft, Outcome,
+Drafter): propose up to k tokens, then hear how many the target kept.
 
   model.py        a small draft model (its greedy or sampled continuation)
   mtp.py          the target's own NextN (MTP) layers
@@ -13,90 +9,20 @@ keeps what it saw).
   ngram_mod.py    llama.cpp's ngram-mod: a hash table of n-grams, shared by requests
   ngram_map.py    llama.cpp's ngram-map-k4v: up to four continuations per n-gram, counted
   ngram_cache.py  llama.cpp's ngram-cache (llama-lookup): context, dynamic and static
-                  n-gram statistics, with the -lcs/-lcd files (speculative/lookup_cache.py)
+                  n-gram statistics, with the -lcs/-lcd files (speculative/drafters/lookup_cache.py)
   chain.py        several drafters tried in order
-The cost-aware choice among them (`--spec-type auto`) lives in speculative/auto.py.
+  auto.py         the cost-aware choice among them (`--spec-type auto`)
+  pool.py         ngram-pool: n-gram lookup in what earlier runs wrote (--spec-pool)
+  replay.py       auto's plans replayed over recorded runs (scripts/replay_auto.py)
 """
 
-from __future__ import annotations
+from speculative.drafters.chain import Chain
+from speculative.drafters.model import ModelDrafter, top_probability
+from speculative.drafters.mtp import MtpDrafter
+from speculative.drafters.ngram import NgramMapK, NgramSimple
+from speculative.drafters.ngram_cache import LookupFiles, NgramCache
+from speculative.drafters.ngram_map import NgramMapK4v
+from speculative.drafters.ngram_mod import ModTable, NgramMod
 
-from dataclasses import dataclass
-from typing import Sequence
-
-from ..tree import chain_parents
-
-
-@dataclass(frozen=True)
-class Draft:
-    tokens: list[int]
-    source: str          # the drafter that made it, as --spec-type names it
-    kind: int = 0        # a class of proposals whose acceptance auto estimates apart
-                         # (n-gram: how long the matched context is)
-    q: tuple | None = None  # the distribution each token was sampled from, as (ids, probs),
-                            # when the drafter sampled; None: deterministic proposals
-    parents: tuple[int, ...] | None = None  # a draft tree (see tree.py); None: a chain
-
-    @property
-    def tree(self) -> tuple[int, ...]:
-        """Each token's parent (-1: the last accepted token)."""
-        return self.parents if self.parents is not None else chain_parents(len(self.tokens))
-
-    def head(self, k: int) -> "Draft":
-        """The first k tokens (and their distributions): a tree's parents come first."""
-        return Draft(self.tokens[:k], self.source, self.kind, None if self.q is None else self.q[:k],
-                     None if self.parents is None else self.parents[:k])
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What verification made of a draft."""
-    draft: Draft
-    n_accepted: int      # drafted tokens the target kept
-    bonus: int           # the target's own token after them
-    t_draft: float       # seconds spent proposing
-    t_verify: float      # seconds the target spent on the batch of len(draft.tokens) + 1
-
-
-class Drafter:
-    name = "drafter"
-    free = False  # proposing costs (next to) nothing: auto may ask for a proposal every step
-
-    def prefill(self, prompt: Sequence[int]) -> None:
-        """Optional: process the prompt before generation starts."""
-
-    def propose(self, context: Sequence[int], k: int) -> Draft:
-        """Up to k tokens that might follow `context` (prompt + generated so far)."""
-        raise NotImplementedError
-
-    def accept(self, outcome: Outcome) -> None:
-        """Optional: learn from what the target kept."""
-
-    def finish(self, context: Sequence[int]) -> None:
-        """Optional: the run is over; `context` is its prompt and every token it generated."""
-
-    def behind(self, context: Sequence[int]) -> int:
-        """Tokens of `context` to process before proposing (a draft model catching up)."""
-        return 0
-
-    def can_draft(self, context: Sequence[int]) -> bool:
-        """Whether it can propose anything after `context` at all (auto plans only with those that can)."""
-        return True
-
-    def summary(self) -> list[str]:
-        """Notes on the run for the statistics (why it drafted less than it could)."""
-        return []
-
-    def nothing(self) -> Draft:
-        return Draft([], self.name)
-
-
-from .chain import Chain  # noqa: E402
-from .model import ModelDrafter, top_probability  # noqa: E402
-from .mtp import MtpDrafter  # noqa: E402
-from .ngram import NgramMapK, NgramSimple  # noqa: E402
-from .ngram_cache import LookupFiles, NgramCache  # noqa: E402
-from .ngram_map import NgramMapK4v  # noqa: E402
-from .ngram_mod import ModTable, NgramMod  # noqa: E402
-
-__all__ = ["Draft", "Outcome", "Drafter", "ModelDrafter", "MtpDrafter", "NgramSimple", "NgramMapK", "NgramMapK4v",
+__all__ = ["ModelDrafter", "MtpDrafter", "NgramSimple", "NgramMapK", "NgramMapK4v",
            "NgramMod", "ModTable", "NgramCache", "LookupFiles", "Chain", "top_probability"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from . import Draft, Drafter, Outcome
+from speculative.decoding.drafter import Draft, Drafter, Outcome
 
 
 class Chain(Drafter):

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from ..cache import MtpCache
-from ..sampling import Sampler
-from . import Draft, Drafter
-from .model import pick
+from speculative.decoding.cache import MtpCache
+from speculative.decoding.sampling import Sampler
+from speculative.decoding.drafter import Draft, Drafter
+from speculative.drafters.model import pick
 
 
 class MtpDrafter(Drafter):

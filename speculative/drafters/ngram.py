@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Sequence
 
-from . import Draft, Drafter, Outcome
+from speculative.decoding.drafter import Draft, Drafter, Outcome
 
 RECENT_OCCURRENCES = 16  # how many earlier occurrences of a key are weighed
 MAX_CONTEXT = 32         # how far back a match is compared to rank occurrences

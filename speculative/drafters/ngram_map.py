@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from . import Draft, Drafter, Outcome
+from speculative.decoding.drafter import Draft, Drafter, Outcome
 
 MAX_VALUES = 4           # COMMON_NGRAM_MAX_VALUES
 HASH_SLOTS = 262144      # COMMON_NGRAM_HASH_MAP_SIZE

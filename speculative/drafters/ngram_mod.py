@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from . import Draft, Drafter, Outcome
+from speculative.decoding.drafter import Draft, Drafter, Outcome
 
 TABLE_SIZE = 4 * 1024 * 1024  # entries; llama.cpp's common_speculative_impl_ngram_mod
 EMPTY = -1

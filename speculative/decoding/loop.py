@@ -1,0 +1,147 @@
+"""The draft/verify loop: a generator of events that never prints.
+
+One step, each a function below:
+  propose   the drafter proposes d1..dk given everything so far (k may be 0): a
+            chain, or a tree whose branches fork where the draft hesitates (tree.py);
+  score     the target scores [last, d1..dk] in one batch, each branch as its own
+            cache sequence;
+  verify    the acceptance rule (verify.py: the target's pick must match, or
+            speculative sampling) keeps m drafted tokens, the accepted path down one
+            branch, and adds the target's own token (bonus);
+  roll back the target cache keeps the accepted path and drops the rest;
+  emit      the accepted tokens and the bonus become Token events, up to an
+            end-of-generation token.
+
+The target cache always holds every token except the last one, whose logits the
+next step computes. Without a drafter k is 0 and the same loop is plain
+target-only decoding, so baseline and speculation share every line of code.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from speculative.decoding.cache import Cache
+from speculative.decoding.drafter import Draft, Drafter, Outcome
+from speculative.decoding.events import Done, Event, Prefilled, Step, Token
+from speculative.decoding.sampling import Sampler
+from speculative.decoding.settings import SpecSettings, acceptance
+from speculative.decoding.tree import Tree
+from speculative.decoding.verify import match_tree, rejection_sample_tree
+
+
+def generate(target: Cache, prompt: Sequence[int], sampler: Sampler, settings: SpecSettings,
+             drafter: Drafter | None = None) -> Iterator[Event]:
+    """Generate after `prompt` (settings.check_prompt has passed it). The target cache keeps
+    the longest prefix of the prompt it already holds, from an earlier run, and only
+    processes the rest."""
+    rule = acceptance(sampler.settings, settings)
+    t0 = time.perf_counter()
+    context = list(prompt)
+    n_cached = prefill(target, drafter, context)
+    yield Prefilled(len(context), time.perf_counter() - t0, n_cached)
+    t_start = time.perf_counter()  # what the consumer does on Prefilled (save a cache) is not generation
+    n_generated = 0
+    for index in itertools.count():
+        k = room(target, settings, len(context), n_generated) - 1  # a step emits up to k + 1 tokens
+        if k < 0:
+            yield Done("length", time.perf_counter() - t_start)
+            return
+        t_draft = time.perf_counter()
+        draft = propose(drafter, context, min(k, target.model.n_batch - 1), settings)  # one verify batch
+        t_verify = time.perf_counter()
+        tree = Tree(draft.tree)
+        rows = score(target, context[-1], draft, tree)
+        path, bonus = verify(rule, sampler, context, draft, tree, rows)
+        branch = roll_back(target, tree, path, len(context))
+        t_done = time.perf_counter()
+        if drafter is not None:
+            drafter.accept(Outcome(draft, len(path), bonus, t_verify - t_draft, t_done - t_verify))
+        yield Step(index, draft.source if draft.tokens else None, len(draft.tokens), len(path),
+                   t_verify - t_draft, t_done - t_verify, tree.n_branches, branch)
+        emitted = [*(draft.tokens[j] for j in path), bonus]
+        if (yield from emit(target, settings, context, emitted, len(path), index)):
+            yield Done("stop", time.perf_counter() - t_start)
+            return
+        n_generated += len(emitted)
+
+
+def prefill(target: Cache, drafter: Drafter | None, context: list[int]) -> int:
+    """Put the prompt in the caches: the target's gets all of it but the last token, which
+    the first step scores. Returns how many of its tokens the target cache already held."""
+    n_cached = target.keep_prefix(context, len(context) - 1)
+    target.extend(context[n_cached:-1])
+    target.checkpoint()  # a recurrent state: the next run's prompt may share this one, not the output
+    if drafter is not None:
+        drafter.prefill(context)
+    return n_cached
+
+
+def room(target: Cache, settings: SpecSettings, n_context: int, n_generated: int) -> int:
+    """Tokens the run may still emit: what the context and the -n cap leave."""
+    left = target.model.n_ctx - n_context
+    if settings.n_predict >= 0:
+        left = min(left, settings.n_predict - n_generated)
+    return left
+
+
+def propose(drafter: Drafter | None, context: list[int], k: int, settings: SpecSettings) -> Draft:
+    """Up to k drafted tokens (and at most the drafters' limits, --draft-max for most): none
+    without a drafter, or when fewer than --draft-min would come."""
+    k = min(k, settings.step_max)
+    if drafter is None or k < max(1, settings.draft_min):
+        return Draft([], "none")
+    draft = drafter.propose(context, k)
+    return draft.head(k if len(draft.tokens) >= settings.draft_min else 0)
+
+
+def score(target: Cache, last: int, draft: Draft, tree: Tree) -> list[np.ndarray]:
+    """The target's logits after the last token and after each drafted token, in one batch;
+    each branch is a cache sequence of its own, so a token sees only its ancestors."""
+    for b in range(1, tree.n_branches):  # every branch sees the cache so far
+        target.fork(0, b)
+    if draft.tokens:  # a recurrent state may need a copy to come back to (cache.py)
+        target.checkpoint(len(draft.tokens))
+    return target.decode_tree([last, *draft.tokens], [tuple(range(tree.n_branches)), *tree.seqs])
+
+
+def verify(rule: str, sampler: Sampler, context: list[int], draft: Draft, tree: Tree,
+           rows: list[np.ndarray]) -> tuple[list[int], int]:
+    """The accepted path (drafted nodes, root to leaf) and the target's own token after it."""
+    history = _history(sampler, context, draft.tokens, tree)  # what row i follows, for penalties
+    if rule == "rejection":
+        return rejection_sample_tree(draft.tokens, tree, draft.q,
+                                     lambda i: sampler.distribution(rows[i], history(i)), sampler.rng)
+    return match_tree(draft.tokens, tree, lambda i: sampler.sample(rows[i], history(i)))
+
+
+def roll_back(target: Cache, tree: Tree, path: list[int], n_context: int) -> int:
+    """The target cache keeps the context and the accepted path; the branch it ran along."""
+    branch = tree.branch[path[-1]] if path else 0
+    target.keep_branch(branch, n_context + len(path))
+    return branch
+
+
+def emit(target: Cache, settings: SpecSettings, context: list[int], tokens: list[int], n_accepted: int,
+         step: int) -> Iterator[Token]:
+    """The step's tokens as events, each added to the context; True when one ends generation."""
+    for i, token in enumerate(tokens):
+        if target.model.is_eog(token) and not settings.ignore_eos:
+            return True
+        context.append(token)
+        yield Token(token, from_draft=i < n_accepted, step=step)
+    return False
+
+
+def _history(sampler: Sampler, tokens: list[int], drafted: list[int], tree: Tree) -> Callable[[int], list[int]]:
+    """The tokens each row of a verified batch follows, for penalties (else nothing):
+    row 0 the context, row i + 1 the context and the path to drafted node i."""
+    if not sampler.settings.penalties:
+        return lambda i: []
+    n = sampler.settings.repeat_last_n
+    recent = tokens[-n:] if n > 0 else tokens
+    return lambda i: [*recent, *(drafted[j] for j in tree.path(i - 1))]

@@ -1,0 +1,293 @@
+"""What a run is asked to do, and the checks on it: how tokens are sampled
+(SamplerSettings, the sampling flags), how speculation drafts and verifies
+(SpecSettings, the speculation flags), which acceptance rule follows from both, and
+which model files load and how (ModelSpec, the model flags).
+The command line, batch request lines and HTTP requests all build these; the loop
+and the drafters only read them."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from speculative.errors import GenerationError, UsageError
+
+DEFAULT_SEQUENCE = "edskypmxt"
+ACTIVE_SAMPLERS = {"e": "penalties", "k": "top-k", "y": "typical", "p": "top-p", "m": "min-p",
+                   "t": "temperature", "i": "infill"}
+NEUTRAL_SAMPLERS = {"d": "dry", "s": "top-n-sigma", "x": "xtc"}
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    temp: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    typical_p: float = 1.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64     # -1: the whole context; 0: no penalties
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    sequence: str = DEFAULT_SEQUENCE
+    seed: int = -1  # -1: a random seed, reported so the run can be repeated
+
+    @property
+    def greedy(self) -> bool:
+        return self.temp <= 0.0
+
+    @property
+    def penalties(self) -> bool:
+        """Whether the penalties sampler changes anything (then tokens need their history)."""
+        return ("e" in self.sequence and self.repeat_last_n != 0 and
+                (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0))
+
+    def validate(self) -> None:
+        for letter in self.sequence:
+            if letter not in ACTIVE_SAMPLERS and letter not in NEUTRAL_SAMPLERS:
+                known = "".join([*NEUTRAL_SAMPLERS, *ACTIVE_SAMPLERS])
+                raise UsageError(
+                    f"--sampling-seq: unknown sampler letter {letter!r} (known letters: {known})"
+                )
+        if not self.temp >= 0.0:
+            raise UsageError(f"--temp must be >= 0 (0: greedy), got {self.temp}")
+        if self.top_k < 0:
+            raise UsageError(f"--top-k must be >= 0 (0: off), got {self.top_k}")
+        if not 0.0 <= self.top_p <= 1.0:
+            raise UsageError(f"--top-p must be in [0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise UsageError(f"--min-p must be in [0, 1], got {self.min_p}")
+        if not 0.0 < self.typical_p <= 1.0:
+            raise UsageError(f"--typical must be in (0, 1], got {self.typical_p}")
+        if not self.repeat_penalty > 0.0:
+            raise UsageError(f"--repeat-penalty must be > 0 (1.0: off), got {self.repeat_penalty}")
+        if self.repeat_last_n < -1:
+            raise UsageError(f"--repeat-last-n must be -1 (the whole context) or >= 0, got {self.repeat_last_n}")
+        for flag, v in (("--presence-penalty", self.presence_penalty), ("--frequency-penalty", self.frequency_penalty)):
+            if not math.isfinite(v):
+                raise UsageError(f"{flag} must be a number, got {v}")
+        if self.seed < -1 or self.seed >= 2**32:
+            raise UsageError(f"--seed must be -1 (random) or in [0, 2^32), got {self.seed}")
+
+    def resolved_seed(self) -> int:
+        """The seed actually used: the given one, or a fresh random one for -1."""
+        if self.seed >= 0:
+            return self.seed
+        return int.from_bytes(os.urandom(4), "little")
+
+
+SPEC_TYPES = ("none", "draft", "draft-mtp", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod",
+              "ngram-cache", "ngram-pool", "auto")
+# llama.cpp's own n-gram drafters, ported as they are (drafters/ngram_mod.py, ngram_map.py,
+# ngram_cache.py): each drafts up to its own maximum, which --draft-max caps only when given.
+LLAMA_NGRAM_TYPES = ("ngram-map-k4v", "ngram-mod", "ngram-cache")
+NGRAM_CACHE_DRAFT = 8  # llama.cpp's ngram-cache type drafts 8 tokens (common/speculative.cpp)
+# llama.cpp's drafter types this build cannot drive, and why (README, the --spec-type table).
+UNAVAILABLE_TYPES = {
+    t: "llama-cpp-python 0.3.36 does not bind the C++ functions llama.cpp drives it with"
+    for t in ("draft-eagle3", "draft-dflash")
+}
+SPEC_ACCEPT = ("rejection", "match")  # speculative sampling, or the target samples and drafts must match
+DRAFT_MAX_FIXED = 3    # llama.cpp's default --draft-max
+DRAFT_MAX_AUTO = 16    # auto's cap: it picks k <= this each step
+# n-gram length: llama.cpp's default when every match is drafted blindly; auto weighs
+# each proposal by how long its context matches, and re-finds a copied passage
+# sooner after an edit with short n-grams.
+NGRAM_N_FIXED = 12
+NGRAM_N_AUTO = 3
+MAX_BRANCHES = 16  # -np: more branches than this make verify batches that never pay
+POOL_TOKENS = 200_000  # --spec-pool-tokens: most tokens the pool keeps (about 1 MB on disk)
+FLASH_ATTN_MODES = ("auto", "on", "off")  # -fa
+
+
+@dataclass(frozen=True)
+class NgramSettings:
+    n: int | None = None   # length of the n-gram looked up; None: NGRAM_N_FIXED or NGRAM_N_AUTO
+    m: int = 48            # most tokens proposed after a match
+    min_hits: int = 1      # earlier occurrences needed before proposing
+
+    def size(self, auto: bool) -> int:
+        return self.n if self.n is not None else NGRAM_N_AUTO if auto else NGRAM_N_FIXED
+
+    def validate(self, flag: str) -> None:
+        if not 1 <= self.size(False) <= 1024 or not 1 <= self.m <= 1024:
+            raise UsageError(f"{flag}: n-gram sizes must be in [1, 1024], got n={self.n} m={self.m}")
+        if self.min_hits < 1:
+            raise UsageError(f"{flag}: min-hits must be >= 1, got {self.min_hits}")
+
+
+@dataclass(frozen=True)
+class NgramModSettings:
+    """ngram-mod (llama.cpp's common_ngram_mod): a draft continues while the hash table knows
+    what follows the last n_match tokens, up to n_max tokens, and is dropped when shorter than
+    n_min. llama.cpp's defaults, which are also what its --spec-default sets."""
+    n_match: int = 24
+    n_min: int = 48
+    n_max: int = 64
+
+    def validate(self) -> None:
+        """llama.cpp's range checks (common/arg.cpp)."""
+        for flag, value, least in (("--spec-ngram-mod-n-match", self.n_match, 1),
+                                   ("--spec-ngram-mod-n-min", self.n_min, 0),
+                                   ("--spec-ngram-mod-n-max", self.n_max, 0)):
+            if not least <= value <= 1024:
+                raise UsageError(f"{flag} must be between {least} and 1024 inclusive, got {value}")
+
+
+@dataclass(frozen=True)
+class LookupCacheSettings:
+    """ngram-cache's files, as llama.cpp's -lcs and -lcd: a static cache only read (written by
+    llama-lookup-create), a dynamic one read at start and replaced by what it learned."""
+    static: Path | None = None
+    dynamic: Path | None = None
+
+
+@dataclass(frozen=True)
+class SpecSettings:
+    types: tuple[str, ...] = ("auto",)  # --spec-type: drafters, tried in order, or auto over them
+    draft_max: int = DRAFT_MAX_FIXED    # most tokens drafted per step
+    draft_min: int = 0      # drafts shorter than this are not verified
+    draft_p_min: float = 0.0  # the draft stops when its top candidate is less likely than this
+    n_predict: int = -1     # hard cap on generated tokens; -1: until EOS or context full
+    ignore_eos: bool = False
+    accept: str = "rejection"  # --spec-accept: how sampled drafts are verified (SPEC_ACCEPT)
+    branches: int = 1       # -np: the draft model's most branches per step (1: a chain)
+    p_split: float = 0.1    # --draft-p-split: a candidate this likely to the draft starts a branch
+    ngram_simple: NgramSettings = NgramSettings()
+    ngram_map_k: NgramSettings = NgramSettings()
+    ngram_map_k4v: NgramSettings = NgramSettings()
+    ngram_mod: NgramModSettings = NgramModSettings()
+    lookup_cache: LookupCacheSettings = LookupCacheSettings()
+    draft_max_given: bool = False  # --draft-max was given: it caps llama.cpp's n-gram types
+                                   # (LLAMA_NGRAM_TYPES) too, which otherwise draft up to their own maximum
+
+    @property
+    def drafters(self) -> tuple[str, ...]:
+        """The drafter types named, without 'auto' and 'none'."""
+        return tuple(t for t in self.types if t not in ("auto", "none"))
+
+    @property
+    def auto(self) -> bool:
+        return "auto" in self.types
+
+    @property
+    def mtp(self) -> str | None:
+        """Whether the target's NextN (MTP) layers may draft: "named" (--spec-type draft-mtp),
+        "auto" (auto's default choices, which take them where the target has them), or None."""
+        if "draft-mtp" in self.drafters:
+            return "named"
+        return "auto" if self.auto and not self.drafters else None
+
+    def draft_limit(self, name: str) -> int:
+        """The most tokens drafter `name` drafts in a step. llama.cpp bounds its own n-gram
+        types by their own settings, not by the draft model's --spec-draft-n-max (our
+        --draft-max): ngram-mod by its n_max, ngram-map-k4v by its m, ngram-cache by 8. An
+        explicit --draft-max caps them too (and is ngram-cache's length, as llama-lookup's
+        --draft-max is); every other drafter drafts up to --draft-max."""
+        if name not in LLAMA_NGRAM_TYPES:
+            return self.draft_max
+        own = {"ngram-mod": self.ngram_mod.n_max, "ngram-map-k4v": self.ngram_map_k4v.m}.get(name)
+        if self.draft_max_given:
+            return self.draft_max if own is None else min(own, self.draft_max)
+        return NGRAM_CACHE_DRAFT if own is None else own
+
+    @property
+    def step_max(self) -> int:
+        """The most drafted tokens one step may verify: the largest of the drafters' limits."""
+        return max((self.draft_limit(t) for t in self.drafters), default=self.draft_max)
+
+    @property
+    def longest_draft(self) -> int:
+        """The most drafted tokens one step may verify (and roll back)."""
+        return 0 if self.types == ("none",) else self.step_max
+
+    def validate(self) -> None:
+        for t in self.types:
+            if t in UNAVAILABLE_TYPES:
+                raise UsageError(f"--spec-type {t} is not available: {UNAVAILABLE_TYPES[t]}")
+        unknown = [t for t in self.types if t not in SPEC_TYPES]
+        if unknown or not self.types:
+            raise UsageError(f"--spec-type: unknown type {', '.join(unknown) or '(empty)'} "
+                             f"(known: {', '.join(SPEC_TYPES)})")
+        if "none" in self.types and len(self.types) > 1:
+            raise UsageError("--spec-type none cannot be combined with other types")
+        if len(set(self.types)) != len(self.types):
+            raise UsageError(f"--spec-type names a type twice: {','.join(self.types)}")
+        if self.accept not in SPEC_ACCEPT:
+            raise UsageError(f"--spec-accept: expected one of {', '.join(SPEC_ACCEPT)}, got {self.accept!r}")
+        if self.draft_max < 1 and self.types != ("none",):
+            raise UsageError(f"--draft-max must be >= 1, got {self.draft_max} (--spec-type none: no drafting)")
+        if self.draft_min < 0:
+            raise UsageError(f"--draft-min must be >= 0, got {self.draft_min}")
+        if self.draft_min > self.step_max:
+            raise UsageError(f"--draft-min ({self.draft_min}) is larger than --draft-max ({self.step_max})")
+        if not 0.0 <= self.draft_p_min <= 1.0:
+            raise UsageError(f"--draft-p-min must be in [0, 1], got {self.draft_p_min}")
+        if not 1 <= self.branches <= MAX_BRANCHES:
+            raise UsageError(f"draft branches (-np, --draft-branches) must be in [1, {MAX_BRANCHES}], "
+                             f"got {self.branches}")
+        if not 0.0 <= self.p_split <= 1.0:
+            raise UsageError(f"--draft-p-split must be in [0, 1], got {self.p_split}")
+        if self.branches > 1 and ("draft" not in self.drafters or self.auto or self.mtp):
+            raise UsageError(f"{self.branches} draft branches: draft trees come from a draft model; "
+                             "use --spec-type draft (auto and draft-mtp draft chains only)")
+        if self.n_predict < -1:
+            raise UsageError(f"-n/--n-predict must be -1 (no limit) or >= 0, got {self.n_predict}")
+        self.ngram_simple.validate("--spec-ngram-simple-*")
+        self.ngram_map_k.validate("--spec-ngram-map-k-*")
+        self.ngram_map_k4v.validate("--spec-ngram-map-k4v-*")
+        self.ngram_mod.validate()
+        llama_types = [t for t in self.drafters if t in LLAMA_NGRAM_TYPES]
+        if self.auto and llama_types:
+            raise UsageError(f"--spec-type auto chooses among ngram-simple, draft and draft-mtp, not "
+                             f"{llama_types[0]}: name the types to try in order instead of auto")
+        cache = self.lookup_cache
+        if (cache.static or cache.dynamic) and "ngram-cache" not in self.drafters:
+            flag = "-lcs/--lookup-cache-static" if cache.static else "-lcd/--lookup-cache-dynamic"
+            raise UsageError(f"{flag} is for --spec-type ngram-cache, which this run does not use")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model file and how it loads: the model flags (-m/-md, -c, -ngl, -t, -fa, --lora, -dev)."""
+    path: Path
+    name: str
+    n_ctx: int = 4096
+    n_batch: int = 2048
+    n_gpu_layers: int = -1
+    n_threads: int | None = None
+    flash_attn: str = "auto"
+    n_seq: int = 1  # KV-cache sequences: -np, the most draft-tree branches
+    n_rs_seq: int = 0  # a recurrent state's snapshots: the longest draft it can undo directly (cache.py)
+    loras: tuple[tuple[Path, float], ...] = ()  # LoRA adapters and their scales
+    mtp: bool = False  # load its NextN (MTP) layers, where it has them, to draft with (draft-mtp)
+    mtp_sidecar: Path | None = None  # an MTP head file (-md) that drafts for it instead (draft-mtp)
+    devices: tuple[str, ...] | None = None  # devices for its offloaded layers (None: llama.cpp's choice)
+
+    def lora_info(self) -> list[dict]:
+        """The adapters, for JSON output."""
+        return [{"path": str(path), "scale": scale} for path, scale in self.loras]
+
+
+def acceptance(sampling: SamplerSettings, spec: SpecSettings) -> str:
+    """How drafted tokens are verified, decided once for the engine, the drafter and the loop:
+    "greedy" (the target's argmax must match), "match" (the target samples and a drafted token
+    is kept when it is the one drawn), or "rejection" (speculative sampling: the draft model
+    samples too, and a token is kept with probability min(1, p/q))."""
+    if sampling.greedy:
+        return "greedy"
+    return spec.accept
+
+
+def check_prompt(prompt: Sequence[int], n_ctx: int, n_predict: int) -> None:
+    """A prompt must leave room in the context for at least one generated token."""
+    if not prompt:
+        raise GenerationError("the prompt is empty (no tokens)")
+    if len(prompt) >= n_ctx:
+        raise GenerationError(
+            f"the prompt has {len(prompt)} tokens but the context holds {n_ctx}, "
+            f"leaving no room to generate; raise -c/--ctx-size (to at least {len(prompt) + max(n_predict, 1)})"
+        )

@@ -1,0 +1,315 @@
+"""`--spec-type auto`: choose each step's drafter and draft length k to maximise
+expected tokens per second, k = 0 (no speculation) included.
+
+For a drafter with per-position acceptance estimates a_1, a_2, ... (a_i: the
+chance drafted token i is accepted given the ones before it were), drafting k
+tokens is expected to yield
+
+    E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_k        tokens (the bonus included)
+    T(k) = k * c_draft + v(k + 1)                       seconds
+
+where v(b) is the target's cost of verifying a batch of b tokens and c_draft the
+drafter's cost per drafted token. Each step runs the (drafter, k) with the
+largest E(k) / T(k); k = 0 is plain decoding at 1 / v(1). A target whose recurrent
+state cannot undo k drafted tokens (cache.py) adds to T(k) what it pays for them:
+a checkpoint, and when more tokens than it can undo are rejected, a restore and
+the accepted ones decoded again (Rewind).
+
+Where the numbers come from:
+  v(b)     a calibration of this model on this machine (speculative/engine/calibrate.py),
+           scaled by how fast the machine runs right now: plain steps' verify times
+           update one running factor (a laptop that throttles, a noisy VM), and each
+           draft's corrects its own batch size (Auto.verify).
+  c_draft  the draft model's calibrated cost per token, then its measured one;
+           n-gram lookups are timed too (microseconds).
+  a_i      running counts that favour the last few dozen tokens. Free drafters
+           (n-gram) propose every step and each proposal is scored token by token
+           against what the target really produced, verified or not, so their
+           estimates follow the text (copying a file: high; free prose: low)
+           even while auto declines them. A draft model is only scored when it
+           drafts, and the tokens it has to catch up on first are costed; one
+           that could not beat plain decoding even at MODEL_ACCEPTANCE_CEILING
+           acceptance on this hardware is never tried, and one that is merely
+           unpromising is tried again once its estimates fade to the prior.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import numpy as np
+
+from speculative.decoding.drafter import Draft, Drafter, Outcome
+
+# Beliefs before any evidence, worth PRIOR_WEIGHT observations: the first drafted
+# token's acceptance, for a draft model and for each kind of n-gram proposal (the
+# longer the matched context, the likelier; see drafters/ngram.py, match_class) ...
+MODEL_PRIOR = 0.7
+FREE_PRIOR = {0: 0.4, 1: 0.7, 2: 0.9, 3: 0.6, 4: 0.8}  # 4: earlier outputs agree (pool.AGREED)
+CONTINUE_PRIOR = 0.85   # ... and of each later token, given the ones before it
+PRIOR_WEIGHT = 3.0
+DECAY = 0.9                # per step: evidence older than a few dozen tokens fades
+COST_EMA = 0.1             # weight of a new timing in the running costs
+SHAPE_EMA = 0.3            # ... and in a batch size's own correction (rarer: learnt faster)
+MODEL_ACCEPTANCE_CEILING = 0.95
+CAUTION = 0.5  # free drafters bet on their first-token estimate less this many standard deviations
+STALE_BELOW = 0.5  # verifies this much faster than calibrated, over STALE_AFTER steps: the
+STALE_AFTER = 16   # calibration was measured while the machine was busy (Auto.calibration_stale)
+SLOTS = (0, 1, 4)  # the first draft position of each pooled acceptance estimate (Acceptance):
+                   # a short match often yields a few tokens of a common phrase and stops, a
+                   # copied passage goes on for dozens, so tokens 2-4 and 5 on are told apart
+MARGIN = 0.03  # a draft must be expected to beat plain decoding by this much: estimates
+               # and timings are noisy, and a marginal bet loses as often as it wins
+
+
+class Acceptance:
+    """Running acceptance estimates of one kind of proposal from one drafter.
+
+    One number per slot of draft positions (SLOTS): the chance the first drafted token
+    is accepted, and the chance each later one is, given the ones before it were. Drafts
+    that start right tend to go on right (a copied passage continues), and pooling the
+    later positions into a few slots lets them learn from a few drafts instead of the
+    hundreds one estimate per position would need.
+    """
+
+    def __init__(self, k_max: int, first_prior: float, continue_prior: float = CONTINUE_PRIOR):
+        self.k_max = k_max
+        self.prior = np.array([first_prior, *[continue_prior] * (len(SLOTS) - 1)])
+        self.accepted = np.zeros(len(SLOTS))
+        self.trials = np.zeros(len(SLOTS))
+        self.slot_of = np.searchsorted(SLOTS, np.arange(k_max), side="right") - 1  # position -> slot
+
+    def age(self) -> None:
+        self.accepted *= DECAY
+        self.trials *= DECAY
+
+    def observe(self, position: int, accepted: bool) -> None:
+        """Drafted token `position` (0-based), all before it accepted, was or was not."""
+        i = self.slot_of[min(position, self.k_max - 1)]
+        self.trials[i] += 1
+        self.accepted[i] += accepted
+
+    def observe_draft(self, n_drafted: int, n_accepted: int) -> None:
+        for i in range(min(n_drafted, n_accepted + 1)):
+            self.observe(i, i < n_accepted)
+
+    def rates(self, cautious: bool = False) -> np.ndarray:
+        """Per-position acceptance; `cautious`: the first token's taken CAUTION standard
+        deviations low, so a bet needs evidence, not a prior alone or one lucky match (for
+        free drafters, whose every proposal is scored without drafting it: their evidence
+        costs nothing, and there is soon plenty where they are right)."""
+        rates = (self.prior * PRIOR_WEIGHT + self.accepted) / (PRIOR_WEIGHT + self.trials)
+        if cautious:
+            rates[0] -= CAUTION * np.sqrt(rates[0] * (1.0 - rates[0]) / (PRIOR_WEIGHT + self.trials[0]))
+            rates[0] = max(rates[0], 0.0)
+        return rates[self.slot_of]
+
+
+def expected_tokens(rates: np.ndarray) -> np.ndarray:
+    """E(k) for k = 0..len(rates)."""
+    return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(rates))])
+
+
+@dataclass(frozen=True)
+class Rewind:
+    """What drafts cost a target that can undo at most `limit` tokens (a recurrent state
+    with that many snapshots): a checkpoint before verifying more (`save` seconds), and
+    when more than `limit` are rejected, a restore and the accepted ones decoded again."""
+    limit: int
+    save: float
+    restore: float
+
+    def costs(self, rates: np.ndarray, verify: np.ndarray, k_max: int) -> np.ndarray:
+        """The expected extra seconds of a step drafting k = 1..k_max tokens."""
+        accepted = np.concatenate([[1.0], np.cumprod(rates[:k_max])])  # the first a accepted, a = 0..k_max
+        extra = np.zeros(k_max)
+        for k in range(self.limit + 1, k_max + 1):
+            a = np.arange(k)  # exactly a accepted: a restore, then [last, d1..da] again
+            exactly = accepted[:k] - accepted[1 : k + 1]
+            extra[k - 1] = self.save + exactly[k - a > self.limit] @ (self.restore + verify[a[k - a > self.limit] + 1])
+        return extra
+
+
+def best_plan(rates: np.ndarray, verify: np.ndarray, draft_cost: float, k_max: int,
+              fixed_cost: float = 0.0, rewind: Rewind | None = None) -> tuple[int, float]:
+    """(k, tokens per second) maximising E(k) / T(k) over k = 1..k_max; verify[b] is v(b)."""
+    k_max = min(k_max, len(rates), len(verify) - 2)
+    if k_max < 1:
+        return 0, 0.0
+    ks = np.arange(1, k_max + 1)
+    cost = fixed_cost + ks * draft_cost + verify[2 : k_max + 2]
+    if rewind is not None:
+        cost = cost + rewind.costs(rates, verify, k_max)
+    speed = expected_tokens(rates[:k_max])[1:] / cost
+    i = int(np.argmax(speed))
+    return int(ks[i]), float(speed[i])
+
+
+class Auto(Drafter):
+    """Chooses among `drafters` and the draft length, step by step."""
+
+    name = "auto"
+
+    def __init__(self, drafters: list[Drafter], verify_costs: Sequence[float], k_max: int,
+                 draft_costs: dict[str, float] | None = None, catchup_costs: dict[str, float] | None = None,
+                 rewind: Rewind | None = None):
+        self.drafters = drafters
+        self.rewind = rewind  # what drafting costs a target that cannot undo every draft
+        self.k_max = k_max
+        self.calibrated = np.array([np.inf, *verify_costs], dtype=float)  # v(b) at index b
+        self.speed_factor = 1.0   # how much slower than at calibration the machine runs now ...
+        self.n_timed = 0          # (from this many plain decoding steps)
+        self.shape = np.ones(len(self.calibrated))  # ... and each batch size b > 1 on top of that
+        self._shaped = np.arange(len(self.calibrated)) == 1  # sizes timed so far (1: speed_factor's)
+        self.draft_cost = {d.name: (draft_costs or {}).get(d.name, 0.0) for d in drafters}
+        # per token a draft model must catch up on before drafting (what it did not see)
+        self.catchup_cost = {d.name: (catchup_costs or {}).get(d.name, 0.0) for d in drafters}
+        self.acceptance: dict[tuple[str, int], Acceptance] = {}  # (drafter, draft kind) -> estimates
+        self.declined: dict[str, str] = {}          # drafter -> why auto never tried it
+        self.best_ratio: dict[str, float] = {}      # model drafter -> its best plan's speed / plain decoding's
+        self.chosen: set[str] = set()               # drafters that drafted at least once
+        self._pending: list[list] = []              # [estimates, where, proposal, scored]
+        self._proposals: dict[str, Draft] = {}      # this step's free proposals
+        self._catchup = 0.0                         # this step's planned catch-up cost
+        self.t_plan = 0.0   # seconds auto itself spent planning and scoring (not in drafters' calls)
+        self._t_drafters = 0.0  # of a propose or accept call, the seconds spent inside the drafters
+
+    def estimates(self, d: Drafter | str, kind: int = 0) -> Acceptance:
+        name = d if isinstance(d, str) else d.name
+        if (name, kind) not in self.acceptance:
+            free = next(x.free for x in self.drafters if x.name == name)
+            prior = FREE_PRIOR.get(kind, 0.5) if free else MODEL_PRIOR
+            self.acceptance[(name, kind)] = Acceptance(self.k_max, prior)
+        return self.acceptance[(name, kind)]
+
+    @property
+    def verify(self) -> np.ndarray:
+        """v(b) as it is now: the calibration, scaled by the machine's speed, and by what drafts of
+        each size really cost (sizes not timed yet: as the nearest that were, so that one dear
+        draft makes its neighbours dear too, not one more bet each)."""
+        sizes = np.flatnonzero(self._shaped)
+        return self.calibrated * self.speed_factor * np.interp(np.arange(len(self.shape)), sizes, self.shape[sizes])
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        for d in self.drafters:
+            d.prefill(prompt)
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        t0, self._t_drafters = time.perf_counter(), 0.0
+        try:
+            return self._propose(context, k)
+        finally:
+            self.t_plan += time.perf_counter() - t0 - self._t_drafters
+
+    def _propose(self, context: Sequence[int], k: int) -> Draft:
+        self._score_pending(context)
+        k = min(k, self.k_max)
+        verify = self.verify
+        best: tuple[float, Drafter | None, int] = ((1.0 + MARGIN) / verify[1], None, 0)
+        self._proposals = {}
+        for d in self.drafters:
+            plan = self._plan_free if d.free else self._plan_model
+            plan_k, speed = plan(d, context, k, verify)
+            if plan_k and speed > best[0]:
+                best = (speed, d, plan_k)
+
+        _, chosen, plan_k = best
+        if chosen is None:
+            return self.nothing()
+        self.chosen.add(chosen.name)
+        if chosen.free:
+            draft = self._proposals[chosen.name]
+            return replace(draft.head(plan_k), source=chosen.name)
+        t0 = time.perf_counter()
+        draft = chosen.propose(context, plan_k)
+        self._t_drafters += time.perf_counter() - t0
+        return draft
+
+    def _plan_free(self, d: Drafter, context: Sequence[int], k: int, verify: np.ndarray) -> tuple[int, float]:
+        t0 = time.perf_counter()
+        draft = d.propose(context, k)
+        took = time.perf_counter() - t0
+        self._t_drafters += took
+        self.draft_cost[d.name] += COST_EMA * (took - self.draft_cost[d.name])
+        self._proposals[d.name] = draft
+        if draft.tokens:
+            self._pending.append([self.estimates(d, draft.kind), len(context), draft.tokens, 0])
+        return best_plan(self.estimates(d, draft.kind).rates(cautious=True), verify, self.draft_cost[d.name], len(draft.tokens),
+                         rewind=self.rewind)
+
+    def _plan_model(self, d: Drafter, context: Sequence[int], k: int, verify: np.ndarray) -> tuple[int, float]:
+        cost = self.draft_cost[d.name]
+        if not d.can_draft(context):
+            return 0, 0.0
+        if best_plan(np.full(k, MODEL_ACCEPTANCE_CEILING), verify, cost, k, rewind=self.rewind)[1] <= 1.0 / verify[1]:
+            self.declined[d.name] = (f"slower than the target alone on this hardware even at "
+                                     f"{MODEL_ACCEPTANCE_CEILING:.0%} acceptance")
+            return 0, 0.0
+        self.declined.pop(d.name, None)
+        # Unused, its estimates fade back to the prior, so it is tried again in time.
+        self._catchup = self.catchup_cost[d.name] * d.behind(context)
+        plan = best_plan(self.estimates(d).rates(), verify, cost, k, self._catchup, self.rewind)
+        self.best_ratio[d.name] = max(self.best_ratio.get(d.name, 0.0), plan[1] * verify[1])
+        return plan
+
+    def _score_pending(self, context: Sequence[int]) -> None:
+        """Score free proposals, token by token, against what really followed them."""
+        for estimate in self.acceptance.values():
+            estimate.age()
+        still = []
+        for entry in self._pending:
+            estimates, where, proposal, scored = entry
+            while scored < len(proposal) and where + scored < len(context):
+                ok = proposal[scored] == context[where + scored]
+                estimates.observe(scored, ok)
+                scored += 1
+                if not ok:
+                    scored = len(proposal)  # decided: drop it
+            entry[3] = scored
+            if scored < len(proposal):
+                still.append(entry)
+        self._pending = still[-self.k_max:]
+
+    def accept(self, outcome: Outcome) -> None:
+        t0 = time.perf_counter()
+        self._learn(outcome)
+        self.t_plan += time.perf_counter() - t0
+        for d in self.drafters:  # the drafters' own learning is drafting, not planning
+            d.accept(outcome)
+
+    def _learn(self, outcome: Outcome) -> None:
+        """Costs and the model drafters' acceptance, from what verification made of a draft."""
+        drafted, m, source = outcome.draft.tokens, outcome.n_accepted, outcome.draft.source
+        b = len(drafted) + 1
+        checkpointed = self.rewind is not None and len(drafted) > self.rewind.limit  # not a plain verify
+        if b == 1:  # plain decoding, most steps: how fast the machine runs now
+            self.speed_factor += COST_EMA * (outcome.t_verify / self.calibrated[1] - self.speed_factor)
+            self.n_timed += 1
+        elif b < len(self.calibrated) and not checkpointed:  # a draft: what its size really costs
+            ratio = outcome.t_verify / (self.calibrated[b] * self.speed_factor)
+            self.shape[b] += SHAPE_EMA * (ratio - self.shape[b])
+            self._shaped[b] = True
+        model = next((d for d in self.drafters if d.name == source and not d.free), None)
+        if drafted and model is not None:
+            self.estimates(model, outcome.draft.kind).observe_draft(len(drafted), m)
+            per_token = max(outcome.t_draft - self._catchup, 0.0) / len(drafted)
+            self.draft_cost[source] += COST_EMA * (per_token - self.draft_cost[source])
+
+    def calibration_stale(self) -> bool:
+        """Whether the target verified far faster than its calibration says, step after step.
+        A machine slower than at calibration (throttled, shared) is what speed_factor is for;
+        one much faster had a calibration measured while something else ran, which makes every
+        size look slow and distorts the ratios between sizes that choose draft lengths."""
+        return self.n_timed >= STALE_AFTER and self.speed_factor < STALE_BELOW
+
+    def summary(self) -> list[str]:
+        """Why auto never tried a drafter (a model's, not a free one), if it did not."""
+        never = [f"auto never chose {name}: at best it was expected at {ratio:.2f}x the target alone's speed"
+                 for name, ratio in self.best_ratio.items() if name not in self.chosen and name not in self.declined]
+        stale = [f"the target verified {1 / self.speed_factor:.1f}x faster than its calibration says "
+                 "(measured while the machine was busy?): it is measured again at the next run"
+                 ] if self.calibration_stale() else []
+        return [*(f"auto declined {name}: {why}" for name, why in self.declined.items()), *never, *stale,
+                *(note for d in self.drafters for note in d.summary())]

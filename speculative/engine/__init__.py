@@ -1,0 +1,11 @@
+"""Running prompts on loaded models: what every command builds on.
+
+  engine.py        Engine: load a target (and draft), turn prompts into tokens, run the loop
+  stream.py        the loop's events as text pieces and statistics
+  text.py          tokens to text, stop strings
+  chat.py          chat templates
+  prompt_cache.py  the --prompt-cache file
+  ram_cache.py     --cache-ram: conversations kept in host memory
+  calibrate.py     what a model's decode costs on this machine (auto's prices)
+  bench.py         speculate bench: configurations over a prompt set
+"""

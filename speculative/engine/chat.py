@@ -1,0 +1,170 @@
+"""Chat templates: the model's own Jinja template, rendered in a sandbox.
+
+A template read from a GGUF file is untrusted input (CVE-2024-34359 was code
+execution through exactly this). It is rendered in jinja2's
+ImmutableSandboxedEnvironment (no attribute escapes, no mutation of the values
+passed in; jinja2 >= 3.1.6, which closed the last known escape), and bounded:
+
+- in time: a trace hook stops any render still running after RENDER_SECONDS;
+- in size: `*`, `**` and `+` on strings, lists and numbers, and every integer
+  argument to a call or filter, are checked before Python computes them (a single
+  `'a' * 10**9` would otherwise allocate in one step, out of the hook's reach);
+  the output is collected piece by piece up to a limit;
+- in memory: the trace hook also stops a render that grows the process's peak
+  memory by more than MAX_GROWTH (a string doubled in a loop).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import resource
+import sys
+import time
+from datetime import datetime
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from speculative.errors import ModelError, SpeculateError
+
+MIN_JINJA2 = (3, 1, 6)
+RENDER_SECONDS = 2.0
+MAX_SIZE = 1 << 20       # characters/items any value may have, beyond the conversation's own size
+MAX_GROWTH = 256 << 20   # bytes of peak memory a render may add
+_RSS_UNIT = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB elsewhere
+
+
+class _Stop(Exception):
+    """A render broke a limit."""
+
+
+def check_jinja2_version() -> None:
+    version = tuple(int(p) for p in jinja2.__version__.split(".")[:3] if p.isdigit())
+    if version < MIN_JINJA2:  # an installation problem: exit 1
+        raise SpeculateError(
+            f"jinja2 {jinja2.__version__} is too old to render untrusted chat templates safely; "
+            f"install jinja2>={'.'.join(map(str, MIN_JINJA2))}"
+        )
+
+
+def _raise(message: str):
+    raise jinja2.TemplateError(message)
+
+
+def _check_args(values, limit: int) -> None:
+    for v in values:
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) > limit:
+            raise _Stop(f"an argument of {v} is larger than {limit}")
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    intercepted_binops = frozenset({"*", "**", "+"})
+
+    def __init__(self, limit: int, **kw):
+        super().__init__(**kw)
+        self.limit = limit
+        self.filters = {name: self._bounded(f) for name, f in self.filters.items()}
+
+    def _bounded(self, f):
+        @functools.wraps(f)  # keeps jinja's pass_context/pass_environment marks
+        def filter_(*args, **kwargs):
+            _check_args([*args, *kwargs.values()], self.limit)
+            return f(*args, **kwargs)
+        return filter_
+
+    def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
+        sized = (str, list, tuple)
+        if operator == "**" and all(isinstance(v, (int, float)) for v in (left, right)):
+            if abs(left) > 1 and right > 0 and right * math.log2(abs(left)) > 1024:
+                raise _Stop(f"{left} ** {right} is too large a number")
+        elif operator == "*":
+            seq, n = (left, right) if isinstance(left, sized) else (right, left)
+            if isinstance(seq, sized) and isinstance(n, int) and len(seq) * n > self.limit:
+                raise _Stop(f"a repetition would make {len(seq) * n} characters or items")
+        elif operator == "+" and isinstance(left, sized) and isinstance(right, sized):
+            if len(left) + len(right) > self.limit:
+                raise _Stop(f"a concatenation would make {len(left) + len(right)} characters or items")
+        return super().call_binop(context, operator, left, right)
+
+    def unsafe_undefined(self, obj: Any, attribute: str):
+        """An unsafe attribute is an error, not a silent Undefined: such a template is hostile."""
+        raise jinja2.exceptions.SecurityError(
+            f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe")
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's signature)
+        _check_args([*args, *kwargs.values()], __self.limit)
+        return super().call(__context, __obj, *args, **kwargs)
+
+
+class _Guard:
+    """A trace hook for the rendering thread: time and peak-memory limits."""
+
+    def __init__(self, seconds: float, growth: int):
+        self.deadline = time.monotonic() + seconds
+        self.seconds = seconds
+        self.max_rss = _peak_rss() + growth
+        self.growth = growth
+        self.events = 0
+
+    def __call__(self, frame, event, arg):
+        self.events += 1
+        if self.events & 63 == 0:
+            if time.monotonic() > self.deadline:
+                raise _Stop(f"rendering took longer than {self.seconds:g} s")
+            if _peak_rss() > self.max_rss:
+                raise _Stop(f"rendering used more than {self.growth >> 20} MiB of memory")
+        return self
+
+
+def _peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * _RSS_UNIT
+
+
+def render(template: str, messages: list[dict[str, str]], bos_token: str = "", eos_token: str = "",
+           seconds: float = RENDER_SECONDS) -> str:
+    """Render a conversation with the generation prompt for the assistant's turn."""
+    check_jinja2_version()
+    limit = MAX_SIZE + 4 * sum(len(str(m.get("content", ""))) for m in messages)
+    env = _Sandbox(limit, trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.globals.update(raise_exception=_raise, strftime_now=lambda fmt: datetime.now().strftime(fmt))
+    previous = sys.gettrace()
+    try:
+        compiled = env.from_string(template)
+        sys.settrace(_Guard(seconds, MAX_GROWTH))
+        parts, size = [], 0
+        for part in compiled.generate(
+                messages=messages, add_generation_prompt=True, bos_token=bos_token, eos_token=eos_token):
+            size += len(part)
+            if size > limit:
+                raise _Stop(f"the output exceeds {limit} characters")
+            parts.append(part)
+        return "".join(parts)
+    except _Stop as e:
+        raise ModelError(f"chat template stopped: {e}") from None
+    except jinja2.exceptions.SecurityError as e:
+        raise ModelError(f"chat template refused by the sandbox: {e}") from None
+    except (jinja2.TemplateError, ArithmeticError, TypeError, ValueError, LookupError, MemoryError,
+            RecursionError) as e:
+        raise ModelError(f"chat template failed: {type(e).__name__}: {e}") from None
+    finally:
+        sys.settrace(previous)
+
+
+def conversation(user: str, system: str | None) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": system}] if system else []
+    return messages + [{"role": "user", "content": user}]
+
+
+def prompt_or_messages(item) -> tuple[str | None, list | None]:
+    """A JSONL line's input: its string `prompt`, or else its chat `messages` (role and
+    content strings); ValueError when it has neither."""
+    if isinstance(item, dict) and isinstance(item.get("prompt"), str):
+        return item["prompt"], None
+    messages = item.get("messages") if isinstance(item, dict) else None
+    if isinstance(messages, list) and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages):
+        return None, messages
+    raise ValueError("needs a string `prompt` or a list of chat `messages`")

@@ -1,0 +1,349 @@
+"""The HTTP side of `speculate serve`: an OpenAI-compatible API and llama-server's own
+endpoints, on FastAPI, run by uvicorn.
+
+OpenAI's: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (with "stream":
+true, server-sent events: one chunk per step, then `data: [DONE]`). llama-server's
+(llama_api.py): POST /completion (and /completions), POST /infill, POST /tokenize,
+POST /detokenize, GET /props, GET /metrics (with --metrics), GET /health and /v1/health.
+
+What a request must get past, in order (`Guard`, then `read_json`): a Host header naming
+this machine when the server listens on loopback only (a web page that rebinds its own
+domain to 127.0.0.1 cannot use it); the API key, if one is set, on every path but
+/health; a JSON body (Content-Type application/json, which a web page cannot send
+cross-origin without a CORS preflight this server never grants) of at most MAX_BODY
+bytes. Errors are OpenAI error objects, and llama-server's on its own endpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import hmac
+import ipaddress
+import json
+import signal
+import socket
+import time
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from speculative.serving import llama_api, openai_api
+from speculative.serving.openai_api import ApiError, Busy, Generation, Reply
+from speculative.serving.worker import Failed, Job, Worker
+from speculative.engine.stream import Final, Piece
+
+MAX_BODY = 8 << 20        # bytes: a full 128k-token context as JSON-escaped text fits
+RETRY_AFTER_SECONDS = 1   # what a refused client is told to wait
+OPEN_PATHS = ("/health", "/v1/health")  # no API key needed, as in llama-server
+# llama-server's own endpoints: their errors are llama-server's error objects
+LLAMA_PATHS = ("/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/props", "/metrics",
+               *OPEN_PATHS)
+
+
+def create_app(worker: Worker, model: dict, api_key: str | None, loopback_only: bool,
+               metrics: bool = False, build_info: str = "") -> FastAPI:
+    """`model`: what /v1/models says about the one model served (`id` is its name; `path`,
+    `bos_token` and `eos_token` for /props). `metrics`: serve /metrics (llama-server's --metrics)."""
+    app = FastAPI(title="speculate", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(Guard, api_key=api_key, loopback_only=loopback_only)
+    vocab = worker.engine.target  # read-only: tokenizing beside a generation is safe (llama-server does it too)
+    listed = {k: v for k, v in model.items() if k in ("id", "created", "meta")}
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError) -> JSONResponse:
+        return error_response(e, request.url.path in LLAMA_PATHS)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException) -> JSONResponse:  # unknown path, wrong method
+        return error_response(ApiError(e.status_code, str(e.detail)), request.url.path in LLAMA_PATHS)
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, e: Exception) -> JSONResponse:
+        return error_response(ApiError(500, f"internal error: {type(e).__name__}"), request.url.path in LLAMA_PATHS)
+
+    @app.get("/health")
+    @app.get("/v1/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.post("/completion")
+    @app.post("/completions")
+    async def completion(request: Request):
+        return await _llama_generate(request, worker, model, llama_api.completion_prompt)
+
+    @app.post("/infill")
+    async def infill(request: Request):
+        return await _llama_generate(request, worker, model, llama_api.infill_prompt)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict:
+        return await asyncio.to_thread(llama_api.tokenize, vocab, await read_json(request))
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict:
+        return await asyncio.to_thread(llama_api.detokenize, vocab, await read_json(request))
+
+    @app.get("/props")
+    async def props() -> dict:
+        return llama_api.props(vocab, model, vocab.chat_template() or "", build_info, metrics)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        if not metrics:
+            raise ApiError(501, "This server does not support metrics endpoint. Start it with `--metrics`")
+        return Response(llama_api.prometheus(*worker.metrics()), media_type="text/plain; version=0.0.4",
+                        headers={"Process-Start-Time-Unix": str(int(worker.started_at))})
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"object": "model", "owned_by": "speculate", **listed}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _generate(request, worker, model["id"], chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _generate(request, worker, model["id"], chat=True)
+
+    return app
+
+
+def error_response(e: ApiError, llama: bool = False) -> JSONResponse:
+    """`llama`: as llama-server's own endpoints give errors, else as OpenAI's API."""
+    headers = {}
+    if isinstance(e, Busy):
+        headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    elif e.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(e.llama_body() if llama else e.body(), status_code=e.status, headers=headers)
+
+
+async def _generate(request: Request, worker: Worker, model: str, chat: bool):
+    generation = openai_api.parse(await read_json(request), chat)
+    reply = Reply(model, chat)
+    return await _answer(request, worker, generation, lambda final: reply.full(final.text, final.reason, final.stats),
+                         lambda job: _openai_events(job, reply))
+
+
+async def _llama_generate(request: Request, worker: Worker, model: dict, prompt_of):
+    """/completion or /infill: `prompt_of(vocab, body)` gives the prompt's tokens."""
+    vocab = worker.engine.target
+    data = await read_json(request)
+    tokens = await asyncio.to_thread(prompt_of, vocab, data)
+    generation, options = llama_api.parse(data, tokens, model["meta"]["spec_type"])
+    reply = llama_api.Reply(model["id"], options, tokens, lambda: llama_api.text_of(vocab, tokens), vocab.n_ctx)
+    return await _answer(request, worker, generation, reply.final, lambda job: _llama_events(job, reply))
+
+
+async def _answer(request: Request, worker: Worker, generation: Generation, whole, events):
+    """Run a generation: `whole(final)` is the answer, or with "stream": true `events(job)`
+    the server-sent events."""
+    job = worker.submit(generation)
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
+    stream = None  # once it exists, it owns the job
+    try:
+        try:  # waiting for the models, then the prompt's checks
+            first = await asyncio.wait_for(job.next(), timeout=max(job.deadline - time.monotonic(), 0))
+        except asyncio.TimeoutError:
+            raise Busy(f"the models were not free within --timeout ({worker.timeout:g} s)") from None
+        if isinstance(first, Failed):
+            raise _error(first)
+        if generation.stream:
+            stream = EventStream(job, events(job))
+            return stream
+        while not isinstance(output := await job.next(), Final):  # Final carries the whole text
+            if isinstance(output, Failed):
+                raise _error(output)
+        return JSONResponse(whole(output))
+    finally:
+        watcher.cancel()  # a streaming response watches for the client itself
+        if stream is None:
+            job.cancel()  # finished already, or its request failed or was abandoned
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events. However the response ends (the client may have gone before the
+    first byte), the generation stops with it."""
+
+    def __init__(self, job: Job, events):
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.job = job
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel()
+
+
+
+async def _openai_events(job: Job, reply: Reply):
+    """OpenAI's stream: a chunk per piece, the last with usage and timings, then [DONE]."""
+    if (first := reply.first_chunk()) is not None:
+        yield _event(first)
+    while True:
+        output = await job.next()
+        if isinstance(output, Piece):
+            yield _event(reply.chunk(output.text))
+        elif isinstance(output, Final):
+            yield _event(reply.last_chunk(output.reason, output.stats))
+            yield "data: [DONE]\n\n"
+            return
+        elif isinstance(output, Failed):  # the status line has gone: the error is an event
+            yield _event(_error(output).body())
+            return
+
+
+async def _llama_events(job: Job, reply: llama_api.Reply):
+    """llama-server's stream: a chunk per piece (per step here, per token there), then the
+    final result; no [DONE]."""
+    while True:
+        output = await job.next()
+        if isinstance(output, Piece):
+            yield _event(reply.chunk(output))
+        elif isinstance(output, Final):
+            yield _event(reply.final(output))
+            return
+        elif isinstance(output, Failed):
+            yield _event(_error(output).llama_body())
+            return
+
+
+def _event(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def _error(failed: Failed) -> ApiError:
+    """What the client is told: an ApiError as it is, anything else as a bare 500 (the log has the rest)."""
+    return failed.error if isinstance(failed.error, ApiError) else ApiError(500, "generation failed")
+
+
+async def _cancel_on_disconnect(request: Request, job: Job) -> None:
+    """Cancel the job when the client disconnects (while it waits, or before a whole answer)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    job.cancel()
+
+
+async def read_json(request: Request) -> object:
+    """The body as JSON: application/json, at most MAX_BODY bytes, no NaN or Infinity."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != "application/json":
+        raise ApiError(415, "the body must be JSON, sent as Content-Type: application/json")
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY:
+        raise ApiError(413, f"the body is larger than {MAX_BODY} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY:
+            raise ApiError(413, f"the body is larger than {MAX_BODY} bytes")
+    try:
+        return json.loads(body, parse_constant=_not_json)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise ApiError(400, f"invalid JSON: {e}") from None
+
+
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not JSON")
+
+
+class Guard:
+    """ASGI middleware: the Host check and the API key, before anything else runs."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, loopback_only: bool):
+        self.app = app
+        # Digests have one length, so comparing them reveals nothing about the key's.
+        self.key_digest = _digest(f"Bearer {api_key}") if api_key else None
+        self.loopback_only = loopback_only
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = Headers(scope=scope)
+            error = None
+            if self.loopback_only and not _is_local_host(headers.get("host")):
+                error = ApiError(400, "this server answers requests for localhost only (Host header)")
+            elif self.key_digest and scope["path"] not in OPEN_PATHS and not hmac.compare_digest(
+                    _digest(headers.get("authorization", "")), self.key_digest):
+                error = ApiError(401, "a valid API key is needed: Authorization: Bearer KEY")
+            if error is not None:
+                await error_response(error, scope["path"] in LLAMA_PATHS)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode()).digest()
+
+
+def _is_local_host(host: str | None) -> bool:
+    """Whether a Host header names this machine: localhost or a loopback address, any port."""
+    if host is None:  # HTTP/1.0 clients may omit it; browsers never do
+        return True
+    return is_loopback(host[1:].split("]")[0] if host.startswith("[") else host.rsplit(":", 1)[0])
+
+
+def is_loopback(host: str) -> bool:
+    """Whether an address to listen on (or a Host header) is this machine only."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name other than localhost: it could resolve anywhere
+        return False
+
+
+# -- running it -----------------------------------------------------------------
+
+GRACE_SECONDS = 10  # on Ctrl-C or SIGTERM, how long the running generation may go on
+LAST_STEP_SECONDS = 5  # then the time its last step and response may take before uvicorn cancels it
+
+
+def run(app: FastAPI, worker: Worker, sock: socket.socket) -> None:
+    """Serve `app` on `sock` until Ctrl-C or SIGTERM (see _Uvicorn)."""
+    config = uvicorn.Config(app, log_config=_log_config(), server_header=False, lifespan="off",
+                            timeout_graceful_shutdown=GRACE_SECONDS + LAST_STEP_SECONDS)
+    _Uvicorn(config, worker).run_quietly(sock)
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn, which owns SIGINT and SIGTERM while it runs; on the first, waiting requests
+    are refused at once and the running generation ends within the grace period."""
+
+    def __init__(self, config: uvicorn.Config, worker: Worker):
+        super().__init__(config)
+        self.worker = worker
+
+    def handle_exit(self, sig, frame) -> None:
+        if not self.should_exit:  # a signal handler may interrupt the loop holding the worker's lock
+            asyncio.get_running_loop().call_soon_threadsafe(self.worker.drain, GRACE_SECONDS)
+        super().handle_exit(sig, frame)
+
+    def run_quietly(self, sock: socket.socket) -> None:
+        """Run until a signal stops it. uvicorn raises that signal again once it has shut
+        down, for the handler it found: in speculate's, it would become a KeyboardInterrupt
+        inside the closing event loop. So the signals are ignored until uvicorn takes them,
+        and speculate's handlers come back afterwards."""
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in handled}
+        try:
+            self.run(sockets=[sock])
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+
+def _log_config() -> dict:
+    """uvicorn's logging, with the per-request lines of speculate.serve in the same format.
+    Neither logs headers, so the API key never reaches a log."""
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    config["loggers"]["speculate"] = {"handlers": ["default"], "level": "INFO", "propagate": False}
+    return config

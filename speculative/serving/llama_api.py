@@ -1,0 +1,519 @@
+"""llama-server's own endpoints of `speculate serve`, without HTTP: /completion, /infill,
+/tokenize, /detokenize, /props and /metrics, as the pinned llama.cpp's tools/server serves
+them (server-context.cpp, server-common.cpp, server-schema.cpp, server-task.cpp), for the
+editor plugins that speak them (llama.vim, llama.vscode).
+
+Requests are read as llama-server reads them: a null field is an absent one, a field of the
+wrong type is `400 Field 'name': ...`, numbers outside a soft range are clamped (top_p 1.5 is
+1) and outside a hard one refused. Fields that would change the answer in a way this server
+cannot honour (a grammar, logit biases, mirostat, DRY, XTC, ...) are refused unless they hold
+their neutral value; fields that change nothing here are accepted and ignored (IGNORED).
+Errors are llama-server's error objects: {"error": {"code", "message", "type"}}.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+from speculative.serving.openai_api import ApiError, Generation, timings
+from speculative.serving.worker import Metrics
+from speculative.decoding.settings import DEFAULT_SEQUENCE, SamplerSettings
+from speculative.engine.stream import Final, Piece
+
+INT32_MAX = 2**31 - 1
+UINT32_MAX = 2**32 - 1
+MAX_STOPS = 16
+CHUNK_SEPARATOR = "\n\n--- snippet ---\n\n"  # format_prompt_infill's, for models without FIM_SEP
+
+# llama-server's sampler names (common_sampler_types_from_names) and letters (..._from_chars),
+# as letters of --sampling-seq. d, s and x are accepted at their neutral settings only (see
+# _NEUTRAL), where they change nothing; adaptive_p draws differently and is refused.
+SAMPLER_LETTERS = {"dry": "d", "top_k": "k", "top_p": "p", "top_n_sigma": "s", "typ_p": "y", "min_p": "m",
+                   "temperature": "t", "xtc": "x", "infill": "i", "penalties": "e", "adaptive_p": "a"}
+_ALIASES = {"nucleus": "top_p", "temp": "temperature", "typ": "typ_p",
+            **{alias: name for name in SAMPLER_LETTERS if "_" in name
+               for alias in (name.replace("_", "-"), name.replace("_", ""))}}
+SAMPLER_NAMES = {letter: name for name, letter in SAMPLER_LETTERS.items()}
+
+# Fields llama-server reads that this server accepts and does not use, and why (README's list).
+IGNORED = {
+    "t_max_prompt_ms": "llama-server does not implement it either",
+    "id_slot": "one slot",
+    "n_cmpl": "one completion per request (llama-server's array of n answers: one answer)",
+    "n": "as n_cmpl",
+    "model": "one model",
+    "n_keep": "no context shift: a generation stops at a full context",
+    "n_discard": "no context shift",
+    "n_cache_reuse": "the cache keeps the longest shared prefix; no KV shifting",
+    "timings_per_token": "timings come with the final answer",
+    "return_progress": "no prompt progress events",
+    "sse_ping_interval": "no pings: every step sends its text",
+    "stream_options": "the final answer carries the timings",
+    "verbose": "no __verbose field",
+    "backend_sampling": "sampling runs in speculate",
+    "post_sampling_probs": "no probabilities (n_probs 0)",
+}
+
+# Fields that change the answer in a way this server cannot honour: accepted at the value that
+# changes nothing (llama-server's default), refused otherwise. json_schema has no such value:
+# llama-server turns any schema, {} included ("any object"), into a grammar.
+_NEUTRAL = {"n_probs": (0,), "logprobs": (0,), "min_keep": (0,), "dynatemp_range": (0,),
+            "top_n_sigma": (-1,), "xtc_probability": (0,), "dry_multiplier": (0,), "mirostat": (0,),
+            "logit_bias": ([], {}), "grammar": ("",), "json_schema": (), "lora": ([],),
+            "adaptive_target": (-1,), "echo": (False,)}
+
+
+class Vocab(Protocol):
+    """What these endpoints read of the target model (llamacpp.LlamaModel)."""
+    n_vocab: int
+    n_ctx: int
+    n_batch: int
+    add_bos: bool
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]: ...
+    def token_bytes(self, token: int, special: bool = True) -> bytes: ...
+    def fim_tokens(self) -> dict[str, int | None]: ...
+    def bos_token(self) -> int | None: ...
+
+
+# -- reading fields as llama-server does -------------------------------------------------
+
+
+def _present(data: dict, name: str) -> bool:
+    return data.get(name) is not None  # a null field is an absent one
+
+
+def _field_error(name: str, message: str) -> ApiError:
+    return ApiError(400, f"Field '{name}': {message}", param=name)
+
+
+def _number(data: dict, names: Sequence[str], default: float, lo: float, hi: float, hard: bool = False,
+            integer: bool = False) -> float:
+    """A number field (the first of `names` present): clamped into [lo, hi], or refused outside
+    it when `hard`; an integer field truncates a fraction, as nlohmann's get<int> does."""
+    for name in names:
+        if _present(data, name):
+            value = data[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise _field_error(name, f"type must be number, but is {type(value).__name__}")
+            if integer:
+                value = int(value)
+            if hard and not lo <= value <= hi:
+                raise _field_error(name, f"Value must be between {lo} <= value <= {hi}, but got {value}")
+            return min(max(value, lo), hi)
+    return default
+
+
+def _bool(data: dict, name: str, default: bool) -> bool:
+    if not _present(data, name):
+        return default
+    if not isinstance(data[name], bool):
+        raise _field_error(name, f"type must be boolean, but is {type(data[name]).__name__}")
+    return data[name]
+
+
+def _stops(data: dict) -> tuple[str, ...]:
+    if not _present(data, "stop"):
+        return ()
+    stop = data["stop"]
+    words = [stop] if isinstance(stop, str) else stop
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+        raise _field_error("stop", "a string or an array of strings")
+    if len(words) > MAX_STOPS:
+        raise _field_error("stop", f"at most {MAX_STOPS} stop strings")
+    return tuple(w for w in words if w)
+
+
+def _sequence(data: dict) -> str:
+    """`samplers` as letters of --sampling-seq: names (unknown ones skipped, as llama-server
+    does) or a string of letters."""
+    if not _present(data, "samplers"):
+        return DEFAULT_SEQUENCE
+    samplers = data["samplers"]
+    if isinstance(samplers, str):
+        letters = "".join(c for c in samplers if c in SAMPLER_NAMES)
+    elif isinstance(samplers, list) and all(isinstance(s, str) for s in samplers):
+        names = [_ALIASES.get(s.lower(), s.lower()) for s in samplers]
+        letters = "".join(SAMPLER_LETTERS[n] for n in names if n in SAMPLER_LETTERS)
+    else:
+        raise _field_error("samplers", "an array of sampler names or a string of sampler letters")
+    if "a" in letters:
+        raise ApiError(400, "samplers: adaptive_p is not supported by this server", param="samplers")
+    return letters
+
+
+def _refuse_unsupported(data: dict) -> None:
+    for name, neutral in _NEUTRAL.items():
+        value = data.get(name)
+        if value is not None and not any(value == v and isinstance(value, bool) == isinstance(v, bool)
+                                         for v in neutral):
+            only = f" (only {neutral[0]!r})" if neutral else ""
+            raise ApiError(400, f"{name}: not supported by this server{only}", param=name)
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a /completion or /infill request asks beyond the Generation, for its answer."""
+    stream: bool
+    return_tokens: bool
+    response_fields: tuple[str, ...]
+    settings: dict          # generation_settings, as llama-server reports them
+
+
+def parse(data: object, prompt: list[int], spec_types: str = "") -> tuple[Generation, Options]:
+    """The sampling and stopping fields of a /completion or /infill body, for `prompt` (tokens);
+    `spec_types`: what the server drafts with, for generation_settings."""
+    assert isinstance(data, dict)
+    _refuse_unsupported(data)
+    n_predict = int(_number(data, ("n_predict", "max_completion_tokens", "max_tokens"), -1, -1, INT32_MAX,
+                            hard=True, integer=True))
+    sequence = _sequence(data)
+    temp = _number(data, ("temperature",), 0.8, 0.0, math.inf)
+    seed = int(_number(data, ("seed",), -1, -1, UINT32_MAX, integer=True))
+    sampling = SamplerSettings(
+        # without a temperature sampler llama-server draws from the chain whatever the temperature
+        temp=temp if "t" in sequence or temp > 0 else 1.0,
+        top_k=int(_number(data, ("top_k",), 40, 0, INT32_MAX, integer=True)),
+        top_p=_number(data, ("top_p",), 0.95, 0.0, 1.0),
+        min_p=_number(data, ("min_p",), 0.05, 0.0, 1.0),
+        typical_p=_number(data, ("typical_p",), 1.0, 1e-9, 1.0),
+        repeat_last_n=int(_number(data, ("repeat_last_n",), 64, 0, INT32_MAX, hard=True, integer=True)),
+        repeat_penalty=_number(data, ("repeat_penalty",), 1.0, 1e-9, math.inf),
+        presence_penalty=_number(data, ("presence_penalty",), 0.0, -math.inf, math.inf),
+        frequency_penalty=_number(data, ("frequency_penalty",), 0.0, -math.inf, math.inf),
+        sequence=sequence, seed=seed if seed != UINT32_MAX else -1)
+    if not _present(data, "response_fields"):
+        fields = ()
+    elif isinstance(data["response_fields"], list) and all(isinstance(f, str) for f in data["response_fields"]):
+        fields = tuple(data["response_fields"])
+    else:
+        raise _field_error("response_fields", "an array of strings")
+    stream = _bool(data, "stream", False)
+    generation = Generation(
+        chat=False, prompt=None, messages=None, sampling=sampling,
+        # n_predict 0 (the editors' cache warm-up) generates one token: llama-server checks its budget after a token
+        max_tokens=None if n_predict < 0 else max(n_predict, 1),
+        stops=_stops(data), ignore_eos=_bool(data, "ignore_eos", False), stream=stream, tokens=tuple(prompt),
+        n_indent=int(_number(data, ("n_indent",), 0, 0, INT32_MAX, hard=True, integer=True)),
+        t_max_predict_ms=int(_number(data, ("t_max_predict_ms",), -1, -1, 2**63 - 1, hard=True, integer=True)),
+        cache_prompt=_bool(data, "cache_prompt", True))
+    for name in ("return_progress", "timings_per_token", "verbose"):
+        _bool(data, name, False)  # checked as llama-server does, then ignored
+    return generation, Options(stream, _bool(data, "return_tokens", False), fields,
+                               generation_settings(generation, n_predict, spec_types))
+
+
+def generation_settings(generation: Generation, n_predict: int, spec_types: str = "") -> dict:
+    """llama-server's `generation_settings` (task_params::to_json) for what this server runs."""
+    s = generation.sampling
+    return {
+        "seed": s.seed if s.seed >= 0 else UINT32_MAX, "temperature": s.temp, "dynatemp_range": 0.0,
+        "dynatemp_exponent": 1.0, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p, "top_n_sigma": -1.0,
+        "xtc_probability": 0.0, "xtc_threshold": 0.1, "typical_p": s.typical_p, "repeat_last_n": s.repeat_last_n,
+        "repeat_penalty": s.repeat_penalty, "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty, "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2,
+        "dry_penalty_last_n": -1, "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
+        "stop": list(generation.stops), "max_tokens": n_predict, "n_predict": n_predict, "n_keep": 0,
+        "n_discard": 0, "ignore_eos": generation.ignore_eos, "stream": generation.stream, "logit_bias": [],
+        "n_probs": 0, "min_keep": 0, "grammar": "", "samplers": [SAMPLER_NAMES[c] for c in s.sequence],
+        "speculative.types": spec_types, "timings_per_token": False, "post_sampling_probs": False, "lora": [],
+    }
+
+
+# -- prompts ------------------------------------------------------------------------------
+
+
+def _object(data: object) -> dict:
+    if not isinstance(data, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    return data
+
+
+def tokenize_mixed(vocab: Vocab, prompt: object, add_special: bool, parse_special: bool, field: str) -> list[int]:
+    """A string, or a list of strings and token ids (llama-server's tokenize_mixed: only a
+    leading string gets the special tokens, BOS)."""
+    if isinstance(prompt, str):
+        return vocab.tokenize(prompt, add_special, parse_special)
+    if not isinstance(prompt, list):
+        raise ApiError(400, f'"{field}" must be a string or an array of strings and token ids', param=field)
+    tokens: list[int] = []
+    for i, part in enumerate(prompt):
+        if isinstance(part, str):
+            tokens += vocab.tokenize(part, add_special and i == 0, parse_special)
+        elif isinstance(part, int) and not isinstance(part, bool):
+            tokens.append(part)
+        else:
+            raise ApiError(400, f'"{field}" must be a string or an array of strings and token ids', param=field)
+    return tokens
+
+
+def completion_prompt(vocab: Vocab, data: object) -> list[int]:
+    """/completion's `prompt`: a string, token ids, strings and token ids mixed, {"prompt_string":
+    ...}, or a list of one of these (llama-server runs a list of several as several tasks: one
+    prompt per request here)."""
+    data = _object(data)
+    if "prompt" not in data:
+        raise ApiError(400, '"prompt" is required', param="prompt")
+    prompt = data["prompt"]
+    if isinstance(prompt, list) and not any(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+        if len(prompt) != 1:  # several prompts, or none
+            raise ApiError(400, '"prompt" must not be empty' if not prompt else
+                           "one prompt per request: a string, token ids, or a list of one", param="prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, dict):
+        if "multimodal_data" in prompt:
+            raise ApiError(400, "Multimodal data provided, but model does not support multimodal requests.")
+        if "prompt_string" not in prompt:
+            raise ApiError(400, '"prompt" elements must be a string, a list of tokens, a JSON object containing a '
+                                'prompt string, or a list of mixed strings & tokens.', param="prompt")
+        prompt = prompt["prompt_string"]
+    return tokenize_mixed(vocab, prompt, True, True, "prompt")
+
+
+def infill_prompt(vocab: Vocab, data: object) -> list[int]:
+    """/infill's prompt (server-context.cpp's post_infill and server-common.cpp's
+    format_prompt_infill): 501 for a model without FIM_PRE, FIM_SUF and FIM_MID, then
+
+        [FIM_REP]myproject\\n[FIM_SEP]{filename}\\n{text}...[FIM_SEP]filename\\n  (input_extra, newest last)
+        [BOS][FIM_PRE]{input_prefix}{prompt}[FIM_SUF]{input_suffix}[FIM_MID]
+
+    the prefix's last 3/4 of a batch (-b), the suffix's first quarter less the prompt and 2,
+    and the extra context's last n_ctx - n_batch + 2 tokens (llama-server's -n being -1)."""
+    fim = vocab.fim_tokens()
+    missing = "".join(f"{what} token is missing. " for what, key in
+                      (("prefix", "pre"), ("suffix", "suf"), ("middle", "mid")) if fim[key] is None)
+    if missing:  # before the body is read, as llama-server does
+        raise ApiError(501, f"Infill is not supported by this model: {missing}")
+    data = _object(data)
+    if "prompt" in data and not isinstance(data["prompt"], str):
+        raise ApiError(400, '"prompt" must be a string', param="prompt")
+    for name in ("input_prefix", "input_suffix"):
+        if name not in data:
+            raise ApiError(400, f'"{name}" is required', param=name)
+    extra = data.get("input_extra", [])
+    if extra is None:
+        extra = []
+    if not isinstance(extra, list):
+        raise ApiError(400, '"input_extra" must be an array of {"filename": string, "text": string}',
+                       param="input_extra")
+    for chunk in extra:
+        if not isinstance(chunk, dict) or not isinstance(chunk.get("text"), str):
+            raise ApiError(400, 'extra_context chunk must contain a "text" field with a string value',
+                           param="input_extra")
+        if "filename" in chunk and not isinstance(chunk["filename"], str):
+            raise ApiError(400, 'extra_context chunk\'s "filename" field must be a string', param="input_extra")
+    prompt = vocab.tokenize(data.get("prompt", ""), False, True)
+    prefix = tokenize_mixed(vocab, data["input_prefix"], False, False, "input_prefix")
+    suffix = tokenize_mixed(vocab, data["input_suffix"], False, False, "input_suffix")
+
+    def plain(text: str) -> list[int]:
+        return vocab.tokenize(text, False, False)
+
+    extra_tokens: list[int] = []
+    if fim["rep"] is not None:
+        extra_tokens += [fim["rep"], *plain("myproject\n")]
+    for chunk in extra:
+        if fim["sep"] is not None:
+            extra_tokens += [fim["sep"], *plain(chunk.get("filename", "tmp") + "\n")]
+        else:
+            extra_tokens += plain(CHUNK_SEPARATOR)
+        extra_tokens += plain(chunk["text"])
+    if fim["sep"] is not None:
+        extra_tokens += [fim["sep"], *plain("filename\n")]
+
+    n_batch, n_ctx, n_predict = vocab.n_batch, vocab.n_ctx, -1
+    n_prefix_take = min(len(prefix), 3 * (n_batch // 4))
+    n_suffix_take = min(len(suffix), max(0, n_batch // 4 - (2 + len(prompt))))
+    n_extra_take = min(max(0, n_ctx - n_batch - 2 * n_predict), len(extra_tokens))
+    head = [fim["pre"], *prefix[len(prefix) - n_prefix_take:], *prompt]
+    tail = [fim["suf"], *suffix[:n_suffix_take]]
+    bos = [vocab.bos_token()] if vocab.add_bos and vocab.bos_token() is not None else []
+    return [*extra_tokens[len(extra_tokens) - n_extra_take:], *bos, *head, *tail, fim["mid"]]
+
+
+# -- answers ------------------------------------------------------------------------------
+
+STOP_TYPES = {"length": "limit", "none": "none"}
+
+
+class Reply:
+    """The answer of one /completion or /infill request: the whole one, or its stream."""
+
+    def __init__(self, model: str, options: Options, prompt: Sequence[int], prompt_text: Callable[[], str],
+                 n_ctx: int):
+        self.model = model
+        self.options = options
+        self.prompt = prompt
+        self.prompt_text = prompt_text
+        self.n_ctx = n_ctx
+        self.n_sent = 0
+
+    def chunk(self, piece: Piece) -> dict:
+        """A streamed piece: the text of one step and its tokens (llama-server sends one per token)."""
+        self.n_sent += len(piece.ids)
+        return {"index": 0, "content": piece.text, "tokens": list(piece.ids), "stop": False, "id_slot": 0,
+                "tokens_predicted": self.n_sent, "tokens_evaluated": len(self.prompt)}
+
+    def final(self, final: Final) -> dict:
+        """llama-server's final result (to_json_non_oaicompat); streamed, its text and tokens
+        came in the chunks."""
+        stats = final.stats
+        stream = self.options.stream
+        if final.reason == "stop":
+            stop_type = "word" if final.stop_word else "eos"
+        else:
+            stop_type = STOP_TYPES.get(final.reason, "limit")
+        answer = {
+            "index": 0,
+            "content": "" if stream else final.text,
+            "tokens": [] if stream or not self.options.return_tokens else list(final.tokens),
+            "id_slot": 0,
+            "stop": True,
+            "model": self.model,
+            "tokens_predicted": stats.n_predict,
+            "tokens_evaluated": len(self.prompt),
+            "generation_settings": {**self.options.settings, "n_ctx": self.n_ctx},
+            "prompt": self.prompt_text(),
+            "has_new_line": "\n" in final.text,
+            "truncated": final.reason == "length" and final.n_kept + 1 >= self.n_ctx,
+            "stop_type": stop_type,
+            "stopping_word": final.stop_word,
+            "tokens_cached": final.n_kept,
+            "timings": timings(stats),
+        }
+        return select(answer, self.options.response_fields)
+
+
+def select(answer: dict, paths: Sequence[str]) -> dict:
+    """`response_fields` (json_get_nested_values): only these, each under its own path as key
+    ("timings/prompt_n": the value of answer["timings"]["prompt_n"]); missing ones left out."""
+    if not paths:
+        return answer
+    out = {}
+    for path in paths:
+        value: object = answer
+        for key in path.split("/"):
+            if not isinstance(value, dict) or key not in value:
+                break
+            value = value[key]
+        else:
+            out[path] = value
+    return out
+
+
+# -- the other endpoints ------------------------------------------------------------------
+
+
+def tokenize(vocab: Vocab, data: object) -> dict:
+    """/tokenize: `content` (a string, or strings and token ids), `add_special` (BOS; default
+    false), `parse_special` (default true), `with_pieces` (each token with its text, or its
+    bytes where they are not UTF-8)."""
+    data = _object(data)
+    if "content" not in data:
+        return {"tokens": []}
+    add_special = _bool(data, "add_special", False)
+    parse_special = _bool(data, "parse_special", True)
+    tokens = tokenize_mixed(vocab, data["content"], add_special, parse_special, "content")
+    if not _bool(data, "with_pieces", False):
+        return {"tokens": tokens}
+    return {"tokens": [{"id": t, "piece": _piece(vocab.token_bytes(t))} for t in _valid(vocab, tokens)]}
+
+
+def _piece(piece: bytes) -> str | list[int]:
+    try:
+        return piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(piece)
+
+
+def _valid(vocab: Vocab, tokens: object, field: str = "tokens") -> list[int]:
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise ApiError(400, f'"{field}" must be an array of token ids', param=field)
+    bad = [t for t in tokens if not 0 <= t < vocab.n_vocab]
+    if bad:
+        raise ApiError(400, f"token {bad[0]} is outside this model's vocabulary (0 to {vocab.n_vocab - 1})",
+                       param=field)
+    return tokens
+
+
+def detokenize(vocab: Vocab, data: object) -> dict:
+    """/detokenize: `tokens` back to text (special tokens as their text, as llama-server)."""
+    data = _object(data)
+    tokens = _valid(vocab, data.get("tokens", []))
+    return {"content": text_of(vocab, tokens)}
+
+
+def text_of(vocab: Vocab, tokens: Sequence[int]) -> str:
+    return b"".join(vocab.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+
+def props(vocab: Vocab, model: dict, chat_template: str, build_info: str, metrics: bool) -> dict:
+    """/props: llama-server's fields that apply to this server."""
+    defaults = Generation(False, None, None, SamplerSettings(), None, (), False, False)
+    bos, eos = model.get("bos_token", ""), model.get("eos_token", "")
+    return {
+        "default_generation_settings": {"params": generation_settings(defaults, -1, model["meta"]["spec_type"]),
+                                        "n_ctx": vocab.n_ctx},
+        "total_slots": 1,
+        "model_alias": model["id"],
+        "model_path": model.get("path", ""),
+        "modalities": {"vision": False, "video": False, "audio": False},
+        "endpoint_slots": False,
+        "endpoint_props": False,
+        "endpoint_metrics": metrics,
+        "chat_template": chat_template,
+        "bos_token": bos,
+        "eos_token": eos,
+        "build_info": build_info,
+        "is_sleeping": False,
+        "speculative": {"draft": model["meta"]["draft"], "spec_type": model["meta"]["spec_type"]},
+    }
+
+
+def prometheus(m: Metrics, processing: int, deferred: int) -> str:
+    """/metrics in Prometheus's text format: llama-server's metrics (llamacpp:*, its names and
+    help texts) and speculate's own (speculate:*)."""
+    window_prompt = m.window[0] / m.window[1] if m.window[1] > 0 else 0.0
+    window_predicted = m.window[2] / m.window[3] if m.window[3] > 0 else 0.0
+    items = [
+        ("counter", "llamacpp:prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens",
+         m.prompt_tokens),
+        ("counter", "llamacpp:prompt_tokens_cached_total", "Number of prompt tokens reused from the cache",
+         m.prompt_cached),
+        ("counter", "llamacpp:prompt_seconds_total", "Total time spent processing prompts", m.prompt_seconds),
+        ("counter", "llamacpp:tokens_predicted_total", "Number of generation tokens processed", m.predicted),
+        ("counter", "llamacpp:tokens_predicted_seconds_total", "Total time spent generating tokens",
+         m.predicted_seconds),
+        ("counter", "llamacpp:n_tokens_max", "Largest observed sequence length (prompt + generation)",
+         m.n_tokens_max),
+        ("counter", "llamacpp:spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated",
+         m.drafted),
+        ("counter", "llamacpp:spec_decode_num_accepted_tokens_total",
+         "Speculative: Total draft tokens accepted by the target model", m.accepted),
+        ("counter", "llamacpp:spec_decode_num_drafts_total",
+         "Speculative: Total speculative decoding verification steps", m.draft_steps),
+        ("gauge", "llamacpp:prompt_tokens_seconds", "Average prompt throughput in tokens/s", window_prompt),
+        ("gauge", "llamacpp:predicted_tokens_seconds", "Average generation throughput in tokens/s",
+         window_predicted),
+        ("gauge", "llamacpp:requests_processing", "Number of requests processing", processing),
+        ("gauge", "llamacpp:requests_deferred", "Number of requests deferred", deferred),
+        ("counter", "speculate:requests_total", "Generations finished (cancelled and cut-off ones included)",
+         m.requests),
+        ("counter", "speculate:requests_refused_total", "Requests refused with 503 because the queue was full",
+         m.refused),
+        ("counter", "speculate:target_passes_total", "Target model forward passes after the prompts", m.steps),
+        ("gauge", "speculate:tokens_per_pass", "Generated tokens per target forward pass, since the start",
+         m.predicted / m.steps if m.steps else 0.0),
+        ("gauge", "speculate:draft_acceptance_rate", "Accepted / drafted tokens, since the start",
+         m.accepted / m.drafted if m.drafted else 0.0),
+        ("gauge", "speculate:queue_length", "Requests waiting for the models (as requests_deferred)", deferred),
+    ]
+    return "".join(f"# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {_value(value)}\n"
+                   for kind, name, help, value in items)
+
+
+def _value(value: float) -> str:
+    return str(value) if isinstance(value, int) else repr(float(value))
+

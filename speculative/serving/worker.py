@@ -1,0 +1,301 @@
+"""Generations for `speculate serve`: one at a time on the engine, a bounded queue in front.
+
+llama.cpp contexts are not thread-safe and each model has one cache, so every
+generation runs on a single thread of its own, in arrival order, and nothing else
+touches the engine. The HTTP side (the event loop) only submits requests and reads
+what they produce, so it stays responsive while a generation runs.
+
+A request asks for a slot first: one generates and `waiting` more may wait; beyond
+that it is refused at once (503) rather than queued without bound. A generation stops
+at the next step once its client has gone or its time is up, and in the middle of a
+long prompt too (llama.cpp's abort callback asks, see interrupt.cancel_when).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Iterator, Union
+
+from speculative.llamacpp import interrupt
+from speculative.engine.engine import Engine
+from speculative.errors import ModelError
+from speculative.serving.openai_api import ApiError, Busy, Generation
+from speculative.decoding.settings import SpecSettings
+from speculative.decoding.stats import Stats
+from speculative.engine.stream import Final, Piece, Stream
+from speculative.engine.text import LineLimits
+
+log = logging.getLogger("speculate.serve")
+
+
+@dataclass(frozen=True)
+class Started:
+    """The prompt passed its checks and generation begins: the response can start."""
+    n_prompt: int = 0  # the prompt's tokens
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: Exception
+
+
+Output = Union[Started, Piece, Final, Failed]  # Piece and Final: stream.py's
+
+
+def prompt_tokens(engine: Engine, generation: Generation) -> list[int]:
+    """The prompt as tokens, checked against the context (ApiError 400 when it cannot run)."""
+    if generation.tokens is not None:  # llama-server's endpoints
+        tokens = list(generation.tokens)
+        n_vocab = engine.target.n_vocab
+        bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise ApiError(400, f"the prompt has the token {bad}, outside this model's vocabulary "
+                                f"(0 to {n_vocab - 1})", param="prompt")
+    elif generation.chat:
+        if not engine.target.chat_template():
+            raise ApiError(400, f"{engine.target.name} has no chat template: use /v1/completions")
+        try:
+            tokens = engine.chat_tokens(generation.messages)
+        except ModelError as e:  # the template refused this conversation ("roles must alternate", ...)
+            raise ApiError(400, str(e), param="messages") from None
+    else:
+        tokens = engine.prompt_tokens(generation.prompt)
+    n_ctx = engine.target.n_ctx
+    if len(tokens) >= n_ctx:
+        raise ApiError(400, f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}, "
+                            "leaving no room to generate", code="context_length_exceeded")
+    # llama-server's own endpoints stop at a full context instead (its `truncated`)
+    if generation.tokens is None and generation.max_tokens is not None and generation.max_tokens > n_ctx - len(tokens):
+        raise ApiError(400, f"max_tokens ({generation.max_tokens}) is more than the {n_ctx - len(tokens)} "
+                            f"tokens the context leaves after the prompt's {len(tokens)}",
+                       param="max_tokens", code="context_length_exceeded")
+    return tokens
+
+
+def generate(engine: Engine, generation: Generation, spec: SpecSettings,
+             should_stop: Callable[[], str | None]) -> Iterator[Output]:
+    """Run one request: Started, one Piece per step that completes text, then Final.
+    `should_stop` is asked after the prompt and after every step: a finish reason ends
+    the run there."""
+    tokens = prompt_tokens(engine, generation)
+    spec = dataclasses.replace(spec, n_predict=generation.max_tokens or -1, ignore_eos=generation.ignore_eos)
+    yield Started(len(tokens))
+    if not tokens:  # llama-server answers an empty prompt with an empty answer
+        yield Final("none", "", "", [], Stats(), [])
+        return
+    if not generation.cache_prompt:
+        engine.forget()
+    limits = None
+    if generation.n_indent > 0 or generation.t_max_predict_ms > 0:
+        limits = LineLimits(generation.n_indent, generation.t_max_predict_ms / 1000)
+    stream = Stream(engine, tokens, generation.sampling, spec, generation.sampling.resolved_seed(),
+                    generation.stops, should_stop, limits)
+    reason = None
+    try:
+        for piece in stream:
+            if piece.text:
+                yield piece
+    except interrupt.Cancelled:  # llama.cpp stopped in the middle of a batch (a long prompt)
+        reason = should_stop() or "cancelled"
+    final = dataclasses.replace(stream.end(reason), n_kept=len(engine.caches["target"]))
+    if final.tail:
+        yield Piece(((final.tail, False),))
+    yield final
+
+
+class Job:
+    """One request on its way through the worker. Outputs cross from the worker's
+    thread to the event loop through an asyncio queue."""
+
+    def __init__(self, generation: Generation, deadline: float):
+        self.generation = generation
+        self.deadline = deadline  # time.monotonic() by which it must be done
+        self.started = False      # the worker has taken it
+        self.grace: float | None = None  # the server is stopping: the deadline is the end of this grace
+        self._grace_told = False
+        self._cancelled = threading.Event()
+        self._loop = asyncio.get_running_loop()
+        self._outputs: asyncio.Queue[Output] = asyncio.Queue()
+
+    def cancel(self) -> None:
+        """The client is gone (or the server is stopping): stop at the next step."""
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def should_stop(self) -> str | None:
+        if self.cancelled:
+            return "cancelled"
+        if time.monotonic() > self.deadline:
+            if self.grace is not None and not self._grace_told:
+                self._grace_told = True
+                log.info("shutting down: the %g s grace is over; the running generation ends with what it has",
+                         self.grace)
+            return "length"  # out of time: what was generated is the answer, as at max_tokens
+        return None
+
+    def end_within(self, grace: float) -> None:
+        """The server is stopping: end within `grace` seconds (or at the deadline, if sooner)."""
+        ends = time.monotonic() + grace
+        if ends < self.deadline:
+            self.deadline, self.grace = ends, grace
+
+    async def next(self) -> Output:
+        return await self._outputs.get()
+
+    def post(self, output: Output) -> None:
+        """From the worker's thread."""
+        try:
+            self._loop.call_soon_threadsafe(self._outputs.put_nowait, output)
+        except RuntimeError:  # the event loop has closed: nobody is waiting any more
+            pass
+
+
+@dataclass
+class Metrics:
+    """What /metrics reports: totals since the start, and a window of speeds that each
+    scrape reads and restarts (llama-server's buckets)."""
+    requests: int = 0           # generations finished (cancelled and cut-off ones included)
+    refused: int = 0            # requests refused because the queue was full (503)
+    prompt_tokens: int = 0      # prompt tokens processed (those kept in the cache not counted)
+    prompt_cached: int = 0      # prompt tokens kept in the cache
+    prompt_seconds: float = 0.0
+    predicted: int = 0          # generated tokens
+    predicted_seconds: float = 0.0
+    drafted: int = 0            # drafted tokens verified
+    accepted: int = 0           # drafted tokens accepted
+    draft_steps: int = 0        # steps that verified a draft
+    steps: int = 0              # target passes after the prompt
+    n_tokens_max: int = 0       # longest prompt + generation
+    window: list[float] = dataclasses.field(default_factory=lambda: [0, 0.0, 0, 0.0])  # prompt n, s; predicted n, s
+
+    def add(self, stats: Stats) -> None:
+        processed = stats.n_prompt - stats.n_cached
+        self.requests += 1
+        self.prompt_tokens += processed
+        self.prompt_cached += stats.n_cached
+        self.prompt_seconds += stats.t_encode
+        self.predicted += stats.n_predict
+        self.predicted_seconds += stats.t_decode
+        self.drafted += stats.n_drafted
+        self.accepted += stats.n_accept
+        self.draft_steps += stats.n_draft_steps
+        self.steps += stats.n_steps
+        self.n_tokens_max = max(self.n_tokens_max, stats.n_prompt + stats.n_predict)
+        self.window = [self.window[0] + processed, self.window[1] + stats.t_encode,
+                       self.window[2] + stats.n_predict, self.window[3] + stats.t_decode]
+
+
+class Worker:
+    """The engine's only user: generations run on one thread, one at a time, in order."""
+
+    def __init__(self, engine: Engine, spec: SpecSettings, waiting: int, timeout: float):
+        self.engine = engine
+        self.spec = spec
+        self.timeout = timeout
+        self._slots = threading.BoundedSemaphore(1 + waiting)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speculate-engine")
+        self._jobs: set[Job] = set()
+        self._lock = threading.Lock()
+        self._draining = threading.Event()
+        self._metrics = Metrics()
+        self.started_at = time.time()
+
+    def submit(self, generation: Generation) -> Job:
+        """Queue a request (from the event loop), or refuse it with Busy when the queue is full."""
+        if self._draining.is_set():
+            raise Busy("the server is shutting down")
+        if not self._slots.acquire(blocking=False):
+            with self._lock:
+                self._metrics.refused += 1
+            raise Busy("the server is busy: every place in the queue is taken (see --parallel)")
+        job = Job(generation, time.monotonic() + self.timeout)
+        with self._lock:
+            self._jobs.add(job)
+        self._pool.submit(self._run, job)
+        return job
+
+    def _run(self, job: Job) -> None:
+        job.started = True
+        try:
+            if job.cancelled or self._draining.is_set():  # its client gave up while it waited, or we stop
+                job.post(Failed(Busy("the server is shutting down" if self._draining.is_set() else "cancelled")))
+                return
+            n_prompt = 0
+            with interrupt.cancel_when(lambda: job.should_stop() is not None):  # also mid-prompt
+                for output in generate(self.engine, job.generation, self.spec, job.should_stop):
+                    if isinstance(output, Started):
+                        n_prompt = output.n_prompt
+                    elif isinstance(output, Final):  # in the log and /metrics before its client has it
+                        _log(job.generation, output, n_prompt)
+                        with self._lock:
+                            self._metrics.add(output.stats)
+                    job.post(output)
+        except ApiError as e:
+            job.post(Failed(e))
+        except Exception as e:  # a decode failure or a bug: this request fails, the server stays up
+            log.exception("generation failed")
+            job.post(Failed(e))
+        finally:
+            with self._lock:
+                self._jobs.discard(job)
+            self._slots.release()
+
+    def metrics(self) -> tuple[Metrics, int, int]:
+        """A copy of the metrics, and the requests generating and waiting now; the speed
+        window starts again."""
+        with self._lock:
+            copy = dataclasses.replace(self._metrics, window=list(self._metrics.window))
+            self._metrics.window = [0, 0.0, 0, 0.0]
+            running = sum(job.started for job in self._jobs)
+            return copy, running, len(self._jobs) - running
+
+    def drain(self, grace: float) -> None:
+        """The server is stopping: waiting requests are refused now, and the running
+        generation ends within `grace` seconds with what it has."""
+        self._draining.set()
+        with self._lock:
+            running = [job for job in self._jobs if job.started]
+            waiting = [job for job in self._jobs if not job.started]
+            for job in running:
+                job.end_within(grace)
+            for job in waiting:
+                job.post(Failed(Busy("the server is shutting down")))
+                job.cancel()
+        log.info("shutting down: %d waiting request%s refused; %s", len(waiting), "" if len(waiting) == 1 else "s",
+                 f"the running one has {grace:g} s to finish" if running else "none running")
+
+    def close(self) -> None:
+        """Stop every generation at its next step and wait for the thread to finish."""
+        self._draining.set()
+        with self._lock:
+            for job in self._jobs:
+                job.cancel()
+        self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _log(generation: Generation, final: Final, n_prompt: int) -> None:
+    """The request's line in the log; `n_prompt`: its prompt's tokens."""
+    s = final.stats
+    kind = "chat" if generation.chat else "completion"
+    if n_prompt and not s.n_prompt:  # no Prefilled: llama.cpp's abort callback stopped the prompt
+        log.info("%s: stopped during its prompt of %d tokens, finish: %s", kind, n_prompt, final.reason)
+        return
+    log.info("%s: %d prompt tokens (%d cached), %d generated in %.2f s (%.1f t/s), "
+             "%d of %d drafted tokens accepted, finish: %s",
+             kind, s.n_prompt, s.n_cached, s.n_predict, s.t_decode, s.decode_tps, s.n_accept, s.n_drafted,
+             final.reason)

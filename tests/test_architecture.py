@@ -1,0 +1,138 @@
+"""The layers of docs/architecture.md, enforced over the source (no import is executed).
+
+Each package is a layer; a module imports only from its own package and from layers below it,
+never from a sibling on its own layer or from above. Within a package the imports form no cycle.
+Lazy imports inside functions count as much as those at the top of a module: what a module
+needs, it needs. Only speculative/llamacpp/ imports llama_cpp, and no class or function grows
+past the size a reader takes in at once."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# component -> rank: a module may import a component of lower rank, or its own
+LAYERS = {
+    "cli": 6,
+    "serving": 5,
+    "engine": 4,
+    "drafters": 3, "llamacpp": 3,
+    "models": 2,
+    "decoding": 1,
+    "errors": 0, "files": 0,
+}
+BASE = {"errors", "files"}  # the two base modules import each other freely (one layer)
+MAX_CLASS, MAX_FUNCTION = 250, 60
+
+
+def sources() -> dict[str, Path]:
+    """Module name -> file, for speculative/ and cli/ (which is installed as speculative.cli)."""
+    found = {}
+    for folder, package in ((ROOT / "speculative", "speculative"), (ROOT / "cli", "speculative.cli")):
+        for path in sorted(folder.rglob("*.py")):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            if folder.name == "speculative" and parts[:1] == ("cli",):
+                continue  # the source checkout's bridge to cli/
+            found[".".join((package, *parts))] = path
+    return found
+
+
+MODULES = sources()
+
+
+def component(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "speculative" and len(parts) > 1 else None
+
+
+def imports(module: str, path: Path) -> list[tuple[str, int]]:
+    """The speculative modules (or packages) `module` imports, with their lines."""
+    is_package = path.name == "__init__.py"
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")[: len(module.split(".")) - node.level + is_package]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module
+            for alias in node.names:  # `from package import module` names the module
+                sub = f"{target}.{alias.name}"
+                found.append((sub if sub in MODULES else target, node.lineno))
+    return [(name, line) for name, line in found if name.split(".")[0] == "speculative"]
+
+
+def test_every_module_belongs_to_a_layer():
+    assert {component(m) for m in MODULES} - {None} == set(LAYERS)
+
+
+def test_no_module_imports_a_sibling_or_a_higher_layer():
+    wrong = []
+    for module, path in MODULES.items():
+        mine = component(module)
+        for target, line in imports(module, path):
+            theirs = component(target)
+            if mine is None or theirs is None or theirs == mine or {mine, theirs} <= BASE:
+                continue
+            if LAYERS[theirs] >= LAYERS[mine]:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} ({mine}) imports {target} ({theirs})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_cycles():
+    graph = {m: {t for t, _ in imports(m, p) if t in MODULES and t != m} for m, p in MODULES.items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                cycle = path[path.index(target):] + [target]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if target not in state:
+                visit(target, path + [target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+
+
+def test_only_the_binding_imports_llama_cpp():
+    wrong = []
+    for module, path in MODULES.items():
+        if component(module) == "llamacpp":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            wrong += [f"{path.relative_to(ROOT)}:{node.lineno}" for n in names if n.split(".")[0] == "llama_cpp"]
+    assert not wrong
+
+
+def test_no_class_or_function_is_too_long():
+    long = []
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            limit = (MAX_CLASS if isinstance(node, ast.ClassDef)
+                     else MAX_FUNCTION if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None)
+            if limit and node.end_lineno - node.lineno + 1 > limit:
+                long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: "
+                            f"{node.end_lineno - node.lineno + 1} lines (at most {limit})")
+    assert not long, "\n".join(long)
+
+
+def test_the_checks_see_a_wrong_import(tmp_path):
+    """The layer check reads relative and lazy imports as the interpreter would."""
+    path = tmp_path / "loop.py"
+    path.write_text("def f():\n    from ..engine import engine\n    from . import cache\n")
+    found = {name for name, _ in imports("speculative.decoding.loop", path)}
+    assert found == {"speculative.engine.engine", "speculative.decoding.cache"}
