@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""The README's measured tables, rebuilt from the raw results committed under docs/results/.
+"""The measured tables of README.md and docs/*.md, rebuilt from the raw results committed
+under docs/results/.
 
     python scripts/tables.py             # every table
     python scripts/tables.py fim pool    # some of them
     python scripts/tables.py --list      # each table's name, file and the command that measures it
 
-Each table of measurements in README.md follows a marker line `<!-- table NAME -->`; the
-table under it must hold the numbers this script prints for NAME (tests/test_tables.py
-checks it), so a published figure always comes with the file it was computed from and the
-command that produced that file. To publish a new measurement: run the command, commit its
+Each table of measurements in README.md or a docs/*.md page follows a marker line
+`<!-- table NAME -->` (each NAME marked once across all of them); the table under it must
+hold the numbers this script prints for NAME (tests/test_tables.py checks it), so a
+published figure always comes with the file it was computed from and the command that
+produced that file. To publish a new measurement: run the command, commit its
 output under docs/results/, and paste what this script prints.
 """
 
@@ -71,7 +73,7 @@ def recurrent(data) -> list[str]:
 
 
 def speedup_label(config: str) -> str:
-    """bench's configuration label as the README names it: "ngram-simple draft-max=3" -> "ngram-simple, k=3"."""
+    """bench's configuration label as the docs name it: "ngram-simple draft-max=3" -> "ngram-simple, k=3"."""
     kinds, *settings = config.split()
     return ", ".join([kinds, *(s.replace("draft-max=", "k=") for s in settings)])
 
