@@ -13,7 +13,7 @@ prompt tokens, `timings.cache_n` (prompt tokens not processed again) and `timing
 (prompt processing, saving and restoring included) for both servers; the script exits 1 if any
 answer differs between them. Without -m the server loads the registry's default pair (README);
 -m MODEL (a path or a registry name) runs that model alone, quickly for a small one.
-GGML_CPU_TILED_MM=0 keeps the CPU build batch-invariant (README, "Exactness").
+GGML_CPU_TILED_MM=0 keeps the CPU build batch-invariant (docs/exactness-and-builds.md).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     python scripts/bench_flash_attn.py [-m MODEL] [--rounds 3] [-n 96] [--source FILE]
                                        [--short 150] [--long 2100] [-o FILE] [-- extra speculate flags]
 
-The figures of README.md's "Exactness and the CPU build" (what turning flash attention off
+The figures of docs/exactness-and-builds.md's "Exactness and the CPU build" (what turning flash attention off
 costs). Two prompts cut from one source file of this repository (default
 speculative/engine/engine.py): its first whole lines, as many as come nearest --short tokens (150)
 and --long tokens (2,100) of the target's tokenizer (the target is loaded once for that).
@@ -11,7 +11,7 @@ Every round runs, for each prompt, `speculate --json -m MODEL -p - --spec-type n
 --temp 0 --ignore-eos -fa off` and the same with `-fa on` (which first alternates from one
 round to the next), each a fresh process of the `speculate` beside this Python, so that the
 build measured is the one whose system_info the result records; GGML_CPU_TILED_MM=0 unless the
-environment sets it (the test build with it is batch-invariant: README, "Exactness").
+environment sets it (the test build with it is batch-invariant: docs/exactness-and-builds.md).
 Decode speed is at the prompt's length of cached tokens (it grows by N during the run);
 prompt speed is the prompt's processing. Printed: every run, then per prompt the medians and
 the on/off ratios, each ratio taken within one round. Without -m: the registry's default

@@ -3,7 +3,7 @@
     python scripts/bench_mtp.py [--size 64x4] [--size 1024x12] [--threads 1] [--repeat 5]
                                 [--rounds 3] [-n 64] [--prompt TEXT] [-o FILE]
 
-The figures of README.md's "Drafting with the target's MTP layers" (the paragraph on what the
+The figures of docs/drafters.md's "Drafting with the target's MTP layers" (the paragraph on what the
 NextN layers cost when auto never uses them). For each --size N_EMBDxN_LAYER (default: the
 default tiny model, 64x4, and 1024x12), `scripts/tiny_model.py qwen35 --mtp` writes a
 random-weight model with one NextN layer into a temporary folder, and this script measures:

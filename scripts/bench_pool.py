@@ -35,7 +35,7 @@ from results import meta
 
 SPECULATE = str(Path(sys.executable).with_name("speculate"))
 # the batch-invariant CPU matmuls of scripts/test.sh's build, so texts with and without the
-# pool can be compared token for token (README, "Exactness and the CPU build")
+# pool can be compared token for token (docs/exactness-and-builds.md)
 os.environ.setdefault("GGML_CPU_TILED_MM", "0")
 SERVICES = ["auth", "billing", "search", "checkout", "inventory", "notifications"]
 ERRORS = ["connection reset by peer", "timeout waiting for upstream", "invalid token signature",

@@ -12,7 +12,7 @@ Four `speculate --json` runs, one after the other in this session:
 It prints each run's prompt-processing time (restoring the cache counted in) and the
 ratios, and exits 1 if run 3's text differs from run 4's. Defaults: the Qwen target
 alone (`-m qwen2.5-coder-1.5b-instruct --spec-type none`), greedy, 64 tokens, and
-GGML_CPU_TILED_MM=0 so that the CPU build is batch-invariant (README, "Exactness").
+GGML_CPU_TILED_MM=0 so that the CPU build is batch-invariant (docs/exactness-and-builds.md).
 """
 
 from __future__ import annotations

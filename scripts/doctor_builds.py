@@ -6,7 +6,7 @@
 The stock build (README's first set-up command) with llama.cpp's own defaults on the CPU
 (flash attention on, the tiled matmul on), and scripts/test.sh's build as its tests run it
 (GGML_CPU_TILED_MM=0, -fa auto): where each scores a position differently alone and inside
-a batch, after 16 and after 300 cached tokens (README, "Exactness and the CPU build").
+a batch, after 16 and after 300 cached tokens (docs/exactness-and-builds.md).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ drafted or not: auto scores every proposal so). Their speedups count target-only
 ngram_bound does (a pass per output token); auto's modelled speedup as bench does (one more
 pass for an end-of-generation token), so the replayed figure compares with the file's.
 
-Plain text on stdout (the README quotes it), the same figures as JSON with --json. Exit 2 for a
+Plain text on stdout (docs/benchmarks.md quotes it), the same figures as JSON with --json. Exit 2 for a
 file that is not a bench file with the replay's inputs, or a selection that matches nothing.
 """
 

@@ -1,5 +1,5 @@
 """`speculate serve` on a free port for the benchmark scripts (bench_cache_ram.py, bench_fim.py):
-started with GGML_CPU_TILED_MM=0 (batch-invariant CPU kernels, README "Exactness") and no API
+started with GGML_CPU_TILED_MM=0 (batch-invariant CPU kernels, docs/exactness-and-builds.md) and no API
 key, waited for, asked, and stopped."""
 
 from __future__ import annotations

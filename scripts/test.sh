@@ -3,7 +3,7 @@
 #   1. a virtual environment (.venv-test, or $SPECULATE_TEST_VENV);
 #   2. llama-cpp-python built from source with batch-invariant CPU kernels, so that
 #      greedy speculative output can be compared token for token with target-only
-#      output (see README, "Exactness and the CPU build"); the wheel is kept in
+#      output (see docs/exactness-and-builds.md); the wheel is kept in
 #      .cache/wheels under a key of the flags and this machine, and rebuilt when absent;
 #      the source distribution it is built from is kept in .cache/sdist, from which
 #      tests/test_ngram_llama.py compiles llama.cpp's own n-gram cache code (g++) to

@@ -141,7 +141,7 @@ def test_bad_fields(body, message):
     assert e.value.status == 400 and message in e.value.message
 
 
-# Every field README's "Refused (400) unless at the value that changes nothing" names: values
+# Every field docs/serving.md's "Refused (400) unless at the value that changes nothing" names: values
 # it refuses, and the values that change nothing (none for json_schema: llama-server makes a
 # grammar of any schema, {} included). The adaptive_p sampler is refused in `samplers`.
 REFUSED = {
@@ -164,8 +164,8 @@ REFUSED_CASES = [(name, value) for name, (refused, _) in REFUSED.items() for val
 NEUTRAL_CASES = [(name, value) for name, (_, neutral) in REFUSED.items() for value in neutral]
 
 
-def test_the_refused_fields_are_the_readmes_and_the_codes():
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+def test_the_refused_fields_are_the_docs_and_the_codes():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text()
     listed = text.split("Refused (`400`) unless at the value that changes nothing:")[1].split(".")[0]
     assert set(re.findall(r"`([a-z_]+)`", listed)) == {*REFUSED, "adaptive_p"}
     assert set(llama_api._NEUTRAL) == set(REFUSED)

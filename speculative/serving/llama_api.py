@@ -37,7 +37,7 @@ _ALIASES = {"nucleus": "top_p", "temp": "temperature", "typ": "typ_p",
                for alias in (name.replace("_", "-"), name.replace("_", ""))}}
 SAMPLER_NAMES = {letter: name for name, letter in SAMPLER_LETTERS.items()}
 
-# Fields llama-server reads that this server accepts and does not use, and why (README's list).
+# Fields llama-server reads that this server accepts and does not use, and why (docs/serving.md's list).
 IGNORED = {
     "t_max_prompt_ms": "llama-server does not implement it either",
     "id_slot": "one slot",
