@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from speculative.serving import llama_api
-from speculative.serving.openai_api import ApiError
+from speculative.serving.generation import ApiError
 from speculative.decoding.sampling import Sampler, infill
 from speculative.decoding.settings import SamplerSettings
 from speculative.engine.text import LineLimits

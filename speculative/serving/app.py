@@ -34,7 +34,8 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from speculative.serving import llama_api, openai_api
-from speculative.serving.openai_api import ApiError, Busy, Generation, Reply
+from speculative.serving.generation import ApiError, Busy, Generation
+from speculative.serving.openai_api import Reply
 from speculative.serving.worker import Failed, Job, Worker
 from speculative.engine.stream import Final, Piece
 
@@ -52,8 +53,14 @@ def create_app(worker: Worker, model: dict, api_key: str | None, loopback_only: 
     `bos_token` and `eos_token` for /props). `metrics`: serve /metrics (llama-server's --metrics)."""
     app = FastAPI(title="speculate", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(Guard, api_key=api_key, loopback_only=loopback_only)
-    vocab = worker.engine.target  # read-only: tokenizing beside a generation is safe (llama-server does it too)
-    listed = {k: v for k, v in model.items() if k in ("id", "created", "meta")}
+    _add_error_handlers(app)
+    _add_llama_routes(app, worker, model, metrics, build_info)
+    _add_openai_routes(app, worker, model)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as an error object: llama-server's on its own paths, OpenAI's elsewhere."""
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError) -> JSONResponse:
@@ -66,6 +73,11 @@ def create_app(worker: Worker, model: dict, api_key: str | None, loopback_only: 
     @app.exception_handler(Exception)
     async def server_error(request: Request, e: Exception) -> JSONResponse:
         return error_response(ApiError(500, f"internal error: {type(e).__name__}"), request.url.path in LLAMA_PATHS)
+
+
+def _add_llama_routes(app: FastAPI, worker: Worker, model: dict, metrics: bool, build_info: str) -> None:
+    """llama-server's own endpoints (llama_api.py), /health among them."""
+    vocab = worker.engine.target  # read-only: tokenizing beside a generation is safe (llama-server does it too)
 
     @app.get("/health")
     @app.get("/v1/health")
@@ -100,6 +112,11 @@ def create_app(worker: Worker, model: dict, api_key: str | None, loopback_only: 
         return Response(llama_api.prometheus(*worker.metrics()), media_type="text/plain; version=0.0.4",
                         headers={"Process-Start-Time-Unix": str(int(worker.started_at))})
 
+
+def _add_openai_routes(app: FastAPI, worker: Worker, model: dict) -> None:
+    """OpenAI's /v1 endpoints (openai_api.py)."""
+    listed = {k: v for k, v in model.items() if k in ("id", "created", "meta")}
+
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [{"object": "model", "owned_by": "speculate", **listed}]}
@@ -111,8 +128,6 @@ def create_app(worker: Worker, model: dict, api_key: str | None, loopback_only: 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         return await _generate(request, worker, model["id"], chat=True)
-
-    return app
 
 
 def error_response(e: ApiError, llama: bool = False) -> JSONResponse:

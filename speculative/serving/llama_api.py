@@ -17,11 +17,16 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
-from speculative.serving.openai_api import ApiError, Generation, timings
+from speculative.serving.generation import ApiError, Generation, refuse_unsupported
+from speculative.serving.openai_api import timings
 from speculative.serving.worker import Metrics
-from speculative.decoding.settings import DEFAULT_SEQUENCE, SamplerSettings
+from speculative.decoding.settings import DEFAULT_SEQUENCE, SamplerSettings, SpecSettings
 from speculative.engine.stream import Final, Piece
 
+# What an omitted field takes: the one-shot command's defaults, which are llama-server's too
+# (common_params_sampling, and task_params' n_predict -1: until end of generation).
+_SAMPLING = SamplerSettings()
+_SPEC = SpecSettings()
 INT32_MAX = 2**31 - 1
 UINT32_MAX = 2**32 - 1
 MAX_STOPS = 16
@@ -144,15 +149,6 @@ def _sequence(data: dict) -> str:
     return letters
 
 
-def _refuse_unsupported(data: dict) -> None:
-    for name, neutral in _NEUTRAL.items():
-        value = data.get(name)
-        if value is not None and not any(value == v and isinstance(value, bool) == isinstance(v, bool)
-                                         for v in neutral):
-            only = f" (only {neutral[0]!r})" if neutral else ""
-            raise ApiError(400, f"{name}: not supported by this server{only}", param=name)
-
-
 @dataclass(frozen=True)
 class Options:
     """What a /completion or /infill request asks beyond the Generation, for its answer."""
@@ -166,23 +162,25 @@ def parse(data: object, prompt: list[int], spec_types: str = "") -> tuple[Genera
     """The sampling and stopping fields of a /completion or /infill body, for `prompt` (tokens);
     `spec_types`: what the server drafts with, for generation_settings."""
     assert isinstance(data, dict)
-    _refuse_unsupported(data)
-    n_predict = int(_number(data, ("n_predict", "max_completion_tokens", "max_tokens"), -1, -1, INT32_MAX,
-                            hard=True, integer=True))
+    refuse_unsupported(data, _NEUTRAL, strict_types=False)
+    n_predict = int(_number(data, ("n_predict", "max_completion_tokens", "max_tokens"), _SPEC.n_predict, -1,
+                            INT32_MAX, hard=True, integer=True))
     sequence = _sequence(data)
-    temp = _number(data, ("temperature",), 0.8, 0.0, math.inf)
-    seed = int(_number(data, ("seed",), -1, -1, UINT32_MAX, integer=True))
+    temp = _number(data, ("temperature",), _SAMPLING.temp, 0.0, math.inf)
+    seed = int(_number(data, ("seed",), _SAMPLING.seed, -1, UINT32_MAX, integer=True))
     sampling = SamplerSettings(
         # without a temperature sampler llama-server draws from the chain whatever the temperature
         temp=temp if "t" in sequence or temp > 0 else 1.0,
-        top_k=int(_number(data, ("top_k",), 40, 0, INT32_MAX, integer=True)),
-        top_p=_number(data, ("top_p",), 0.95, 0.0, 1.0),
-        min_p=_number(data, ("min_p",), 0.05, 0.0, 1.0),
-        typical_p=_number(data, ("typical_p",), 1.0, 1e-9, 1.0),
-        repeat_last_n=int(_number(data, ("repeat_last_n",), 64, 0, INT32_MAX, hard=True, integer=True)),
-        repeat_penalty=_number(data, ("repeat_penalty",), 1.0, 1e-9, math.inf),
-        presence_penalty=_number(data, ("presence_penalty",), 0.0, -math.inf, math.inf),
-        frequency_penalty=_number(data, ("frequency_penalty",), 0.0, -math.inf, math.inf),
+        top_k=int(_number(data, ("top_k",), _SAMPLING.top_k, 0, INT32_MAX, integer=True)),
+        top_p=_number(data, ("top_p",), _SAMPLING.top_p, 0.0, 1.0),
+        min_p=_number(data, ("min_p",), _SAMPLING.min_p, 0.0, 1.0),
+        typical_p=_number(data, ("typical_p",), _SAMPLING.typical_p, 1e-9, 1.0),
+        repeat_last_n=int(_number(data, ("repeat_last_n",), _SAMPLING.repeat_last_n, 0, INT32_MAX, hard=True,
+                                  integer=True)),
+        repeat_penalty=_number(data, ("repeat_penalty",), _SAMPLING.repeat_penalty, 1e-9, math.inf),
+        presence_penalty=_number(data, ("presence_penalty",), _SAMPLING.presence_penalty, -math.inf, math.inf),
+        frequency_penalty=_number(data, ("frequency_penalty",), _SAMPLING.frequency_penalty, -math.inf, math.inf),
+        # llama-server's LLAMA_DEFAULT_SEED (UINT32_MAX) is a random seed, as -1 is here
         sequence=sequence, seed=seed if seed != UINT32_MAX else -1)
     if not _present(data, "response_fields"):
         fields = ()
@@ -195,8 +193,10 @@ def parse(data: object, prompt: list[int], spec_types: str = "") -> tuple[Genera
         chat=False, prompt=None, messages=None, sampling=sampling,
         # n_predict 0 (the editors' cache warm-up) generates one token: llama-server checks its budget after a token
         max_tokens=None if n_predict < 0 else max(n_predict, 1),
-        stops=_stops(data), ignore_eos=_bool(data, "ignore_eos", False), stream=stream, tokens=tuple(prompt),
+        stops=_stops(data), ignore_eos=_bool(data, "ignore_eos", _SPEC.ignore_eos), stream=stream,
+        tokens=tuple(prompt),
         n_indent=int(_number(data, ("n_indent",), 0, 0, INT32_MAX, hard=True, integer=True)),
+        # -1: llama-server's default (task_params); Generation's 0 means the same, no limit
         t_max_predict_ms=int(_number(data, ("t_max_predict_ms",), -1, -1, 2**63 - 1, hard=True, integer=True)),
         cache_prompt=_bool(data, "cache_prompt", True))
     for name in ("return_progress", "timings_per_token", "verbose"):
@@ -451,10 +451,11 @@ def text_of(vocab: Vocab, tokens: Sequence[int]) -> str:
 
 def props(vocab: Vocab, model: dict, chat_template: str, build_info: str, metrics: bool) -> dict:
     """/props: llama-server's fields that apply to this server."""
-    defaults = Generation(False, None, None, SamplerSettings(), None, (), False, False)
+    defaults = Generation(False, None, None, _SAMPLING, None, (), _SPEC.ignore_eos, False)
     bos, eos = model.get("bos_token", ""), model.get("eos_token", "")
     return {
-        "default_generation_settings": {"params": generation_settings(defaults, -1, model["meta"]["spec_type"]),
+        "default_generation_settings": {"params": generation_settings(defaults, _SPEC.n_predict,
+                                                                      model["meta"]["spec_type"]),
                                         "n_ctx": vocab.n_ctx},
         "total_slots": 1,
         "model_alias": model["id"],

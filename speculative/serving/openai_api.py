@@ -6,60 +6,27 @@ Fields this server does not know are ignored, as llama-server does (clients send
 `user`, `stream_options` and the like); fields that would change the answer in a way
 it cannot honour (`n` > 1, `logprobs`, `tools`, ...) are refused.
 
-Omitted sampling fields take llama.cpp's defaults, as llama-server's do (and the
-one-shot command's): temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, a random seed.
-OpenAI's own default would be temperature 1 and top_p 1. Omitted `max_tokens`
-generates until an end-of-generation token or a full context.
+Omitted sampling fields take SamplerSettings' defaults, which are llama.cpp's, as
+llama-server's do (and the one-shot command's); OpenAI's own default would be temperature 1
+and top_p 1. Omitted `max_tokens` generates until an end-of-generation token or a full
+context.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Annotated, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
+from speculative.serving.generation import ApiError, Generation, refuse_unsupported
 from speculative.decoding.settings import SamplerSettings
 from speculative.decoding.stats import Stats
 
 MAX_STOPS = 16           # stop strings per request (OpenAI allows 4, llama-server any number)
 MAX_STOP_CHARS = 256
-
-
-class ApiError(Exception):
-    """An error the client gets as an OpenAI error object with this HTTP status."""
-
-    TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-             405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
-             500: "server_error", 501: "not_supported_error", 503: "unavailable_error"}
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "invalid_request_error"),
-                          "param": self.param, "code": self.code}}
-
-    def llama_body(self) -> dict:
-        """The error as llama-server's own endpoints give it (format_error_response): the HTTP
-        status as `code`, and exceed_context_size_error for a prompt the context cannot hold."""
-        kind = ("exceed_context_size_error" if self.code == "context_length_exceeded"
-                else self.TYPES.get(self.status, "invalid_request_error"))
-        return {"error": {"code": self.status, "message": self.message, "type": kind}}
-
-
-class Busy(ApiError):
-    """No room for the request now: 503, worth retrying (Retry-After)."""
-
-    def __init__(self, message: str):
-        super().__init__(503, message)
 
 
 # -- requests -----------------------------------------------------------------
@@ -135,29 +102,11 @@ _NEUTRAL = {"n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",), "logp
             "response_format": ({"type": "text"},)}
 
 
-@dataclass(frozen=True)
-class Generation:
-    """A request, checked and ready for the engine."""
-    chat: bool
-    prompt: str | None                      # /v1/completions
-    messages: list[dict[str, str]] | None   # /v1/chat/completions, for the chat template
-    sampling: SamplerSettings
-    max_tokens: int | None                  # None: until end of generation or a full context
-    stops: tuple[str, ...]
-    ignore_eos: bool
-    stream: bool
-    # llama-server's own endpoints (llama_api.py):
-    tokens: tuple[int, ...] | None = None  # the prompt as tokens, used as they are
-    n_indent: int = 0                      # text.LineLimits
-    t_max_predict_ms: int = 0              # text.LineLimits (0 or less: none)
-    cache_prompt: bool = True              # False: the caches start empty
-
-
 def parse(data: object, chat: bool) -> Generation:
     """A request body (parsed JSON) as a Generation, or ApiError(400)."""
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object")
-    _refuse_unsupported(data)
+    refuse_unsupported(data, _NEUTRAL, strict_types=True)
     try:
         request = ChatRequest.model_validate(data) if chat else CompletionRequest.model_validate(data)
     except ValidationError as e:
@@ -177,13 +126,6 @@ def parse(data: object, chat: bool) -> Generation:
         return Generation(True, None, messages, sampling, max_tokens, stops, request.ignore_eos, request.stream)
     return Generation(False, request.prompt, None, sampling, request.max_tokens, stops, request.ignore_eos,
                       request.stream)
-
-
-def _refuse_unsupported(data: dict) -> None:
-    for name, neutral in _NEUTRAL.items():
-        value = data.get(name)
-        if value is not None and not any(value == v and type(value) is type(v) for v in neutral):
-            raise ApiError(400, f"{name}: not supported by this server (only {neutral[0]!r})", param=name)
 
 
 # -- responses ----------------------------------------------------------------

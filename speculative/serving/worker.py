@@ -25,7 +25,7 @@ from typing import Callable, Iterator, Union
 from speculative.llamacpp import interrupt
 from speculative.engine.engine import Engine
 from speculative.errors import ModelError
-from speculative.serving.openai_api import ApiError, Busy, Generation
+from speculative.serving.generation import ApiError, Busy, Generation
 from speculative.decoding.settings import SpecSettings
 from speculative.decoding.stats import Stats
 from speculative.engine.stream import Final, Piece, Stream

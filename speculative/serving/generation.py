@@ -1,0 +1,83 @@
+"""What both HTTP APIs of `speculate serve` read a request into, without HTTP: the neutral
+request (Generation) the worker runs, whichever API it came from; the errors a request gets
+(ApiError, Busy), which each API writes in its own format; and the refusal of the fields that
+would change the answer in a way this server cannot honour, which each API lists itself
+(openai_api.py, llama_api.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from speculative.decoding.settings import SamplerSettings
+
+
+class ApiError(Exception):
+    """An error the client gets as an OpenAI error object with this HTTP status."""
+
+    TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+             405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
+             500: "server_error", 501: "not_supported_error", 503: "unavailable_error"}
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "invalid_request_error"),
+                          "param": self.param, "code": self.code}}
+
+    def llama_body(self) -> dict:
+        """The error as llama-server's own endpoints give it (format_error_response): the HTTP
+        status as `code`, and exceed_context_size_error for a prompt the context cannot hold."""
+        kind = ("exceed_context_size_error" if self.code == "context_length_exceeded"
+                else self.TYPES.get(self.status, "invalid_request_error"))
+        return {"error": {"code": self.status, "message": self.message, "type": kind}}
+
+
+class Busy(ApiError):
+    """No room for the request now: 503, worth retrying (Retry-After)."""
+
+    def __init__(self, message: str):
+        super().__init__(503, message)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A request, checked and ready for the engine."""
+    chat: bool
+    prompt: str | None                      # /v1/completions
+    messages: list[dict[str, str]] | None   # /v1/chat/completions, for the chat template
+    sampling: SamplerSettings
+    max_tokens: int | None                  # None: until end of generation or a full context
+    stops: tuple[str, ...]
+    ignore_eos: bool
+    stream: bool
+    # llama-server's own endpoints (llama_api.py):
+    tokens: tuple[int, ...] | None = None  # the prompt as tokens, used as they are
+    n_indent: int = 0                      # text.LineLimits
+    t_max_predict_ms: int = 0              # text.LineLimits (0 or less: none)
+    cache_prompt: bool = True              # False: the caches start empty
+
+
+def refuse_unsupported(data: dict, neutral: Mapping[str, tuple], strict_types: bool) -> None:
+    """ApiError(400) for the first field of `neutral` that `data` sets to anything but one of
+    its neutral values (the values that change nothing; none: refused whatever it holds).
+    `strict_types`: a value must also have its neutral value's type (OpenAI's API, read
+    strictly: 1.0 is not 1); otherwise only a boolean must be one (llama-server, whose JSON
+    library compares 1.0 and 1 as numbers, but not true and 1)."""
+    for name, values in neutral.items():
+        value = data.get(name)
+        if value is not None and not any(_same(value, v, strict_types) for v in values):
+            only = f" (only {values[0]!r})" if values else ""
+            raise ApiError(400, f"{name}: not supported by this server{only}", param=name)
+
+
+def _same(value: object, neutral: object, strict_types: bool) -> bool:
+    if strict_types:
+        return value == neutral and type(value) is type(neutral)
+    return value == neutral and isinstance(value, bool) == isinstance(neutral, bool)

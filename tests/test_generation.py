@@ -1,0 +1,55 @@
+"""serving/generation.py: the one refusal of unsupported fields, read as each API reads its
+fields, and the defaults both APIs take from the settings dataclasses."""
+
+from __future__ import annotations
+
+import pytest
+
+from speculative.decoding.settings import SamplerSettings, SpecSettings
+from speculative.serving import llama_api, openai_api
+from speculative.serving.generation import ApiError, refuse_unsupported
+
+NEUTRAL = {"n": (1,), "echo": (False,), "tool_choice": ("none", "auto"), "json_schema": ()}
+
+
+@pytest.mark.parametrize("strict_types", [True, False])
+@pytest.mark.parametrize("body", [{}, {"n": 1}, {"n": None}, {"echo": False}, {"tool_choice": "auto"},
+                                  {"json_schema": None}, {"other": 2}])
+def test_a_neutral_or_absent_field_passes(body, strict_types):
+    refuse_unsupported(body, NEUTRAL, strict_types)
+
+
+@pytest.mark.parametrize("strict_types", [True, False])
+@pytest.mark.parametrize("body, message", [
+    ({"n": 2}, "n: not supported by this server (only 1)"),
+    ({"n": True}, "n: not supported by this server (only 1)"),
+    ({"echo": 0}, "echo: not supported by this server (only False)"),
+    ({"tool_choice": "required"}, "tool_choice: not supported by this server (only 'none')"),
+    ({"json_schema": {}}, "json_schema: not supported by this server"),
+])
+def test_any_other_value_is_a_400_naming_the_field(body, message, strict_types):
+    with pytest.raises(ApiError) as e:
+        refuse_unsupported(body, NEUTRAL, strict_types)
+    assert (e.value.status, e.value.param, e.value.message) == (400, next(iter(body)), message)
+
+
+def test_strict_types_tell_a_float_from_an_int_and_llama_servers_reading_does_not():
+    with pytest.raises(ApiError):
+        refuse_unsupported({"n": 1.0}, NEUTRAL, strict_types=True)
+    refuse_unsupported({"n": 1.0}, NEUTRAL, strict_types=False)
+
+
+def test_each_api_reads_its_fields_its_way():
+    with pytest.raises(ApiError) as e:
+        openai_api.parse({"prompt": "x", "n": 1.0}, chat=False)
+    assert e.value.message == "n: not supported by this server (only 1)"
+    assert llama_api.parse({"n_probs": 0.0}, [1]) == llama_api.parse({}, [1])
+
+
+def test_omitted_fields_take_the_settings_defaults():
+    spec = SpecSettings()
+    generation, _ = llama_api.parse({}, [1])
+    assert generation.sampling == SamplerSettings()
+    assert generation.max_tokens is None and spec.n_predict == -1
+    assert generation.ignore_eos == spec.ignore_eos
+    assert openai_api.parse({"prompt": "x"}, chat=False).sampling == SamplerSettings()
