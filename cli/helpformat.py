@@ -84,8 +84,8 @@ def _paragraphs(text: str, width: int) -> list[str]:
 
 def _wrap(text: str, width: int, first: str = "", further: str = "") -> list[str]:
     """`text` in lines of at most `width` (indentation included), broken only at spaces: a flag
-    such as --spec-draft-model is never split at its hyphens, nor "[default: 2048]" in two."""
-    text = " ".join(text.split()).replace("[default: ", "[default:" + _KEEP)
+    such as --spec-draft-model is never split at its hyphens, nor "default: 2048" in two."""
+    text = " ".join(text.split()).replace("default: ", "default:" + _KEEP)
     lines = textwrap.wrap(text, width, initial_indent=first, subsequent_indent=further,
                           break_on_hyphens=False, break_long_words=False)
     return [line.replace(_KEEP, " ") for line in lines]
