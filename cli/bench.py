@@ -7,7 +7,7 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import typer
 from rich.console import Console
@@ -15,7 +15,7 @@ from rich.table import Table
 
 from speculative.engine import bench
 from speculative.errors import UsageError
-from speculative.decoding.settings import SamplerSettings, SpecSettings
+from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 
 from . import options
 
@@ -55,10 +55,7 @@ def bench_command(
         raise UsageError("-n and --repeat must be >= 1, --limit >= 0")
     configs = bench.make_configs(configs_wanted, grid, SpecSettings(n_predict=n_predict))
     uses_draft = any([models.uses_draft(c.spec) for c in configs])
-    prompts_ = [p for p in bench.load_prompts(prompts) if not category or p.category in category]
-    prompts_ = prompts_[:limit] if limit else prompts_
-    if not prompts_:
-        raise UsageError("no prompt left after --category/--limit")
+    prompts_ = _chosen_prompts(prompts, category, limit)
     output = output or Path(time.strftime("speculate-bench-%Y%m%d-%H%M%S.json"))
     if output.exists():
         raise UsageError(f"{output} exists; bench never overwrites results (choose another -o)")
@@ -69,9 +66,26 @@ def bench_command(
     target, draft = models.specs(uses_draft, max(c.spec.branches for c in configs),
                                   max(c.spec.longest_draft for c in configs),
                                   "named" if "named" in mtp else "auto" if "auto" in mtp else None)
-    rest = len(configs) - 1
-    total = len(prompts_) * repeat * (len(configs) + (rest + bench.BASELINE_EVERY - 1) // bench.BASELINE_EVERY)
-    stderr.print(f"bench: {len(prompts_)} prompts x {len(configs)} configurations x {repeat}, target-only "
+    progress = _announce(len(prompts_), len(configs), repeat, n_predict)
+
+    from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
+
+    with Engine(target, draft, notify=stderr.print, **pool.engine_args()) as engine:
+        started = time.time()
+        runs = bench.run_bench(engine, prompts_, configs, sampling, repeat, progress)
+        settings = {"n_predict": n_predict, "temp": temp, "seed": seed, "repeat": repeat,
+                    "configs": [c.label for c in configs], "prompts": str(prompts)}
+        meta = _meta(engine, target, draft, started, settings, prompts_)
+    rows = bench.summarize(runs)
+    output.write_text(json.dumps(bench.report(runs, rows, meta), indent=1))
+    _print_results(rows, runs, meta, per_prompt, output)
+
+
+def _announce(n_prompts: int, n_configs: int, repeat: int, n_predict: int) -> Callable[[bench.Run], None]:
+    """Say how many runs bench makes; returns what reports each run as it ends."""
+    rest = n_configs - 1
+    total = n_prompts * repeat * (n_configs + (rest + bench.BASELINE_EVERY - 1) // bench.BASELINE_EVERY)
+    stderr.print(f"bench: {n_prompts} prompts x {n_configs} configurations x {repeat}, target-only "
                  f"runs between every {bench.BASELINE_EVERY}: {total} runs of {n_predict} tokens")
     done = []
 
@@ -80,29 +94,40 @@ def bench_command(
         stderr.print(f"[{len(done)}/{total}] {run.prompt:28s} {run.config:34s} {run.decode_tps:6.2f} t/s  "
                      f"accepted {run.n_accept}/{run.n_drafted}")
 
-    from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
+    return progress
+
+
+def _chosen_prompts(prompts: Path, category: Optional[List[str]], limit: int) -> list:
+    """The prompts of the file that --category and --limit leave (at least one)."""
+    chosen = [p for p in bench.load_prompts(prompts) if not category or p.category in category]
+    chosen = chosen[:limit] if limit else chosen
+    if not chosen:
+        raise UsageError("no prompt left after --category/--limit")
+    return chosen
+
+
+def _meta(engine, target: ModelSpec, draft: ModelSpec | None, started: float, settings: dict, prompts: list) -> dict:
+    """What the results file records besides the runs: the machine, the models, the settings."""
     from speculative.llamacpp.model import system_info
 
-    with Engine(target, draft, notify=stderr.print, **pool.engine_args()) as engine:
-        started = time.time()
-        runs = bench.run_bench(engine, prompts_, configs, sampling, repeat, progress)
-        meta = {
-            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": round(time.time() - started, 1),
-            "machine": {"platform": platform.platform(), "processor": platform.machine(),
-                        "llama_cpp": system_info(), "batch_variant_kernels": engine.target.kernels},
-            "target": {"name": target.name, "path": str(target.path), "threads": engine.target.n_threads,
-                       "loras": target.lora_info(),
-                       "mtp_head": str(target.mtp_sidecar) if target.mtp_sidecar else None},
-            "draft": {"name": draft.name, "path": str(draft.path), "loras": draft.lora_info()} if draft else None,
-            "settings": {"n_predict": n_predict, "temp": temp, "seed": seed, "repeat": repeat,
-                         "configs": [c.label for c in configs], "prompts": str(prompts)},
-            # what a replay of the runs (scripts/replay_auto.py) needs besides their outputs
-            "costs": {role: engine.costs(role, bench.DRAFT_MAX_AUTO + 1 if role == "target" else 1)
-                      for role in ("target", *(["draft"] if draft else []))},
-            "prompt_tokens": {p.id: bench.prompt_tokens(engine, p) for p in prompts_},
-        }
-    rows = bench.summarize(runs)
-    output.write_text(json.dumps(bench.report(runs, rows, meta), indent=1))
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": round(time.time() - started, 1),
+        "machine": {"platform": platform.platform(), "processor": platform.machine(),
+                    "llama_cpp": system_info(), "batch_variant_kernels": engine.target.kernels},
+        "target": {"name": target.name, "path": str(target.path), "threads": engine.target.n_threads,
+                   "loras": target.lora_info(),
+                   "mtp_head": str(target.mtp_sidecar) if target.mtp_sidecar else None},
+        "draft": {"name": draft.name, "path": str(draft.path), "loras": draft.lora_info()} if draft else None,
+        "settings": settings,
+        # what a replay of the runs (scripts/replay_auto.py) needs besides their outputs
+        "costs": {role: engine.costs(role, bench.DRAFT_MAX_AUTO + 1 if role == "target" else 1)
+                  for role in ("target", *(["draft"] if draft else []))},
+        "prompt_tokens": {p.id: bench.prompt_tokens(engine, p) for p in prompts},
+    }
+
+
+def _print_results(rows: list[dict], runs: list[bench.Run], meta: dict, per_prompt: bool, output: Path) -> None:
+    """The tables and notes on standard output, once every run has ended."""
     console = Console(width=None if sys.stdout.isatty() else 150)
     console.print(_table(rows, "by category (speedup: median over prompts of each prompt's median over its repeats, "
                                "vs target only in the same run; worst: the worst prompt's)"))

@@ -25,6 +25,7 @@ from . import options
 from .batch import batch_command
 from .bench import bench_command
 from .doctor import doctor_command
+from .helpformat import App
 from .prompt import process_escapes, read_prompt
 from .render import run_and_render
 from .rpc_server import rpc_server_command
@@ -43,7 +44,7 @@ EXIT_CODES = (
     "130 interrupted (Ctrl-C or SIGTERM: the partial text and statistics are printed first)."
 )
 
-app = typer.Typer(
+app = App(
     name="speculate",
     help="Speculative decoding over local GGUF models, through llama.cpp.\n\n"
          "A cheap drafter (a small model, or n-gram lookup in the prompt and output) proposes "

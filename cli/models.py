@@ -18,9 +18,10 @@ from speculative.models.pull import pull
 from speculative.models.registry import ModelEntry, Registry, resolve
 from speculative.decoding.settings import ModelSpec
 
+from .helpformat import App
 from .render import PipeConsole, quiet_pipe
 
-app = typer.Typer(help="List, pull and locate registry models (models.toml).", no_args_is_help=True)
+app = App(help="List, pull and locate registry models (models.toml).", no_args_is_help=True)
 stderr = Console(stderr=True)
 
 

@@ -15,7 +15,7 @@ import typer
 
 from speculative.errors import UsageError
 from speculative.models.registry import Registry, check_gguf_file
-from speculative.decoding.settings import (DEFAULT_SEQUENCE, DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, FLASH_ATTN_MODES, NGRAM_CACHE_DRAFT, NGRAM_N_AUTO, NGRAM_N_FIXED, POOL_TOKENS, LookupCacheSettings, ModelSpec, NgramModSettings, NgramSettings, SamplerSettings, SpecSettings)
+from speculative.decoding.settings import (DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, FLASH_ATTN_MODES, NGRAM_CACHE_DRAFT, NGRAM_N_AUTO, NGRAM_N_FIXED, POOL_TOKENS, LookupCacheSettings, ModelSpec, NgramModSettings, NgramSettings, SamplerSettings, SpecSettings)
 
 from .models import resolve_models
 
@@ -45,11 +45,12 @@ HF_TOKEN = typer.Option(
     help="Hugging Face access token, for gated or private repositories (default: HF_TOKEN, or the stored "
          "`hf auth login`).")
 CTX_SIZE = typer.Option(
-    4096, "-c", "--ctx-size", rich_help_panel=M, help="Target context size in tokens (0: the model's own).")
+    ModelSpec.n_ctx, "-c", "--ctx-size", rich_help_panel=M,
+    help="Target context size in tokens (0: the model's own).")
 CTX_SIZE_DRAFT = typer.Option(
     None, "-cd", "--ctx-size-draft", rich_help_panel=M, help="Draft context size (default: -c).")
 N_GPU_LAYERS = typer.Option(
-    -1, "-ngl", "--n-gpu-layers", "--gpu-layers", rich_help_panel=M,
+    ModelSpec.n_gpu_layers, "-ngl", "--n-gpu-layers", "--gpu-layers", rich_help_panel=M,
     help="Target layers to offload to the GPU (-1: all that the build can).")
 N_GPU_LAYERS_DRAFT = typer.Option(
     None, "-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl", rich_help_panel=M,
@@ -60,12 +61,12 @@ THREADS_DRAFT = typer.Option(
     None, "-td", "--threads-draft", "--spec-draft-threads", rich_help_panel=M,
     help="CPU threads for the draft (default: -t).")
 FLASH_ATTN = typer.Option(
-    "auto", "-fa", "--flash-attn", rich_help_panel=M, metavar="on|off|auto",
+    ModelSpec.flash_attn, "-fa", "--flash-attn", rich_help_panel=M, metavar="on|off|auto",
     help="Flash attention (both models). auto: llama.cpp's choice on this machine's GPUs, off on the CPU, "
          "where it scores a position differently alone and inside a batch (greedy speculation would "
          "then drift from target-only output on near-ties), and on RPC servers, which may be CPUs.")
 BATCH_SIZE = typer.Option(
-    2048, "-b", "--batch-size", rich_help_panel=M, help="Most tokens in one forward pass.")
+    ModelSpec.n_batch, "-b", "--batch-size", rich_help_panel=M, help="Most tokens in one forward pass.")
 RPC = typer.Option(
     None, "--rpc", rich_help_panel=M, metavar="SERVERS",
     help="Comma-separated RPC servers, HOST:PORT (llama.cpp's rpc-server or `speculate rpc-server`): the "
@@ -105,22 +106,22 @@ DRAFT_MAX = typer.Option(
     help=f"Most tokens drafted per step (default {DRAFT_MAX_FIXED}; auto: up to {DRAFT_MAX_AUTO}; llama.cpp's "
          f"ngram-mod, ngram-map-k4v: their own n-max, size-m; ngram-cache: {NGRAM_CACHE_DRAFT}).")
 DRAFT_MIN = typer.Option(
-    0, "--draft-min", "--spec-draft-n-min", rich_help_panel=D,
+    SpecSettings.draft_min, "--draft-min", "--spec-draft-n-min", rich_help_panel=D,
     help="Drafts shorter than this are not verified.")
 DRAFT_P_MIN = typer.Option(
-    0.0, "--draft-p-min", "--spec-draft-p-min", rich_help_panel=D,
+    SpecSettings.draft_p_min, "--draft-p-min", "--spec-draft-p-min", rich_help_panel=D,
     help="Stop drafting when the draft's top candidate is less likely than P.")
 _BRANCHES_HELP = ("Draft trees: the draft model's most branches per step, all verified in one target batch "
                   "(1: a chain; needs --spec-type draft).")
-PARALLEL = typer.Option(1, "-np", "--parallel", "--draft-branches", rich_help_panel=D, metavar="N",
-                        help=_BRANCHES_HELP)
-DRAFT_BRANCHES = typer.Option(1, "--draft-branches", rich_help_panel=D, metavar="N",  # serve's -np is its queue
-                              help=_BRANCHES_HELP)
+PARALLEL = typer.Option(SpecSettings.branches, "-np", "--parallel", "--draft-branches", rich_help_panel=D,
+                        metavar="N", help=_BRANCHES_HELP)
+DRAFT_BRANCHES = typer.Option(SpecSettings.branches, "--draft-branches", rich_help_panel=D,  # serve's -np is its queue
+                              metavar="N", help=_BRANCHES_HELP)
 DRAFT_P_SPLIT = typer.Option(
-    0.1, "--draft-p-split", "--spec-draft-p-split", rich_help_panel=D, metavar="P",
+    SpecSettings.p_split, "--draft-p-split", "--spec-draft-p-split", rich_help_panel=D, metavar="P",
     help="Draft trees: a candidate the draft gives more than P starts a new branch (with more than one).")
 SPEC_ACCEPT = typer.Option(
-    "rejection", "--spec-accept", rich_help_panel=D, metavar="rejection|match",
+    SpecSettings.accept, "--spec-accept", rich_help_panel=D, metavar="rejection|match",
     help="How sampled drafts are verified: rejection (speculative sampling: the draft model samples, "
          "tokens are kept with probability min(1, p/q); accepts more) or match (the target samples, "
          "a drafted token is kept when it is the one drawn). Both follow the target's distribution "
@@ -175,27 +176,30 @@ SPEC_POOL_TOKENS = typer.Option(
     help="Most tokens of earlier output kept to draft from, in memory and in --spec-pool FILE "
          "(0: no pool; batch and serve otherwise draft from their earlier requests' output).")
 N_PREDICT = typer.Option(
-    -1, "-n", "--n-predict", "--predict", rich_help_panel=S,
+    SpecSettings.n_predict, "-n", "--n-predict", "--predict", rich_help_panel=S,
     help="Most tokens to generate (-1: until end of generation or a full context).")
-TEMP = typer.Option(0.8, "--temp", "--temperature", rich_help_panel=S, help="Temperature; 0 is greedy.")
-TOP_K = typer.Option(40, "--top-k", rich_help_panel=S, help="Top-k sampling (0: off).")
-TOP_P = typer.Option(0.95, "--top-p", rich_help_panel=S, help="Top-p sampling (1.0: off).")
-MIN_P = typer.Option(0.05, "--min-p", rich_help_panel=S, help="Min-p sampling (0.0: off).")
-TYPICAL = typer.Option(1.0, "--typical", rich_help_panel=S, help="Locally typical sampling, p (1.0: off).")
-REPEAT_PENALTY = typer.Option(1.0, "--repeat-penalty", rich_help_panel=S,
+TEMP = typer.Option(SamplerSettings.temp, "--temp", "--temperature", rich_help_panel=S,
+                    help="Temperature; 0 is greedy.")
+TOP_K = typer.Option(SamplerSettings.top_k, "--top-k", rich_help_panel=S, help="Top-k sampling (0: off).")
+TOP_P = typer.Option(SamplerSettings.top_p, "--top-p", rich_help_panel=S, help="Top-p sampling (1.0: off).")
+MIN_P = typer.Option(SamplerSettings.min_p, "--min-p", rich_help_panel=S, help="Min-p sampling (0.0: off).")
+TYPICAL = typer.Option(SamplerSettings.typical_p, "--typical", rich_help_panel=S,
+                       help="Locally typical sampling, p (1.0: off).")
+REPEAT_PENALTY = typer.Option(SamplerSettings.repeat_penalty, "--repeat-penalty", rich_help_panel=S,
                               help="Penalise repeated tokens (1.0: off).")
-REPEAT_LAST_N = typer.Option(64, "--repeat-last-n", rich_help_panel=S,
+REPEAT_LAST_N = typer.Option(SamplerSettings.repeat_last_n, "--repeat-last-n", rich_help_panel=S,
                              help="Last N tokens the penalties look at (0: off, -1: all).")
-PRESENCE_PENALTY = typer.Option(0.0, "--presence-penalty", rich_help_panel=S,
+PRESENCE_PENALTY = typer.Option(SamplerSettings.presence_penalty, "--presence-penalty", rich_help_panel=S,
                                 help="Lower a seen token's logit by this (0.0: off).")
-FREQUENCY_PENALTY = typer.Option(0.0, "--frequency-penalty", rich_help_panel=S,
+FREQUENCY_PENALTY = typer.Option(SamplerSettings.frequency_penalty, "--frequency-penalty", rich_help_panel=S,
                                  help="Lower a token's logit by this per time seen (0.0: off).")
-SEED = typer.Option(-1, "-s", "--seed", rich_help_panel=S, help="Random seed (-1: random, reported).")
+SEED = typer.Option(SamplerSettings.seed, "-s", "--seed", rich_help_panel=S, help="Random seed (-1: random, reported).")
 SAMPLING_SEQ = typer.Option(
-    DEFAULT_SEQUENCE, "--sampling-seq", "--sampler-seq", rich_help_panel=S,
+    SamplerSettings.sequence, "--sampling-seq", "--sampler-seq", rich_help_panel=S,
     help="Sampler order, llama.cpp letters: e penalties, k top-k, y typical, p top-p, m min-p, "
          "t temperature (d s x accepted, inactive).")
-IGNORE_EOS = typer.Option(False, "--ignore-eos", rich_help_panel=S, help="Never stop at end-of-generation tokens.")
+IGNORE_EOS = typer.Option(SpecSettings.ignore_eos, "--ignore-eos", rich_help_panel=S,
+                          help="Never stop at end-of-generation tokens.")
 
 Ngram = tuple[Optional[int], Optional[int], Optional[int]]  # n, m, min-hits as given (None: not given)
 
@@ -216,8 +220,8 @@ def spec_settings(*, spec_type: Optional[str], draft_max: Optional[int], draft_m
                   spec_accept: str, branches: int, draft_p_split: float, ngram_n: Optional[int],
                   ngram_m: Optional[int], ngram_min_hits: Optional[int], simple_n: Optional[int],
                   simple_m: Optional[int], simple_hits: Optional[int], map_n: Optional[int],
-                  map_m: Optional[int], map_hits: Optional[int], n_predict: int = -1,
-                  ignore_eos: bool = False, k4v_n: Optional[int] = None, k4v_m: Optional[int] = None,
+                  map_m: Optional[int], map_hits: Optional[int], n_predict: int = SpecSettings.n_predict,
+                  ignore_eos: bool = SpecSettings.ignore_eos, k4v_n: Optional[int] = None, k4v_m: Optional[int] = None,
                   k4v_hits: Optional[int] = None, mod_n_match: Optional[int] = None,
                   mod_n_min: Optional[int] = None, mod_n_max: Optional[int] = None, spec_default: bool = False,
                   lookup_static: Optional[Path] = None, lookup_dynamic: Optional[Path] = None) -> SpecSettings:
@@ -306,14 +310,14 @@ class ModelOptions:
     """The model flags as given; `specs` checks them and resolves -m/-md into files."""
     model: Optional[str] = None
     model_draft: Optional[str] = None
-    ctx_size: int = 4096
+    ctx_size: int = ModelSpec.n_ctx
     ctx_size_draft: Optional[int] = None
-    n_gpu_layers: int = -1
+    n_gpu_layers: int = ModelSpec.n_gpu_layers
     n_gpu_layers_draft: Optional[int] = None
     threads: Optional[int] = None
     threads_draft: Optional[int] = None
-    batch_size: int = 2048
-    flash_attn: str = "auto"
+    batch_size: int = ModelSpec.n_batch
+    flash_attn: str = ModelSpec.flash_attn
     lora: Optional[List[str]] = None
     lora_scaled: Optional[List[str]] = None
     lora_draft: Optional[List[str]] = None

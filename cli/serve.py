@@ -11,7 +11,7 @@ import typer
 
 from speculative.errors import UsageError
 from speculative.engine.ram_cache import DEFAULT_MIB
-from speculative.decoding.settings import SpecSettings
+from speculative.decoding.settings import ModelSpec, SpecSettings
 
 from . import options
 
@@ -69,12 +69,7 @@ def serve_command(
     with sock, Engine(target, draft, notify=lambda message: print(message, file=sys.stderr),
                       cache_ram_mib=cache_ram, **pool.engine_args()) as engine:
         engine.make_drafter(spec)  # auto measures its costs now rather than in the first request
-        model_info = {"id": target.name, "created": int(time.time()),
-                      "meta": {"n_ctx": engine.target.n_ctx, "draft": draft.name if draft else None,
-                               "spec_type": ",".join(spec.types)},
-                      # for /props only
-                      "path": str(target.path), "bos_token": engine.target.special_text("bos"),
-                      "eos_token": engine.target.special_text("eos")}
+        model_info = _model_info(engine, target, draft, spec)
         with Worker(engine, spec, waiting=parallel, timeout=timeout) as worker:
             app = server.create_app(worker, model_info, api_key, loopback_only=server.is_loopback(host),
                                     metrics=metrics, build_info=build_info())
@@ -83,6 +78,16 @@ def serve_command(
                   + f", --spec-type {','.join(spec.types)}, on http://{_url_host(host)}:{where[1]}/v1 "
                   + ("(API key required)" if api_key else "(no API key)"), file=sys.stderr, flush=True)
             server.run(app, worker, sock)
+
+
+def _model_info(engine, target: ModelSpec, draft: ModelSpec | None, spec: SpecSettings) -> dict:
+    """What /v1/models says of the model served, and what /props says besides."""
+    return {"id": target.name, "created": int(time.time()),
+            "meta": {"n_ctx": engine.target.n_ctx, "draft": draft.name if draft else None,
+                     "spec_type": ",".join(spec.types)},
+            # for /props only
+            "path": str(target.path), "bos_token": engine.target.special_text("bos"),
+            "eos_token": engine.target.special_text("eos")}
 
 
 def build_info() -> str:

@@ -6,7 +6,9 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import BinaryIO, Callable, Iterable, Iterator
+
+from speculative.errors import UsageError
 
 
 def write_atomic(path: Path, chunks: Iterable[bytes]) -> None:
@@ -48,3 +50,27 @@ def locked(path: Path, waiting: Callable[[], None] | None = None) -> Iterator[No
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def check_ours(path: Path, flag: str, stranger: Callable[[BinaryIO], str | None], *, needs_folder: bool = False,
+               directory: str = "is a directory", unreadable: str = "cannot read it: {}",
+               refusal: str = "exists and is {}; refusing to overwrite it (choose another file)") -> None:
+    """Refuse, before any work, a FILE given to `flag` that a run would replace at its end but
+    that is not ours: a directory, a file that cannot be read, or one that `stranger` (reading
+    it from its start) names as something else (it returns None for ours). A missing file is
+    created then; `needs_folder`: only where its folder exists. Each flag words its refusals
+    (after "FLAG PATH: ") as its own messages always have: `directory`, `unreadable` (given the
+    error) and `refusal` (given what `stranger` said)."""
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: {directory}")
+    if needs_folder and not path.exists() and not path.parent.is_dir():
+        raise UsageError(f"{flag} {path}: no directory {path.parent}")
+    try:
+        with open(path, "rb") as f:
+            what = stranger(f)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: {unreadable.format(e.strerror or e)}") from None
+    if what is not None:
+        raise UsageError(f"{flag} {path}: {refusal.format(what)}")

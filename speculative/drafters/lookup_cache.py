@@ -33,7 +33,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from speculative.errors import UsageError
-from speculative.files import write_atomic
+from speculative.files import check_ours, write_atomic
 
 NGRAM_MAX = 4            # LLAMA_NGRAM_MAX: the n-gram field's width
 NULL = -1                # LLAMA_TOKEN_NULL, the padding
@@ -241,22 +241,18 @@ def check_static(path: Path) -> None:
 def check_writable(path: Path) -> None:
     """Refuse, before any model loads, to later replace a -lcd file that is not an n-gram cache.
     A missing file is fine (it is created), so is an empty one (an empty cache)."""
-    flag = "-lcd/--lookup-cache-dynamic"
-    if path.is_dir():
-        raise UsageError(f"{flag} {path}: is a directory")
+    check_ours(path, "-lcd/--lookup-cache-dynamic", _stranger)
+
+
+def _stranger(f) -> str | None:
+    head = f.read(4 * HEAD)
+    size = os.fstat(f.fileno()).st_size
     try:
-        with open(path, "rb") as f:
-            head = f.read(4 * HEAD)
-            size = os.fstat(f.fileno()).st_size
-            if head:
-                _first_record(head, f, size)
-    except FileNotFoundError:
-        return
-    except OSError as e:
-        raise UsageError(f"{flag} {path}: cannot read it: {e.strerror or e}") from None
+        if head:
+            _first_record(head, f, size)
     except NotACache as e:
-        raise UsageError(f"{flag} {path}: exists and is {e}; refusing to overwrite it "
-                         "(choose another file)") from None
+        return str(e)
+    return None
 
 
 def _first_record(head: bytes, f, size: int) -> None:

@@ -31,7 +31,7 @@ import numpy as np
 from speculative.decoding.drafter import Draft, Drafter
 from speculative.drafters.ngram import ALIGNED_SLACK, RECENT_OCCURRENCES, match_class, shared_suffix
 from speculative.errors import UsageError
-from speculative.files import locked, write_atomic
+from speculative.files import check_ours, locked, write_atomic
 from speculative.decoding.settings import POOL_TOKENS
 
 MAGIC = b"SPECPOOL"
@@ -153,18 +153,9 @@ def fingerprint(vocab_tokens: Iterable[bytes], kind: str, bos: int | None, eos: 
 def check_pool_file(path: Path) -> None:
     """Refuse, before any model loads, a --spec-pool FILE that exists and is not a pool
     (or cannot be written): it would be overwritten at the end."""
-    if path.is_dir():
-        raise UsageError(f"--spec-pool {path}: a directory, not a pool file")
-    if path.exists():
-        try:
-            with open(path, "rb") as f:
-                magic = f.read(len(MAGIC))
-        except OSError as e:
-            raise UsageError(f"--spec-pool {path}: cannot read it ({e.strerror})") from None
-        if magic != MAGIC:
-            raise UsageError(f"--spec-pool {path}: not a speculate pool file; refusing to overwrite it")
-    elif not path.parent.is_dir():
-        raise UsageError(f"--spec-pool {path}: no directory {path.parent}")
+    check_ours(path, "--spec-pool", lambda f: None if f.read(len(MAGIC)) == MAGIC else "not a speculate pool file",
+               needs_folder=True, directory="a directory, not a pool file", unreadable="cannot read it ({})",
+               refusal="{}; refusing to overwrite it")
 
 
 class PoolFile:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speculative.errors import UsageError
-from speculative.files import write_atomic
+from speculative.files import check_ours, write_atomic
 
 MAGIC = b"speculate prompt cache\n"
 VERSION = 2  # 2: the checksum covers the tokens too
@@ -50,18 +50,12 @@ class Unusable(Exception):
 
 def check_writable(path: Path) -> None:
     """Refuse, before any work, to later replace a file that is not a prompt cache."""
-    if path.is_dir():
-        raise UsageError(f"--prompt-cache {path}: is a directory")
-    try:
-        with open(path, "rb") as f:
-            head = f.read(len(MAGIC))
-    except FileNotFoundError:
-        return
-    except OSError as e:
-        raise UsageError(f"--prompt-cache {path}: cannot read it: {e.strerror or e}") from None
-    if head and head != MAGIC:  # an empty file holds nothing to lose
-        raise UsageError(f"--prompt-cache {path}: exists and is not a speculate prompt cache; "
-                         "refusing to overwrite it (choose another file)")
+    check_ours(path, "--prompt-cache", _stranger)
+
+
+def _stranger(f) -> str | None:
+    head = f.read(len(MAGIC))
+    return "not a speculate prompt cache" if head and head != MAGIC else None  # an empty file holds nothing to lose
 
 
 def read(path: Path, wanted: dict[str, dict]) -> tuple[list[Part], list[str]]:

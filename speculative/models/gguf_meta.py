@@ -389,7 +389,7 @@ def _check_kvs(cur: _Cursor, n_kv: int) -> tuple[int, dict[str, int]]:
 
 
 def _check_tensors(cur: _Cursor, n_tensors: int, alignment: int, on_tensor: OnTensor | None = None) -> None:
-    buf, size = cur.buf, len(cur.buf)
+    """The tensor infos (names, shapes, types, offsets), then where their data lies."""
     names: set[bytes] = set()
     # per tensor: where its info starts, where its offset field is, its offset and byte size
     info_at, offset_at, offsets, sizes = array("Q"), array("Q"), array("Q"), array("Q")
@@ -400,33 +400,7 @@ def _check_tensors(cur: _Cursor, n_tensors: int, alignment: int, on_tensor: OnTe
         if raw in names:
             raise cur.fail(f"{label}: duplicate tensor name", at)
         names.add(raw)
-
-        n_dims = cur.scalar("<I", f"{label}: dimension count")
-        if not 1 <= n_dims <= MAX_DIMS:
-            raise cur.fail(f"{label}: {n_dims} dimensions (must be 1 to {MAX_DIMS})", cur.pos - 4)
-        dims_at = cur.take(8 * n_dims, f"{label}: dimensions")
-        dims = struct.unpack_from(f"<{n_dims}q", buf, dims_at)
-        count = 1
-        for j, d in enumerate(dims):
-            if d < 1:
-                raise cur.fail(f"{label}: dimension {j} is {d} (must be at least 1)", dims_at + 8 * j)
-            count *= d
-        if count > _INT64_MAX:
-            raise cur.fail(f"{label}: shape {list(dims)} has more than 2^63-1 elements", dims_at)
-
-        ttype = cur.scalar("<I", f"{label}: type")
-        try:
-            qtype = GGMLQuantizationType(ttype)
-            block, type_size = GGML_QUANT_SIZES[qtype]
-        except (ValueError, KeyError):
-            raise cur.fail(f"{label}: unknown ggml type {ttype}", cur.pos - 4) from None
-        if dims[0] % block:
-            raise cur.fail(f"{label}: {dims[0]} elements per row is not a multiple of the "
-                           f"{qtype.name} block size {block}", dims_at)
-        nbytes = count // block * type_size
-        if nbytes > size:
-            raise cur.fail(f"{label}: {nbytes} bytes of {qtype.name} data do not fit in the file "
-                           f"({size} bytes)", dims_at)
+        dims, nbytes = _check_shape_and_type(cur, label)
         offset = cur.scalar("<Q", f"{label}: offset")
         if offset % alignment:
             raise cur.fail(f"{label}: offset {offset} is not a multiple of the alignment {alignment}", cur.pos - 8)
@@ -434,9 +408,48 @@ def _check_tensors(cur: _Cursor, n_tensors: int, alignment: int, on_tensor: OnTe
             arr.append(v)
         if on_tensor is not None:
             on_tensor(name, dims, at)
+    if n_tensors:
+        _check_tensor_data(cur, alignment, info_at, offset_at, offsets, sizes)
 
-    if not n_tensors:
-        return
+
+def _check_shape_and_type(cur: _Cursor, label: str) -> tuple[tuple[int, ...], int]:
+    """A tensor info's dimensions and ggml type; returns the dimensions and the data's byte size."""
+    buf, size = cur.buf, len(cur.buf)
+    n_dims = cur.scalar("<I", f"{label}: dimension count")
+    if not 1 <= n_dims <= MAX_DIMS:
+        raise cur.fail(f"{label}: {n_dims} dimensions (must be 1 to {MAX_DIMS})", cur.pos - 4)
+    dims_at = cur.take(8 * n_dims, f"{label}: dimensions")
+    dims = struct.unpack_from(f"<{n_dims}q", buf, dims_at)
+    count = 1
+    for j, d in enumerate(dims):
+        if d < 1:
+            raise cur.fail(f"{label}: dimension {j} is {d} (must be at least 1)", dims_at + 8 * j)
+        count *= d
+    if count > _INT64_MAX:
+        raise cur.fail(f"{label}: shape {list(dims)} has more than 2^63-1 elements", dims_at)
+
+    ttype = cur.scalar("<I", f"{label}: type")
+    try:
+        qtype = GGMLQuantizationType(ttype)
+        block, type_size = GGML_QUANT_SIZES[qtype]
+    except (ValueError, KeyError):
+        raise cur.fail(f"{label}: unknown ggml type {ttype}", cur.pos - 4) from None
+    if dims[0] % block:
+        raise cur.fail(f"{label}: {dims[0]} elements per row is not a multiple of the "
+                       f"{qtype.name} block size {block}", dims_at)
+    nbytes = count // block * type_size
+    if nbytes > size:
+        raise cur.fail(f"{label}: {nbytes} bytes of {qtype.name} data do not fit in the file "
+                       f"({size} bytes)", dims_at)
+    return dims, nbytes
+
+
+def _check_tensor_data(cur: _Cursor, alignment: int, info_at: array, offset_at: array, offsets: array,
+                       sizes: array) -> None:
+    """The tensors' data, after the header (cur.pos) padded to the alignment: inside the file,
+    packed in order, as gguf.cpp wants them. Per tensor: where its info starts, where its
+    offset field is, its offset and byte size."""
+    buf, size = cur.buf, len(cur.buf)
     header_end = cur.pos
     data_start = -(-header_end // alignment) * alignment
     if data_start > size:
@@ -448,7 +461,7 @@ def _check_tensors(cur: _Cursor, n_tensors: int, alignment: int, on_tensor: OnTe
         return _q(bytes(buf[info_at[i] + 8 : info_at[i] + 8 + n]).decode("utf-8"))
 
     expected = 0  # gguf.cpp: each tensor starts where the one before ends, padded
-    for i in range(n_tensors):
+    for i in range(len(offsets)):
         offset, nbytes, at = offsets[i], sizes[i], offset_at[i]
         start = data_start + offset
         if start >= size:

@@ -1,0 +1,121 @@
+"""`--help` as llama.cpp prints its own: every flag name whole, with its value's name, then
+what it does, beside the names when they fit in the names column, else on the lines below.
+Typer's rich tables give each of a flag's names a column and cut what does not fit
+(`--model-draft,--sp…` in an 80-column terminal), which hides the very names users look for.
+The flags stay grouped under their panel's title (Models, Speculation, Sampling, ...).
+
+Every command and group of the app is made by `App`, so all of them print their help here;
+the width is click's (the terminal's, at most 80 columns)."""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+from typing import Any, Iterable
+
+import typer
+from typer.core import TyperCommand, TyperGroup
+
+INDENT = 2        # a row's names start here
+NAMES = 28        # names at most this wide have their help beside them
+GAP = 2           # between the names and the help beside them
+CONTINUED = 4     # names that take more than one line: the further lines' indentation
+
+
+def write_help(command: Any, ctx: Any, formatter: Any) -> None:
+    """The whole help page of `command` into click's `formatter`: usage, description, the
+    arguments and options panel by panel, the sub-commands, the epilogue."""
+    width = formatter.width
+    formatter.write_usage(ctx.command_path, " ".join(command.collect_usage_pieces(ctx)))
+    blocks = [_paragraphs(command.help, width)] if command.help else []
+    for title, rows in _panels(command, ctx):
+        blocks.append([f"{title}:", *_rows(rows, width)])
+    if command.epilog:
+        blocks.append(_paragraphs(command.epilog, width))
+    for block in blocks:
+        formatter.write("\n" + "\n".join(block) + "\n")
+
+
+def _panels(command: Any, ctx: Any) -> list[tuple[str, list[tuple[str, str]]]]:
+    """(title, rows of (names, help)) in typer's order: the arguments, the options without a
+    panel, the other panels as their first flag comes, then the sub-commands."""
+    panels: dict[tuple[int, str], list[tuple[str, str]]] = {(0, "Arguments"): [], (1, "Options"): []}
+    for param in command.get_params(ctx):
+        record = param.get_help_record(ctx)
+        if record is None:  # hidden
+            continue
+        kind = 0 if param.param_type_name == "argument" else 1
+        title = getattr(param, "rich_help_panel", None) or ("Arguments", "Options")[kind]
+        panels.setdefault((kind, title), []).append(record)
+    for name in getattr(command, "list_commands", lambda ctx: [])(ctx):
+        sub = command.get_command(ctx, name)
+        if sub is not None and not sub.hidden:
+            title = getattr(sub, "rich_help_panel", None) or "Commands"
+            panels.setdefault((2, title), []).append((name, sub.short_help or sub.help or ""))
+    ordered = sorted(panels.items(), key=lambda item: item[0][0])  # stable: first come within a kind
+    return [(title, rows) for (_, title), rows in ordered if rows]
+
+
+def _rows(rows: Iterable[tuple[str, str]], width: int) -> list[str]:
+    """Each row's names whole (wrapped between names, never inside one), its help beside them
+    when they fit in the names column, else below them, at the help column."""
+    rows = list(rows)
+    column = INDENT + min(NAMES, max(len(names) for names, _ in rows)) + GAP
+    lines = []
+    for names, text in rows:
+        help_lines = _wrap(text, width - column)
+        if len(names) <= column - INDENT - GAP:
+            beside = help_lines.pop(0) if help_lines else ""
+            lines.append((" " * INDENT + names.ljust(column - INDENT) + beside).rstrip())
+        else:
+            lines += _wrap(names, width - INDENT, " " * INDENT, " " * (INDENT + CONTINUED))
+        lines += [" " * column + line for line in help_lines]
+    return lines
+
+
+def _paragraphs(text: str, width: int) -> list[str]:
+    """A description's paragraphs (blank-line separated), each re-wrapped, a blank line between."""
+    out: list[str] = []
+    for paragraph in inspect.cleandoc(text).split("\n\n"):
+        if paragraph.strip():
+            out += ([""] if out else []) + _wrap(paragraph, width - INDENT, " " * INDENT, " " * INDENT)
+    return out
+
+
+def _wrap(text: str, width: int, first: str = "", further: str = "") -> list[str]:
+    """`text` in lines of at most `width` (indentation included), broken only at spaces: a flag
+    such as --spec-draft-model is never split at its hyphens, nor "default: 2048" in two."""
+    text = " ".join(text.split()).replace("default: ", "default:" + _KEEP)
+    lines = textwrap.wrap(text, width, initial_indent=first, subsequent_indent=further,
+                          break_on_hyphens=False, break_long_words=False)
+    return [line.replace(_KEEP, " ") for line in lines]
+
+
+_KEEP = "\u00a0"  # a space textwrap does not break at (it breaks at ASCII whitespace only)
+
+
+class HelpCommand(TyperCommand):
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        write_help(self, ctx, formatter)
+
+
+class HelpGroup(TyperGroup):
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        write_help(self, ctx, formatter)
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if not args and self.no_args_is_help and not ctx.resilient_parsing:
+            # the help is the error's message, which nothing prints (typer's tables were printed
+            # while the error was made): `speculate models` shows it on stdout, as it always has
+            typer.echo(ctx.get_help())
+        return super().parse_args(ctx, args)
+
+
+class App(typer.Typer):
+    """typer.Typer whose group and commands print their help with `write_help`."""
+
+    def __init__(self, *args: Any, cls: type = HelpGroup, **kwargs: Any):
+        super().__init__(*args, cls=cls, **kwargs)
+
+    def command(self, *args: Any, cls: type = HelpCommand, **kwargs: Any):
+        return super().command(*args, cls=cls, **kwargs)
