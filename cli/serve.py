@@ -68,7 +68,7 @@ def serve_command(
     sock = _bind(host, port)  # before loading: a taken port fails at once, not after the models load
     with sock, Engine(target, draft, notify=lambda message: print(message, file=sys.stderr),
                       cache_ram_mib=cache_ram, **pool.engine_args()) as engine:
-        engine.make_drafter(spec)  # auto measures its costs now rather than in the first request
+        engine.factory.make(spec)  # auto measures its costs now rather than in the first request
         model_info = {"id": target.name, "created": int(time.time()),
                       "meta": {"n_ctx": engine.target.n_ctx, "draft": draft.name if draft else None,
                                "spec_type": ",".join(spec.types)},
