@@ -380,7 +380,8 @@ class ModelOptions:
         loras = ([(name, 1.0) for name in _names(self.lora, "--lora")] + _scaled(self.lora_scaled),
                  [(name, 1.0) for name in _names(self.lora_draft, "--lora-draft")])
         # llama.cpp loads from here on (imported this late, a refused command line answers at once)
-        from speculative.engine.engine import MAX_SNAPSHOTS, no_mtp_layers
+        from speculative.engine.engine import MAX_SNAPSHOTS
+        from speculative.engine.factory import no_mtp_layers
         from speculative.models.gguf_meta import has_nextn_layers, is_mtp_head
 
         devices = self._devices()  # RPC servers checked and registered before anything loads

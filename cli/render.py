@@ -179,8 +179,8 @@ def _settings(sampling: SamplerSettings, spec: SpecSettings, seed: int, use_chat
             "draft_max": spec.step_max, "draft_min": spec.draft_min, "draft_p_min": spec.draft_p_min,
             "n_parallel": spec.branches, "draft_p_split": spec.p_split,
             "ignore_eos": spec.ignore_eos, "chat": use_chat,
-            "prompt_cache": str(engine.prompt_cache_file) if engine.prompt_cache_file else None,
-            "prompt_cache_ro": engine.prompt_cache_ro,
+            "prompt_cache": str(engine.persist.file) if engine.persist.file else None,
+            "prompt_cache_ro": engine.persist.read_only,
             "spec_type": ",".join(spec.types), "spec_accept": spec.accept, "n_batch": engine.target.n_batch,
             **{name: {"n": ngram.size(spec.auto), "m": ngram.m, "min_hits": ngram.min_hits}
                for name, ngram in (("ngram_simple", spec.ngram_simple), ("ngram_map_k", spec.ngram_map_k),

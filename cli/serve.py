@@ -68,7 +68,7 @@ def serve_command(
     sock = _bind(host, port)  # before loading: a taken port fails at once, not after the models load
     with sock, Engine(target, draft, notify=lambda message: print(message, file=sys.stderr),
                       cache_ram_mib=cache_ram, **pool.engine_args()) as engine:
-        engine.make_drafter(spec)  # auto measures its costs now rather than in the first request
+        engine.factory.make(spec)  # auto measures its costs now rather than in the first request
         model_info = _model_info(engine, target, draft, spec)
         with Worker(engine, spec, waiting=parallel, timeout=timeout) as worker:
             app = server.create_app(worker, model_info, api_key, loopback_only=server.is_loopback(host),

@@ -232,7 +232,7 @@ def auto_spec(label: str, n_predict: int) -> SpecSettings:
 
 
 def auto_drafter(spec: SpecSettings, file: BenchFile, pool: Pool | None) -> ObservedAuto:
-    """Auto as Engine.make_drafter builds it for a bench run: ngram-simple, the pool where it
+    """Auto as DrafterFactory.make (engine/factory.py) builds it for a bench run: ngram-simple, the pool where it
     holds anything, and the draft model where bench loaded one."""
     names = spec.drafters or ("ngram-simple", *(("ngram-pool",) if pool else ()),
                               *(("draft",) if file.meta.get("draft") else ()))

@@ -4,14 +4,13 @@ A target that can undo at most `rollback_limit` drafted tokens (llama.cpp's snap
 recurrent state; 0 for Mamba's, which has none) copies its state into a checkpoint before a
 longer draft is verified, and when more than the limit are rejected, restores it and decodes
 the accepted tokens again (speculative/decoding/cache.py). auto plans with those costs (auto.Rewind),
-which the engine measures on the loaded model (Engine._rewind, calibrate.checkpoint_costs).
+which the engine measures on the loaded model (factory.rewind, calibrate.checkpoint_costs).
 Here the fake backend does the rolling back and the fake clock says what each part costs, so
 what auto models can be held against what the cache really did, to the microsecond.
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from speculative.drafters.auto import Auto, Rewind
 from speculative.decoding.cache import Cache
 from speculative.decoding.drafter import Draft, Drafter
 from speculative.drafters import ModelDrafter, NgramSimple
-from speculative.engine.engine import Engine
+from speculative.engine import factory
 from speculative.decoding.events import Step, Token
 from speculative.decoding.loop import generate
 from speculative.decoding.sampling import Sampler
@@ -48,11 +47,6 @@ def recurrent_target(model: ToyModel, clock: Clock, limit: int) -> Cache:
     return Cache(backend)
 
 
-def engine_of(cache: Cache) -> SimpleNamespace:
-    """What Engine._rewind reads of an engine: the target and its cache."""
-    return SimpleNamespace(target=cache.model, caches={"target": cache})
-
-
 # -- what the engine measures ------------------------------------------------------
 
 
@@ -60,13 +54,13 @@ def test_the_engine_measures_the_checkpoint_costs_auto_plans_with(monkeypatch):
     clock = Clock(verify_cost, SAVE, RESTORE, redecode=True)
     monkeypatch.setattr("speculative.engine.calibrate.time", clock)
     cache = recurrent_target(ToyModel(), clock, limit=2)
-    rewind = Engine._rewind(engine_of(cache), K_MAX)
+    rewind = factory.rewind(cache, K_MAX)
     assert rewind.limit == 2
     assert (rewind.save, rewind.restore) == (pytest.approx(SAVE, abs=1e-12), pytest.approx(RESTORE, abs=1e-12))
     assert len(cache) == 0 and cache.model.cache == []  # measured, then left empty
-    assert Engine._rewind(engine_of(cache), 2) is None  # the snapshots undo every draft auto may make
+    assert factory.rewind(cache, 2) is None  # the snapshots undo every draft auto may make
     cache.model.rollback_limit = None  # an attention cache drops any suffix for nothing
-    assert Engine._rewind(engine_of(cache), K_MAX) is None
+    assert factory.rewind(cache, K_MAX) is None
 
 
 # -- what auto models, against the clock -------------------------------------------
@@ -154,7 +148,7 @@ def run_auto(limit: int, save: float, restore: float, drafter: str = "draft", n:
     with pytest.MonkeyPatch.context() as patch:
         for module in ("decoding.loop", "drafters.auto", "engine.calibrate"):
             patch.setattr(f"speculative.{module}.time", clock)
-        rewind = Engine._rewind(engine_of(cache), K_MAX)
+        rewind = factory.rewind(cache, K_MAX)
         restored = cache.model.checkpoints["restored"]  # by the measurement
         drafters = [ModelDrafter(Cache(FakeBackend(model.perturbed(0.3, seed=5))))] if drafter == "draft" else \
             [NgramSimple(n=2, m=K_MAX)]

@@ -367,7 +367,7 @@ def test_nextn_layers_load_only_where_they_may_draft(tiny):
     with Engine(target(tiny["mtp"], mtp=False)) as engine:
         assert engine.target.nextn_layers == 0 and engine.mtp is None
         with pytest.raises(UsageError, match="no NextN"):
-            engine.make_drafter(spec(("draft-mtp",)))
+            engine.factory.make(spec(("draft-mtp",)))
     with Engine(target(tiny["plain"])) as engine:
         assert engine.target.nextn_layers == 0 and engine.mtp is None
 

@@ -13,7 +13,8 @@ import pytest
 
 from scripts.tiny_model import write_model
 from speculative.decoding.cache import Cache, _common_prefix
-from speculative.engine.engine import NEXTN_ROLE, Engine
+from speculative.engine.engine import Engine
+from speculative.engine.persist import NEXTN_ROLE
 from speculative.engine.ram_cache import MIN_TOKENS, RamCache, State
 from speculative.llamacpp.doctor import batch_invariance
 from speculative.errors import GenerationError
@@ -179,8 +180,8 @@ def test_alternating_conversations_restore_their_caches_and_generate_the_same(mo
     spec = SpecSettings(types=("draft",), draft_max=4, n_predict=24)
     with Engine(*specs, cache_ram_mib=64) as engine:
         cached = take_turns(engine, spec)
-        assert len(engine.ram_cache) == 2  # each conversation's latest turn, the older ones superseded
-        assert {tuple(e.parts) for e in engine.ram_cache.entries()} == {("target", "draft")}
+        assert len(engine.persist.ram_cache) == 2  # each conversation's latest turn, the older ones superseded
+        assert {tuple(e.parts) for e in engine.persist.ram_cache.entries()} == {("target", "draft")}
     with Engine(*specs) as engine:
         plain = take_turns(engine, spec)
     assert [t[0] for t in cached] == [t[0] for t in plain]
@@ -225,7 +226,7 @@ def test_recurrent_targets_restore_their_whole_state(tiny, arch, batch_invariant
     spec = SpecSettings(types=("draft",), draft_max=4, n_predict=24, ignore_eos=True)
     with Engine(*specs, cache_ram_mib=64) as engine:
         cached = token_turns(engine, spec, "ABABAB")
-        assert all(e.parts["target"].checkpoint is not None for e in engine.ram_cache.entries())
+        assert all(e.parts["target"].checkpoint is not None for e in engine.persist.ram_cache.entries())
     with Engine(*specs) as engine:
         alone = token_turns(engine, spec, "AAABBB")
         plain = token_turns(engine, spec, "ABABAB")
@@ -249,7 +250,7 @@ def test_draft_mtp_gets_the_targets_nextn_rows_back(tmp_path, batch_invariant):
                         f"difference| {max(differences):.3g}): greedy identity is not expected")
         engine.caches["target"].forget()
         cached = token_turns(engine, spec, "ABABAB", drafted)
-        assert all(NEXTN_ROLE in e.parts for e in engine.ram_cache.entries())
+        assert all(NEXTN_ROLE in e.parts for e in engine.persist.ram_cache.entries())
     with Engine(target) as engine:
         alone = token_turns(engine, spec, "AAABBB", drafted)
     assert cached.keys() == alone.keys()
@@ -273,7 +274,7 @@ def test_a_state_that_cannot_be_copied_fails_no_request(tiny, caplog):
     with Engine(target, cache_ram_mib=64) as engine:
         engine.target.save_state = refuse
         answers = [complete(engine, prompt, GREEDY, spec, seed=1).tokens for prompt in prompts]
-        assert len(engine.ram_cache) == 0
+        assert len(engine.persist.ram_cache) == 0
     assert "cache-ram: could not save the caches: target: llama.cpp could not copy the KV cache" in caplog.text
     with Engine(target) as engine:
         assert answers == [complete(engine, prompt, GREEDY, spec, seed=1).tokens for prompt in prompts]
@@ -291,7 +292,7 @@ def test_forget_saves_the_conversation_and_the_next_run_processes_its_whole_prom
     with Engine(target, cache_ram_mib=64) as engine:
         complete(engine, x, GREEDY, spec, seed=1)
         first_a = complete(engine, a, GREEDY, spec, seed=1)
-        assert [e.tokens[:len(x)] for e in engine.ram_cache.entries()] == [tuple(x)]  # x's, cut by a
+        assert [e.tokens[:len(x)] for e in engine.persist.ram_cache.entries()] == [tuple(x)]  # x's, cut by a
         engine.forget()
         assert len(engine.caches["target"]) == 0
         whole = complete(engine, [*x, 5, 6], GREEDY, spec, seed=1)  # x's entry would give back 50

@@ -79,8 +79,12 @@ class SamplerSettings:
         return int.from_bytes(os.urandom(4), "little")
 
 
-SPEC_TYPES = ("none", "draft", "draft-mtp", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod",
-              "ngram-cache", "ngram-pool", "auto")
+# --spec-type's drafter types: the one list of their names. engine/factory.py builds each by
+# its name (tests/test_factory.py holds its table to this list); here they are only checked
+# and bounded, as this layer cannot know how a drafter is built.
+DRAFTER_TYPES = ("draft", "draft-mtp", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
+                 "ngram-pool")
+SPEC_TYPES = ("none", *DRAFTER_TYPES, "auto")  # none: no drafting; auto: chooses among drafters
 # llama.cpp's own n-gram drafters, ported as they are (drafters/ngram_mod.py, ngram_map.py,
 # ngram_cache.py): each drafts up to its own maximum, which --draft-max caps only when given.
 LLAMA_NGRAM_TYPES = ("ngram-map-k4v", "ngram-mod", "ngram-cache")

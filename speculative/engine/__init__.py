@@ -1,6 +1,8 @@
 """Running prompts on loaded models: what every command builds on.
 
   engine.py        Engine: load a target (and draft), turn prompts into tokens, run the loop
+  factory.py       the drafter a run asks for, built by its --spec-type names
+  persist.py       the prompt cache file and --cache-ram around each run
   stream.py        the loop's events as text pieces and statistics
   text.py          tokens to text, stop strings
   chat.py          chat templates

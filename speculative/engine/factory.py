@@ -1,0 +1,156 @@
+"""The drafter a run asks for, built by its --spec-type names: one drafter, a chain of several
+tried in order, or auto choosing among them each step.
+
+BUILDERS says how each type is built; which types exist is settings.DRAFTER_TYPES, the one
+list of their names (the settings layer checks --spec-type against it and cannot import this
+one; tests/test_factory.py holds the two to each other). What drafters keep between runs lives
+here too: ngram-mod's hash tables, and ngram-cache's -lcs/-lcd files (read once; -lcd written
+back, with what the requests learned, when the engine closes).
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+from typing import Callable
+
+from speculative.decoding.cache import Cache, MtpCache
+from speculative.decoding.drafter import Drafter
+from speculative.decoding.sampling import Sampler
+from speculative.decoding.settings import NgramSettings, SpecSettings
+from speculative.drafters import (Chain, LookupFiles, ModelDrafter, ModTable, MtpDrafter, NgramCache, NgramMapK, NgramMapK4v,
+                                  NgramMod, NgramSimple)
+from speculative.drafters.auto import Auto, Rewind
+from speculative.drafters.pool import Pool, PoolDrafter
+from speculative.engine import calibrate
+from speculative.errors import UsageError
+
+CATCHUP_BATCH = 16  # a draft model catching up decodes about this many tokens at once
+
+Costs = Callable[[str, int], list[float]]  # (role, max_batch) -> measured decode costs (Engine.costs)
+
+
+class DrafterFactory:
+    """Builds the drafters of a loaded target (and draft model, MTP head, pool), keeping what
+    they share between runs."""
+
+    def __init__(self, caches: dict[str, Cache], mtp: MtpCache | None, pool: Pool | None, costs: Costs,
+                 target_batch: int, notify: Callable[[str], None] | None = None):
+        """`target_batch`: the largest batch the target verifies in one step."""
+        self.caches, self.mtp, self.pool, self.costs = caches, mtp, pool, costs
+        self.target = caches["target"].model
+        self.draft = caches["draft"].model if "draft" in caches else None
+        self.target_batch = target_batch
+        self.notify = notify
+        self._mod_tables: dict[int, ModTable] = {}  # ngram-mod's tables by n_match, shared by runs
+        self._lookup_files: dict[tuple, LookupFiles] = {}  # ngram-cache's -lcs/-lcd, read once
+
+    def make(self, spec: SpecSettings, draft_sampler: Sampler | None = None) -> Drafter | None:
+        """The drafter --spec-type asks for: one, a chain, or auto over several.
+        `draft_sampler`: the draft model samples with it (else it drafts greedily)."""
+        names = spec.drafters or ("ngram-simple", *(("ngram-pool",) if self.pool else ()),
+                                  *(("draft",) if self.draft else ()), *(("draft-mtp",) if self.mtp else ()))
+        if not spec.auto and not spec.drafters:
+            return None
+        drafters = [BUILDERS[name](self, spec, draft_sampler) for name in names]
+        if spec.auto:
+            return self._auto(names, drafters, spec.draft_max)
+        return drafters[0] if len(drafters) == 1 else Chain(drafters, [spec.draft_limit(n) for n in names])
+
+    def _auto(self, names: tuple[str, ...], drafters: list[Drafter], draft_max: int) -> Auto:
+        """auto over `drafters`, with what the models' steps cost as measured (calibrate.py)."""
+        draft_costs, catchup_costs = {}, {}
+        for name, role in (("draft", "draft"), ("draft-mtp", "mtp")):
+            if name in names:  # a token alone, and a token within a batch of CATCHUP_BATCH
+                costs = self.costs(role, CATCHUP_BATCH)
+                draft_costs[name], catchup_costs[name] = costs[0], costs[-1] / len(costs)
+        k_max = min(draft_max, self.target_batch - 1)
+        return Auto(drafters, self.costs("target", k_max + 1), k_max, draft_costs, catchup_costs,
+                    rewind(self.caches["target"], k_max))
+
+    def mod_table(self, n_match: int) -> ModTable:
+        """ngram-mod's table for n-grams of n_match tokens, made the first time a run asks for it."""
+        if n_match not in self._mod_tables:
+            self._mod_tables[n_match] = ModTable(n_match)
+        return self._mod_tables[n_match]
+
+    def lookup_files(self, spec: SpecSettings) -> LookupFiles:
+        """ngram-cache's files, read the first time a run asks for them (notices for what is unusable)."""
+        key = (spec.lookup_cache.static, spec.lookup_cache.dynamic)
+        if key not in self._lookup_files:
+            self._lookup_files[key] = LookupFiles(*key, self.target.n_vocab, self.notify or (lambda _: None))
+        return self._lookup_files[key]
+
+    def close(self) -> None:
+        for files in self._lookup_files.values():
+            files.save()  # -lcd: llama-lookup saves its dynamic cache at the end too
+        self._lookup_files.clear()
+
+
+def rewind(target: Cache, k_max: int) -> Rewind | None:
+    """What drafts of up to k_max tokens cost the target beyond its verify (auto.Rewind):
+    nothing for an attention cache, or a recurrent state whose snapshots cover them."""
+    limit = target.model.rollback_limit
+    if limit is None or limit >= k_max:
+        return None
+    return Rewind(limit, *calibrate.checkpoint_costs(target))
+
+
+def no_mtp_layers(name: str) -> str:
+    return (f"--spec-type draft-mtp: {name} has no NextN (MTP) layers to draft with; "
+            "give its MTP head file with -md")
+
+
+Builder = Callable[[DrafterFactory, SpecSettings, "Sampler | None"], Drafter]
+
+
+def _draft(factory: DrafterFactory, spec: SpecSettings, draft_sampler: Sampler | None) -> Drafter:
+    draft, target = factory.draft, factory.target
+    if draft is None:
+        raise UsageError("--spec-type draft needs a draft model: give -md PATH|NAME")
+    if spec.branches > min(draft.n_seq, target.n_seq):
+        raise UsageError(f"{spec.branches} draft branches: the models were loaded for "
+                         f"{min(draft.n_seq, target.n_seq)} branches")
+    return ModelDrafter(factory.caches["draft"], p_min=spec.draft_p_min, sampler=draft_sampler,
+                        branches=spec.branches, p_split=spec.p_split)
+
+
+def _draft_mtp(factory: DrafterFactory, spec: SpecSettings, draft_sampler: Sampler | None) -> Drafter:
+    if factory.mtp is None:
+        raise UsageError(no_mtp_layers(factory.target.name))
+    return MtpDrafter(factory.mtp, factory.target.is_eog, p_min=spec.draft_p_min, sampler=draft_sampler)
+
+
+def _ngram(kind: type, settings_of: Callable[[SpecSettings], NgramSettings]) -> Builder:
+    """An n-gram lookup type built from its own --spec-ngram-KIND-* values."""
+    def build(factory: DrafterFactory, spec: SpecSettings, draft_sampler: Sampler | None) -> Drafter:
+        ngram = settings_of(spec)
+        return kind(ngram.size(spec.auto), ngram.m, ngram.min_hits)
+    return build
+
+
+def _ngram_mod(factory: DrafterFactory, spec: SpecSettings, draft_sampler: Sampler | None) -> Drafter:
+    mod = spec.ngram_mod
+    return NgramMod(factory.mod_table(mod.n_match), mod.n_min, mod.n_max)
+
+
+def _ngram_cache(factory: DrafterFactory, spec: SpecSettings, draft_sampler: Sampler | None) -> Drafter:
+    return NgramCache(factory.lookup_files(spec))
+
+
+def _ngram_pool(factory: DrafterFactory, spec: SpecSettings, draft_sampler: Sampler | None) -> Drafter:
+    if factory.pool is None:
+        raise UsageError("--spec-type ngram-pool: the pool is off (--spec-pool-tokens 0)")
+    return PoolDrafter(factory.pool)
+
+
+# How each drafter type is built, by its --spec-type name (in settings.DRAFTER_TYPES' order).
+BUILDERS: dict[str, Builder] = {
+    "draft": _draft,
+    "draft-mtp": _draft_mtp,
+    "ngram-simple": _ngram(NgramSimple, attrgetter("ngram_simple")),
+    "ngram-map-k": _ngram(NgramMapK, attrgetter("ngram_map_k")),
+    "ngram-map-k4v": _ngram(NgramMapK4v, attrgetter("ngram_map_k4v")),
+    "ngram-mod": _ngram_mod,
+    "ngram-cache": _ngram_cache,
+    "ngram-pool": _ngram_pool,
+}

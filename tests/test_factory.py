@@ -1,0 +1,70 @@
+"""The drafter factory (speculative/engine/factory.py), against the fake backend: its table
+builds exactly the drafter types settings.py knows, each a drafter of that name, and what
+drafters keep between runs is shared by the runs."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from speculative.decoding.cache import Cache
+from speculative.decoding.settings import DRAFTER_TYPES, LLAMA_NGRAM_TYPES, SPEC_TYPES, UNAVAILABLE_TYPES, SpecSettings
+from speculative.drafters import Chain
+from speculative.drafters.auto import Auto
+from speculative.drafters.pool import Pool
+from speculative.engine.factory import BUILDERS, DrafterFactory
+from speculative.errors import UsageError
+from tests.fakes import FakeBackend, ToyModel
+
+
+def test_the_factory_builds_exactly_the_types_settings_knows():
+    """settings.DRAFTER_TYPES is the one list of names (the lower layer checks --spec-type
+    against it); the factory's table must say how to build each of them, and nothing else."""
+    assert tuple(BUILDERS) == DRAFTER_TYPES
+    assert SPEC_TYPES == ("none", *DRAFTER_TYPES, "auto")
+    assert set(LLAMA_NGRAM_TYPES) <= set(DRAFTER_TYPES)
+    assert not set(UNAVAILABLE_TYPES) & set(SPEC_TYPES)
+
+
+def factory(draft: bool = True, mtp: bool = True, pool: bool = True) -> DrafterFactory:
+    caches = {"target": Cache(FakeBackend(ToyModel())), **({"draft": Cache(FakeBackend(ToyModel()))} if draft else {})}
+    head = SimpleNamespace(n_ctx=256) if mtp else None  # enough of an MtpCache to build its drafter
+    return DrafterFactory(caches, head, Pool(max_tokens=1000) if pool else None,
+                          lambda role, max_batch: [1e-3 * (1 + b) for b in range(max_batch)], target_batch=64)
+
+
+@pytest.mark.parametrize("name", DRAFTER_TYPES)
+def test_each_type_builds_a_drafter_of_its_name(name):
+    drafter = factory().make(SpecSettings(types=(name,)))
+    assert drafter.name == name
+
+
+@pytest.mark.parametrize("name, missing, message", [
+    ("draft", {"draft": False}, "needs a draft model"),
+    ("draft-mtp", {"mtp": False}, "no NextN"),
+    ("ngram-pool", {"pool": False}, "the pool is off"),
+])
+def test_a_type_without_what_it_drafts_with_is_refused(name, missing, message):
+    with pytest.raises(UsageError, match=message):
+        factory(**missing).make(SpecSettings(types=(name,)))
+
+
+def test_none_builds_nothing_several_build_a_chain_and_auto_takes_the_defaults():
+    assert factory().make(SpecSettings(types=("none",))) is None
+    chain = factory().make(SpecSettings(types=("ngram-mod", "ngram-simple")))
+    assert isinstance(chain, Chain) and chain.name == "ngram-mod,ngram-simple"
+    made = factory()
+    auto = made.make(SpecSettings(types=("auto",)))
+    assert isinstance(auto, Auto)
+    assert [d.name for d in auto.drafters] == ["ngram-simple", "draft", "draft-mtp"]  # the pool is empty
+    made.pool.add(list(range(64)))
+    assert [d.name for d in made.make(SpecSettings(types=("auto",))).drafters] == [
+        "ngram-simple", "ngram-pool", "draft", "draft-mtp"]
+
+
+def test_ngram_mod_tables_and_lookup_files_are_shared_by_runs():
+    made = factory()
+    first, second = (made.make(SpecSettings(types=("ngram-mod", "ngram-cache"))) for _ in range(2))
+    assert first.drafters[0].table is second.drafters[0].table
+    assert first.drafters[1].files is second.drafters[1].files
