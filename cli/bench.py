@@ -81,7 +81,7 @@ def bench_command(
                      f"accepted {run.n_accept}/{run.n_drafted}")
 
     from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
-    from speculative.llamacpp.model import system_info
+    from speculative.llamacpp.devices import system_info
 
     with Engine(target, draft, notify=stderr.print, **pool.engine_args()) as engine:
         started = time.time()
