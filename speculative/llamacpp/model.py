@@ -33,7 +33,8 @@ from speculative.decoding.backend import Outputs
 from speculative.decoding.settings import ModelSpec
 from speculative.errors import GenerationError, ModelError
 from speculative.llamacpp import identity
-from speculative.llamacpp.decode import Batch, Context, context_kernels, context_params, default_threads, flash_attn_type
+from speculative.llamacpp.decode import (Batch, Context, context_kernels, context_params, default_threads,
+                                         flash_attn_type)
 from speculative.llamacpp.devices import init_once, model_params, placement
 from speculative.llamacpp.load import check_file, load_adapters, load_weights
 from speculative.llamacpp.mtp import MtpHead
