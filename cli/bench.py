@@ -108,7 +108,7 @@ def _chosen_prompts(prompts: Path, category: Optional[List[str]], limit: int) ->
 
 def _meta(engine, target: ModelSpec, draft: ModelSpec | None, started: float, settings: dict, prompts: list) -> dict:
     """What the results file records besides the runs: the machine, the models, the settings."""
-    from speculative.llamacpp.model import system_info
+    from speculative.llamacpp.devices import system_info
 
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": round(time.time() - started, 1),

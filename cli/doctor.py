@@ -21,7 +21,7 @@ def doctor_command(
     target, _ = replace(models, ctx_size=512, batch_size=512).specs(use_draft=False)
     from speculative.llamacpp.doctor import batch_invariance
     from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
-    from speculative.llamacpp.model import bindings_version, gpu_offload, rpc_available, system_info
+    from speculative.llamacpp.devices import bindings_version, gpu_offload, rpc_available, system_info
 
     with Engine(target) as engine:
         m = engine.target

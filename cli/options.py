@@ -415,7 +415,7 @@ class ModelOptions:
         as llama.cpp's --rpc, -dev and -devd choose them; --rpc's servers are checked and their
         devices registered."""
         from speculative.llamacpp import rpc
-        from speculative.llamacpp.model import offload_devices
+        from speculative.llamacpp.devices import offload_devices
 
         remote = tuple(rpc.connect(rpc.parse(self.rpc))) if self.rpc is not None else None
         target = _device_list(self.device, "-dev/--device")
@@ -432,7 +432,7 @@ def _device_list(value: Optional[str], flag: str) -> tuple[str, ...] | None:
         return None
     if value.strip() == "none":
         return ()
-    from speculative.llamacpp.model import offload_devices
+    from speculative.llamacpp.devices import offload_devices
 
     names = tuple(_names([value], flag))
     known = offload_devices()

@@ -39,9 +39,9 @@ def rpc_server_command(
         raise UsageError(f"-p/--port must be 1..65535, got {port}")
     if threads is not None and threads < 1:
         raise UsageError(f"-t/--threads must be >= 1, got {threads}")
-    from speculative.llamacpp import model as llamacpp  # loads llama.cpp: imported by this command (start-up time)
+    from speculative.llamacpp import devices as ggml  # loads llama.cpp: imported by this command (start-up time)
 
-    llamacpp.require_rpc()
+    ggml.require_rpc()
     devices = _devices(device)
     if not _loopback(host):
         print(WARNING.format(host=host), file=sys.stderr)
@@ -51,7 +51,7 @@ def rpc_server_command(
     endpoint = f"{host}:{port}"
     print(f"speculate rpc-server: serving {', '.join(devices)} on {endpoint} (Ctrl-C or SIGTERM stops it)",
           file=sys.stderr, flush=True)
-    server = llamacpp.serve_rpc(endpoint, devices, threads or max(1, (os.cpu_count() or 2) // 2),
+    server = ggml.serve_rpc(endpoint, devices, threads or max(1, (os.cpu_count() or 2) // 2),
                                 cache_dir)
     server.join()  # returns only when ggml could not serve; a signal ends the process in _stop
     raise GenerationError(f"the RPC server could not serve on {endpoint} (address not available, or port in use?)")
@@ -59,11 +59,11 @@ def rpc_server_command(
 
 def _devices(value: Optional[str]) -> list[str]:
     """-d as llama.cpp's rpc-server reads it, or its default: the GPUs, else the CPU."""
-    from speculative.llamacpp import model as llamacpp
+    from speculative.llamacpp import devices as ggml
 
     if value is None:
-        return llamacpp.offload_devices(remote=False) or llamacpp.cpu_devices()[:1]
-    known = llamacpp.offload_devices(remote=False) + llamacpp.cpu_devices()
+        return ggml.offload_devices(remote=False) or ggml.cpu_devices()[:1]
+    known = ggml.offload_devices(remote=False) + ggml.cpu_devices()
     names = [name for name in value.replace("/", ",").split(",") if name]
     for name in names:
         if name not in known:
@@ -88,7 +88,7 @@ def _loopback(host: str) -> bool:
 
 def _stop(signum, frame) -> None:  # pragma: no cover - ends the process
     """Ctrl-C or SIGTERM: ggml's server call never returns; end the process (its sockets close)."""
-    from speculative.llamacpp import model as llamacpp
+    from speculative.llamacpp import devices as ggml
 
-    llamacpp.flush_c_stdio()
+    ggml.flush_c_stdio()
     os._exit(0)

@@ -94,7 +94,7 @@ def build_info() -> str:
     """What /props reports as the build: speculate's and llama-cpp-python's versions."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from speculative.llamacpp.model import bindings_version
+    from speculative.llamacpp.devices import bindings_version
 
     try:
         own = version("speculate")

@@ -51,7 +51,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from scripts.results import meta  # noqa: E402
-from speculative.llamacpp.model import LlamaModel, system_info  # noqa: E402
+from speculative.decoding.settings import ModelSpec  # noqa: E402
+from speculative.llamacpp.devices import system_info  # noqa: E402
+from speculative.llamacpp.model import LlamaModel  # noqa: E402
 from speculative.models.registry import Registry, resolve  # noqa: E402
 
 DEFAULT_SOURCE = ROOT / "speculative" / "engine" / "engine.py"
@@ -88,7 +90,7 @@ def target_path(model: str | None) -> Path:
 
 def cut_prompts(path: Path, source: Path, sizes: dict[str, int]) -> dict[str, dict]:
     lines = source.read_text().splitlines(keepends=True)
-    with LlamaModel(path, name=path.name, n_ctx=512, n_gpu_layers=0) as model:
+    with LlamaModel(ModelSpec(path, name=path.name, n_ctx=512, n_gpu_layers=0)) as model:
         def count(text: str) -> int:
             return len(model.tokenize(text, add_special=True))  # as the CLI tokenises -p
 

@@ -10,7 +10,7 @@ random-weight model with one NextN layer into a temporary folder, and this scrip
 
 - the file: its bytes, and the bytes of its NextN block's tensors (every `blk.{i}.*` tensor of
   the last nextn_predict_layers blocks, as the gguf reader lists them);
-- loading it without and with the NextN layers (`LlamaModel(load_mtp=False/True)`, n_ctx
+- loading it without and with the NextN layers (`ModelSpec(mtp=False/True)`, n_ctx
   --ctx, --threads, --snapshots n_rs_seq as auto asks for on this recurrent model: the
   constructor's time, context and warm-up decode included), each load in a fresh child
   process, the two cases alternating over --repeat: the seconds, the resident memory
@@ -99,7 +99,9 @@ from scripts.tiny_model import write_model  # noqa: E402
 from speculative.decoding.cache import Cache, MtpCache  # noqa: E402
 from speculative.engine.calibrate import measure, measure_mtp  # noqa: E402
 from speculative.engine.engine import MAX_SNAPSHOTS  # noqa: E402
-from speculative.llamacpp.model import LlamaModel, system_info  # noqa: E402
+from speculative.decoding.settings import ModelSpec  # noqa: E402
+from speculative.llamacpp.devices import system_info  # noqa: E402
+from speculative.llamacpp.model import LlamaModel  # noqa: E402
 
 PROMPT = "once upon a time there were a cat and a dog. once upon a time there were"  # tests/test_mtp.py's
 CATCH_UP = 16  # the head's batch: the entries it decodes to catch up with the target
@@ -180,8 +182,8 @@ def load_child(path: Path, case: str, args) -> None:
     before = rss()
     mark("load")
     t0 = time.perf_counter()
-    model = LlamaModel(path, name=path.stem, n_ctx=args.ctx, n_threads=args.threads, n_rs_seq=args.snapshots,
-                       load_mtp=case == "nextn")
+    model = LlamaModel(ModelSpec(path, name=path.stem, n_ctx=args.ctx, n_threads=args.threads, n_rs_seq=args.snapshots,
+                       mtp=case == "nextn"))
     out = {"load_s": time.perf_counter() - t0}
     loaded = rss()
     out |= {"rss_before_mib": before["VmRSS"], "rss_loaded_mib": loaded["VmRSS"],
@@ -264,8 +266,8 @@ def measure_loads(path: Path, args) -> dict:
 
 
 def measure_costs(path: Path, args) -> dict:
-    model = LlamaModel(path, name=path.stem, n_ctx=args.ctx, n_threads=args.threads, n_rs_seq=args.snapshots,
-                       load_mtp=True)
+    model = LlamaModel(ModelSpec(path, name=path.stem, n_ctx=args.ctx, n_threads=args.threads, n_rs_seq=args.snapshots,
+                       mtp=True))
     with model:
         cache, mtp = Cache(model), MtpCache(model.mtp_head())
         repeats = []

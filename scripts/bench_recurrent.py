@@ -29,7 +29,9 @@ from scripts.results import meta  # noqa: E402
 from scripts.tiny_model import write_model  # noqa: E402
 from speculative.decoding.cache import Cache  # noqa: E402
 from speculative.engine.calibrate import checkpoint_costs  # noqa: E402
-from speculative.llamacpp.model import LlamaModel, system_info  # noqa: E402
+from speculative.decoding.settings import ModelSpec  # noqa: E402
+from speculative.llamacpp.devices import system_info  # noqa: E402
+from speculative.llamacpp.model import LlamaModel  # noqa: E402
 
 CONTEXT = 256  # tokens in the cache before each measured pass
 
@@ -41,7 +43,7 @@ def load(path: Path, threads: int, n_rs_seq: int) -> tuple[LlamaModel, float]:
     os.environ["SPECULATE_LLAMA_LOG"] = "1"
     os.dup2(log.fileno(), 2)
     try:
-        model = LlamaModel(path, name=path.stem, n_ctx=1024, n_threads=threads, n_rs_seq=n_rs_seq)
+        model = LlamaModel(ModelSpec(path, name=path.stem, n_ctx=1024, n_threads=threads, n_rs_seq=n_rs_seq))
     finally:
         os.dup2(saved, 2)
         os.environ.pop("SPECULATE_LLAMA_LOG")

@@ -22,7 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scripts.results import meta  # noqa: E402
 from speculative.decoding.cache import Cache  # noqa: E402
-from speculative.llamacpp.model import LlamaModel, system_info  # noqa: E402
+from speculative.decoding.settings import ModelSpec  # noqa: E402
+from speculative.llamacpp.devices import system_info  # noqa: E402
+from speculative.llamacpp.model import LlamaModel  # noqa: E402
 from speculative.models.registry import Registry  # noqa: E402
 
 MODELS = ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct")
@@ -40,7 +42,7 @@ def locate(name: str) -> Path:
 
 
 def sizes(path: Path) -> dict:
-    with LlamaModel(path, name=path.name, n_ctx=1024) as model:
+    with LlamaModel(ModelSpec(path, name=path.name, n_ctx=1024)) as model:
         cache = Cache(model)
         tokens = [(7 * i + 11) % model.n_vocab for i in range(LONG)]
         cache.extend(tokens[:SHORT])

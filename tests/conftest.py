@@ -134,7 +134,7 @@ def model_path():
 @pytest.fixture(scope="session")
 def batch_invariant():
     """Identity tests need a llama.cpp build whose CPU kernels do not change with batch size."""
-    from speculative.llamacpp.model import batch_variant_kernels
+    from speculative.llamacpp.devices import batch_variant_kernels
 
     kernels = batch_variant_kernels()
     if kernels:

@@ -138,7 +138,7 @@ if os.environ.get("PROBE_STDOUT"):
     render._Stdout.write = _write_once_the_reader_is_gone
 
 if os.environ.get("PROBE_SERVE"):
-    from speculative.llamacpp import model as llamacpp
+    from speculative.llamacpp import decode as llamacpp_decode
     from speculative.serving import worker as serving  # noqa: E402
     from speculative.engine.stream import Final, Piece  # noqa: E402
 
@@ -177,7 +177,7 @@ if os.environ.get("PROBE_SERVE"):
             say("posting a request's answer")
         _post(job, output)
 
-    llamacpp._abort = llamacpp.ll.ggml_abort_callback(_abort_callback)
+    llamacpp_decode._abort = llamacpp_decode.ll.ggml_abort_callback(_abort_callback)
     serving.generate = _held_generate
     serving.Job.post = _say_and_post
 

@@ -16,6 +16,7 @@ import pytest
 
 from speculative.engine.chat import conversation, render
 from speculative.errors import ModelError
+from speculative.decoding.settings import ModelSpec
 from speculative.llamacpp.model import LlamaModel
 from speculative.engine.text import TextStream
 from tests.conftest import SMOL, speculate, speculate_here, speculate_json
@@ -166,7 +167,7 @@ def test_streamed_text_is_the_whole_sequence_decoded_at_once(model_path, prompt)
     smol = str(model_path(SMOL))
     common = ("-m", smol, "-md", smol, "--spec-type", "draft", "--draft-max", "3", "-p", prompt, "--temp", "0")
     tokens = speculate_json(*common, "-n", "24")["tokens"]
-    with LlamaModel(model_path(SMOL), name=SMOL, n_ctx=64) as model:
+    with LlamaModel(ModelSpec(model_path(SMOL), name=SMOL, n_ctx=64)) as model:
         pieces = [model.token_bytes(t) for t in tokens]
 
     def at_once(n: int) -> str:

@@ -406,11 +406,12 @@ def test_cli_refuses_hostile_file(tmp_path, name, data, match):
 WORKER = r"""
 import sys
 from speculative.errors import SpeculateError
-from speculative.llamacpp import LlamaModel
+from speculative.decoding.settings import ModelSpec
+from speculative.llamacpp.model import LlamaModel
 print("@@ ready", flush=True)
 for line in sys.stdin:
     try:
-        LlamaModel(line.rstrip("\n"), name="mutant", n_ctx=64, n_batch=8, n_threads=1).close()
+        LlamaModel(ModelSpec(line.rstrip("\n"), name="mutant", n_ctx=64, n_batch=8, n_threads=1)).close()
         print("@@ loaded", flush=True)
     except SpeculateError:
         print("@@ refused", flush=True)

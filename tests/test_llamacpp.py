@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from speculative.decoding.settings import ModelSpec
 from speculative.llamacpp.model import LlamaModel
 from tests.conftest import SMOL, speculate, speculate_json
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.real
 @pytest.mark.parametrize("cached", [100, 700])
 @pytest.mark.parametrize("batch", [2, 9, 17])
 def test_a_position_scores_the_same_alone_and_inside_a_batch(model_path, batch_invariant, cached, batch):
-    with LlamaModel(model_path(SMOL), name=SMOL, n_ctx=1024) as model:
+    with LlamaModel(ModelSpec(model_path(SMOL), name=SMOL, n_ctx=1024)) as model:
         assert model.kernels == []
         tokens = np.random.default_rng(cached + batch).integers(100, model.n_vocab - 100, cached + batch).tolist()
         model.decode(tokens[:cached], 0, "none")
@@ -34,7 +35,7 @@ def test_every_branch_of_a_tree_scores_as_its_own_sequence_would(model_path, bat
     from speculative.decoding.tree import Tree
 
     tree = Tree((-1, -1, -1, 0, 0, 1, 3, 5, 2))  # three root children; forks below 0
-    with LlamaModel(model_path(SMOL), name=SMOL, n_ctx=512, n_seq=tree.n_branches) as model:
+    with LlamaModel(ModelSpec(model_path(SMOL), name=SMOL, n_ctx=512, n_seq=tree.n_branches)) as model:
         rng = np.random.default_rng(5)
         prompt = rng.integers(100, model.n_vocab - 100, 150).tolist()
         drafted = rng.integers(100, model.n_vocab - 100, len(tree.parents)).tolist()
@@ -69,7 +70,7 @@ def test_every_branch_of_a_tree_scores_as_its_own_sequence_would(model_path, bat
 
 
 def test_flash_attention_on_the_cpu_is_reported_as_batch_variant(model_path):
-    with LlamaModel(model_path(SMOL), name=SMOL, n_ctx=256, n_gpu_layers=0, flash_attn="on") as model:
+    with LlamaModel(ModelSpec(model_path(SMOL), name=SMOL, n_ctx=256, n_gpu_layers=0, flash_attn="on")) as model:
         assert "FLASH_ATTN" in model.kernels
         assert "FLASH_ATTN" in model.identity()["kernels"]  # calibrations are kept apart
 

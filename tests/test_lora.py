@@ -14,6 +14,7 @@ from gguf import GGUFReader
 
 from speculative.errors import ModelError
 from speculative.models.gguf_meta import preflight_adapter
+from speculative.decoding.settings import ModelSpec
 from speculative.llamacpp.model import LlamaModel
 from tests.conftest import SMOL, speculate, speculate_here, speculate_json
 from tests.gguf_builder import KV, T, V, build, write_lora, write_tiny_llama
@@ -103,7 +104,7 @@ def test_an_adapter_changes_the_logits_and_scale_0_leaves_them(tiny, tmp_path):
     lora = write_lora(tmp_path / "lora.gguf", TINY_WEIGHTS, rank=4, std=1.0)
 
     def logits(loras) -> tuple[np.ndarray, dict]:
-        with LlamaModel(tiny, name="tiny", n_ctx=64, loras=loras) as model:
+        with LlamaModel(ModelSpec(tiny, name="tiny", n_ctx=64, loras=loras)) as model:
             return model.decode([1, 4, 5, 6], 0, "last")[0].copy(), model.identity()
 
     base, base_id = logits(())
@@ -125,7 +126,7 @@ def test_an_adapter_llama_cpp_refuses_is_a_model_error(tiny, tmp_path):
     path = adapter_file(tmp_path, [ARCH, IS_ADAPTER, IS_LORA, tokens], Q_PAIR)
     preflight_adapter(path, tiny)
     with pytest.raises(ModelError, match=rf"^{path}: llama.cpp could not load this LoRA adapter for tiny.gguf$"):
-        LlamaModel(tiny, name="tiny", n_ctx=64, loras=[(path, 1.0)])
+        LlamaModel(ModelSpec(tiny, name="tiny", n_ctx=64, loras=[(path, 1.0)]))
 
 
 # -- the command line ----------------------------------------------------------------

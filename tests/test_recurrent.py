@@ -31,6 +31,7 @@ from speculative.decoding.drafter import Draft, Drafter
 from speculative.drafters import NgramSimple
 from speculative.engine.engine import Engine
 from speculative.decoding.events import Step, Token
+from speculative.decoding.settings import ModelSpec
 from speculative.llamacpp.model import LlamaModel
 from speculative.decoding.loop import generate
 from speculative.decoding.sampling import Sampler
@@ -130,7 +131,7 @@ def test_rejections_at_every_position_keep_greedy_output(tiny, arch, batch_invar
     target-only decoding's, through snapshots (lfm2, qwen35) or checkpoints (the others)."""
     path = tiny(arch)
     rollback = ARCH_INFO[arch].rollback
-    with LlamaModel(path, name=arch, n_ctx=512, n_rs_seq=8, n_threads=THREADS) as model:
+    with LlamaModel(ModelSpec(path, name=arch, n_ctx=512, n_rs_seq=8, n_threads=THREADS)) as model:
         assert model.recurrent and model.rollback_limit == (8 if rollback else 0)
         cache = Cache(model)
         differences = [c.max_abs_diff for c in batch_invariance(cache, depths=(16,))]
@@ -300,7 +301,7 @@ def test_doctor_probes_recurrent_layers(tiny):
     report = speculate_json("doctor", "-m", str(path), "-t", str(THREADS))
     assert report["recurrent"] is True and report["architecture"] == "qwen35"
     assert len(report["checks"]) == 30 and all(np.isfinite(c["max_abs_diff"]) for c in report["checks"])
-    with LlamaModel(path, name="qwen35", n_ctx=512, n_batch=512, n_threads=THREADS) as model:
+    with LlamaModel(ModelSpec(path, name="qwen35", n_ctx=512, n_batch=512, n_threads=THREADS)) as model:
         tokens = probe_tokens(np.random.default_rng(0), model.n_vocab, 16 + 16)  # doctor's first probe
         model.decode(tokens[:16], 0, "none")
         alone = np.array([model.decode([t], 16 + i, "last")[0].copy() for i, t in enumerate(tokens[16:])])

@@ -20,9 +20,11 @@ from contextlib import contextmanager
 
 import pytest
 
-from speculative.llamacpp import model as llamacpp, rpc
+from speculative.llamacpp import devices as ggml, rpc
+from speculative.decoding.settings import ModelSpec
 from speculative.errors import ModelError, UsageError
-from speculative.llamacpp.model import DEV_CPU, DEV_GPU, LlamaModel, rpc_available
+from speculative.llamacpp.devices import DEV_CPU, DEV_GPU, rpc_available
+from speculative.llamacpp.model import LlamaModel
 from tests.conftest import SMOL, SPECULATE, speculate, speculate_here, speculate_json
 
 real = pytest.mark.real
@@ -164,8 +166,8 @@ class _LibWithoutRpc:
 
 @pytest.fixture
 def build_without_rpc(monkeypatch):
-    lib = llamacpp._lib()
-    monkeypatch.setattr(llamacpp, "_lib", lambda: _LibWithoutRpc(lib))
+    lib = ggml._lib()
+    monkeypatch.setattr(ggml, "_lib", lambda: _LibWithoutRpc(lib))
     assert not rpc_available()
 
 
@@ -187,7 +189,7 @@ def devices(monkeypatch):
     """ggml's device registry as the test sets it (name -> (type, an RPC server's)), this machine's
     CPU to begin with; connecting --rpc's servers adds a device RPC0, RPC1, ... for each."""
     registry = {"CPU": (DEV_CPU, False)}
-    monkeypatch.setattr(llamacpp, "_devices", lambda: dict(registry))
+    monkeypatch.setattr(ggml, "_devices", lambda: dict(registry))
 
     def connect(endpoints):
         names = [f"RPC{i}" for i in range(len(endpoints))]
@@ -240,7 +242,7 @@ def test_a_model_on_a_machine_without_gpu_takes_the_cpu_path_in_an_rpc_build(mod
     import llama_cpp as ll
 
     assert ll.llama_supports_gpu_offload()
-    with LlamaModel(model_path(SMOL), name=SMOL, n_ctx=256) as model:
+    with LlamaModel(ModelSpec(model_path(SMOL), name=SMOL, n_ctx=256)) as model:
         assert model.placement == "cpu"
         assert model._flash_attn_type == ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
         assert model.kernels == []

@@ -19,6 +19,7 @@ import pytest
 
 from speculative.decoding.cache import Cache
 from speculative.drafters import ModelDrafter
+from speculative.decoding.settings import ModelSpec
 from speculative.llamacpp.model import LlamaModel
 from speculative.decoding.events import Step, Token
 from speculative.decoding.loop import generate
@@ -45,7 +46,7 @@ def exact_first_token(model: LlamaModel, prompt: list[int]) -> dict[int, float]:
 
 def test_first_tokens_follow_target_only_probabilities(model_path):
     path = model_path(SMOL)
-    with LlamaModel(path, name="target", n_ctx=64) as target, LlamaModel(path, name="draft", n_ctx=64) as draft:
+    with LlamaModel(ModelSpec(path, name="target", n_ctx=64)) as target, LlamaModel(ModelSpec(path, name="draft", n_ctx=64)) as draft:
         prompt = target.tokenize("My favourite animal is", add_special=True)
         expected = exact_first_token(target, prompt)
         counts = dict.fromkeys(expected, 0)

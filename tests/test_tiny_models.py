@@ -1,7 +1,7 @@
 """scripts/tiny_model.py writes models the pinned llama.cpp really loads and runs.
 
 Every architecture of ARCHS is written to a temporary directory and driven through
-llama-cpp-python's low-level bindings (as speculative/llamacpp/model.py does): it loads, llama.cpp
+llama-cpp-python's low-level bindings (as speculative/llamacpp/ does): it loads, llama.cpp
 classes it as the architecture should be (recurrent, hybrid, diffusion), and the generative
 ones decode greedily into varied, reproducible text. Qwen3.5's NextN (MTP) layer loads and
 runs in an MTP context. Hybrids that support it roll their recurrent state back (n_rs_seq),
@@ -25,7 +25,7 @@ import llama_cpp as ll
 from llama_cpp import llama_cpp_ext as ll_ext
 
 from scripts.tiny_model import ARCH_INFO, ARCHS, SPECIALS, tokenizer_vocab, write_model
-from speculative.llamacpp.model import _init_once
+from speculative.llamacpp.devices import init_once
 
 pytestmark = pytest.mark.real
 
@@ -40,7 +40,7 @@ N_RS_SEQ = 8
 
 @pytest.fixture(scope="module", autouse=True)
 def _backend():
-    _init_once()  # the backend, and llama.cpp's log quiet unless SPECULATE_LLAMA_LOG is set
+    init_once()  # the backend, and llama.cpp's log quiet unless SPECULATE_LLAMA_LOG is set
 
 
 @pytest.fixture(scope="module")

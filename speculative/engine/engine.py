@@ -234,10 +234,7 @@ def _largest_batch(model: LlamaModel) -> int:
 
 
 def _load(spec: ModelSpec) -> LlamaModel:
-    model = LlamaModel(spec.path, name=spec.name, n_ctx=spec.n_ctx, n_batch=spec.n_batch,
-                       n_gpu_layers=spec.n_gpu_layers, n_threads=spec.n_threads,
-                       flash_attn=spec.flash_attn, n_seq=spec.n_seq, n_rs_seq=spec.n_rs_seq, loras=spec.loras,
-                       load_mtp=spec.mtp, devices=spec.devices)
+    model = LlamaModel(spec)
     if model.recurrent and spec.n_seq > 1:
         model.close()
         raise UsageError(f"{spec.n_seq} draft branches (-np): {spec.name} ({model.arch}) keeps a recurrent "

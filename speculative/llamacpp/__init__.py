@@ -1,7 +1,13 @@
 """The llama.cpp binding: the only package that imports llama_cpp.
 
   model.py      LlamaModel: one model and its context, the backend the loop talks to
-  nextn.py      the NextN (MTP) helpers llama-cpp-python binds from llama-ext.h
+  load.py       a model file's checks before llama.cpp sees it, its weights, its LoRA adapters
+  tokenizer.py  Tokenizer: a model's vocabulary (tokens, their text, the special tokens)
+  decode.py     the decode path LlamaModel and MtpHead share: context parameters, Batch, Context
+  mtp.py        MtpHead: a model's NextN (MTP) layers in a context of their own
+  identity.py   what calibrations and the prompt cache recognise a model by
+  devices.py    llama.cpp in this process (init, system info) and ggml's devices and RPC backend
+  nextn.py      the target's NextN rows, kept for the MTP head
   rpc.py        llama.cpp's RPC servers as devices
   interrupt.py  Ctrl-C inside llama_decode: llama.cpp's abort callback
   doctor.py     the doctor's probe: is this build exact (batch-invariant)?

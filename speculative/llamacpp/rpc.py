@@ -22,7 +22,7 @@ import sys
 import threading
 from typing import Sequence
 
-from speculative.llamacpp import model as llamacpp
+from speculative.llamacpp import devices
 from speculative.errors import ModelError, UsageError
 
 PROTO_MAJOR, PROTO_MINOR = 7, 0  # RPC_PROTO_*_VERSION in ggml-rpc.h of the pinned llama.cpp
@@ -73,12 +73,12 @@ def _recv(sock: socket.socket, n: int, endpoint: str) -> bytes:
 
 def connect(endpoints: Sequence[str]) -> list[str]:
     """Check every server, register their devices with ggml and hook ggml's aborts; the devices' names."""
-    llamacpp.require_rpc()
+    devices.require_rpc()
     for endpoint in endpoints:
         check(endpoint)
-    llamacpp.on_ggml_abort(lambda message: _aborted(endpoints, message))
+    devices.on_ggml_abort(lambda message: _aborted(endpoints, message))
     _watch_signals(endpoints)
-    return llamacpp.add_rpc_servers(endpoints)
+    return devices.add_rpc_servers(endpoints)
 
 
 def _aborted(endpoints: Sequence[str], message: str) -> None:  # pragma: no cover - ends the process

@@ -1,0 +1,176 @@
+"""The decode path the target (model.LlamaModel) and its MTP head (mtp.MtpHead) share.
+
+A context's parameters as speculate sets them, and one llama_batch per context reused for
+every call: its arrays filled through numpy views, run with llama_decode (the time inside
+counted), and the logits read as zero-copy numpy views of llama.cpp's own buffer. Both are
+a Context: a llama.cpp context and its Batch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from typing import Iterator, Sequence
+
+import llama_cpp as ll
+import numpy as np
+
+from speculative.errors import GenerationError
+from speculative.llamacpp import interrupt
+from speculative.llamacpp.devices import batch_variant_kernels
+
+_abort = ll.ggml_abort_callback(interrupt.poll)  # Ctrl-C and SIGTERM stop a decode within a graph node
+_no_abort = ll.ggml_abort_callback()  # NULL
+# llama.cpp calls the abort callback at every graph node, which costs ~2% of decoding speed;
+# only batches this large (prompt chunks, seconds to minutes on a CPU) are made abortable.
+# A draft step, at most a few hundred ms, finishes before the signal is handled.
+ABORTABLE_FROM = 64
+
+
+def flash_attn_type(mode: str, on_gpu: bool) -> int:
+    """llama.cpp's flash-attention setting for -fa MODE. `auto` is llama.cpp's auto on this
+    machine's GPUs and off elsewhere: on the CPU the flash-attention kernel is batch-variant (see
+    LlamaModel.kernels) and decodes no faster, and an RPC server's device may be a CPU."""
+    if mode == "on":
+        return ll.LLAMA_FLASH_ATTN_TYPE_ENABLED
+    if mode == "off" or not on_gpu:
+        return ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    return ll.LLAMA_FLASH_ATTN_TYPE_AUTO
+
+
+def context_kernels(on_gpu: bool, fa_type: int) -> list[str]:
+    """The batch-variant kernels a context runs (see devices.batch_variant_kernels): the build's,
+    and flash attention on the CPU, which splits a lone query's cache over the threads (from 512
+    cells) and tiles many queries: the same position then scores differently alone and inside
+    a batch."""
+    fa_on_cpu = not on_gpu and fa_type != ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    return batch_variant_kernels() + (["FLASH_ATTN"] if fa_on_cpu else [])
+
+
+def default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+def context_params(n_ctx: int, n_batch: int, threads: int, fa_type: int, n_seq: int = 1):
+    """llama.cpp's context parameters as speculate sets them for every context."""
+    cparams = ll.llama_context_default_params()
+    cparams.n_ctx = n_ctx
+    cparams.n_batch = n_batch
+    cparams.n_ubatch = min(n_batch, 512)
+    cparams.n_seq_max = n_seq
+    cparams.kv_unified = True  # branches share the prompt's cells: one cache, not n_seq slices
+    cparams.n_threads = threads
+    cparams.n_threads_batch = threads
+    cparams.swa_full = True  # sliding-window caches keep everything, so rollback is exact
+    cparams.no_perf = True
+    cparams.flash_attn_type = fa_type
+    return cparams
+
+
+class Batch:
+    """A context's llama_batch of `size` entries, each in sequence 0 until set_seqs says
+    otherwise; tok, pos, out (and embd, for a batch of hidden rows) are numpy views of its arrays.
+    `interruptible`: Ctrl-C and SIGTERM stop its long decodes (llama.cpp's abort callback)."""
+
+    def __init__(self, ctx, size: int, n_vocab: int, *, n_seq: int = 1, n_embd: int = 0,
+                 interruptible: bool = False):
+        self._ctx = ctx
+        self.size = size
+        self.n_vocab = n_vocab
+        self.busy_seconds = 0.0  # time spent inside llama_decode: the rest is Python
+        self._interruptible = interruptible
+        self._abortable = False  # whether the context's abort callback is set now
+        self._n_branched = 0  # leading entries whose sequence ids set_seqs changed
+        self._raw = ll.llama_batch_init(size, n_embd, n_seq)
+        self._tokens = None
+        if n_embd:  # an embeddings batch has no token array; the graph needs both
+            self._tokens = (ll.llama_token * size)()
+            self._raw.token = self._tokens
+        for i in range(size):
+            self._raw.n_seq_id[i] = 1
+            self._raw.seq_id[i][0] = 0
+        self.tok = np.ctypeslib.as_array(self._raw.token, shape=(size,))
+        self.pos = np.ctypeslib.as_array(self._raw.pos, shape=(size,))
+        self.out = np.ctypeslib.as_array(self._raw.logits, shape=(size,))
+        self.embd = np.ctypeslib.as_array(self._raw.embd, shape=(size, n_embd)) if n_embd else None
+
+    def chunks(self, tokens: Sequence[int], pos: int) -> Iterator[tuple[int, int]]:
+        """Fill the batch with each chunk of tokens in turn, at positions from pos on, no output
+        asked for: (start, n) of each, for the caller to mark outputs and run it."""
+        for start in range(0, len(tokens), self.size):
+            chunk = tokens[start : start + self.size]
+            n = len(chunk)
+            self.tok[:n] = chunk
+            self.pos[:n] = np.arange(pos + start, pos + start + n)
+            self.out[:n] = 0
+            yield start, n
+
+    def set_seqs(self, seqs: Sequence[Sequence[int]]) -> None:
+        """The sequence ids of the first len(seqs) entries (a draft tree's branches)."""
+        for i, ids in enumerate(seqs):
+            self._raw.n_seq_id[i] = len(ids)
+            for j, s in enumerate(ids):
+                self._raw.seq_id[i][j] = s
+        self._n_branched = max(self._n_branched, len(seqs))
+
+    def reset_seqs(self) -> None:
+        """Every entry back in sequence 0 alone."""
+        n, self._n_branched = self._n_branched, 0
+        for i in range(n):
+            self._raw.n_seq_id[i] = 1
+            self._raw.seq_id[i][0] = 0
+
+    def run(self, n: int) -> int:
+        """llama_decode over the first n entries; its return code (0: done)."""
+        self._raw.n_tokens = n
+        if self._interruptible and (n >= ABORTABLE_FROM) != self._abortable:
+            self._abortable = n >= ABORTABLE_FROM
+            ll.llama_set_abort_callback(self._ctx, _abort if self._abortable else _no_abort, None)
+        t0 = time.perf_counter()
+        ret = ll.llama_decode(self._ctx, self._raw)
+        if self._interruptible and (ret == 2 or interrupt.poll()):  # aborted, or the signal came at the last node
+            interrupt.stop()
+        ll.llama_synchronize(self._ctx)  # GPU backends return early; count the real work
+        self.busy_seconds += time.perf_counter() - t0
+        return ret
+
+    def logits(self, i: int) -> np.ndarray:
+        """The logits of output i of the latest decode (-1: its last), valid until the next decode."""
+        return np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,))
+
+    def free(self) -> None:
+        if self._raw is not None:
+            if self._tokens is not None:  # ours: llama_batch_free must not free it
+                self._raw.token = ctypes.POINTER(ll.llama_token)()
+            ll.llama_batch_free(self._raw)
+            self._raw = None
+
+
+class Context:
+    """A llama.cpp context and the Batch it decodes with, as the target and its MTP head hold them."""
+
+    name: str
+    _ctx = None
+    _mem = None
+    _batch: Batch | None = None
+
+    @property
+    def busy_seconds(self) -> float:
+        """Time spent inside llama_decode: the rest is Python."""
+        return self._batch.busy_seconds if self._batch is not None else 0.0
+
+    def _roll_back(self, seq: int, n_keep: int) -> None:
+        """Drop sequence seq's cells (-1: every sequence's) from position n_keep on."""
+        if not ll.llama_memory_seq_rm(self._mem, seq, n_keep, -1):
+            raise GenerationError(f"{self.name}: the KV cache refused to roll back to position {n_keep}")
+
+    def _free_context(self) -> None:
+        if self._batch is not None:
+            self._batch.free()
+        if self._ctx:
+            ll.llama_free(self._ctx)
+            self._ctx = None

@@ -1,0 +1,46 @@
+"""What a model's runs depend on, as saved results record it: calibrations (a model's speed
+here) and the prompt cache (what its KV cache holds for given tokens) are used again only by
+a model with the same identity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import llama_cpp as ll
+
+from speculative.llamacpp.devices import rpc_endpoints, system_info
+
+
+def file_identity(path: Path) -> dict:
+    stat = path.stat()
+    return {"file": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def speed_identity(model) -> dict:
+    """Everything that changes how fast a LlamaModel runs here (for calibration)."""
+    # llama.cpp drops an adapter of scale 0; another scale costs the same as 1.
+    loras = [file_identity(lora) for lora, scale in model.loras if scale != 0]
+    return {"name": model.name, **file_identity(model.path), "threads": model.n_threads,
+            "n_gpu_layers": model.n_gpu_layers, "n_batch": model.n_batch, "build": system_info(),
+            "kernels": model.kernels, "llama_cpp_python": ll.__version__,
+            **({"loras": loras} if loras else {}),  # no key without: older calibrations stay valid
+            **_device_identity(model.devices)}
+
+
+def cache_identity(model) -> dict:
+    """Everything that decides what a LlamaModel's KV cache holds for given tokens (for the prompt
+    cache): the model file, its LoRA adapters and their scales, where layers run, flash
+    attention, the build and its kernels. The batch size is left out: only batch-variant
+    kernels (listed) make it matter."""
+    loras = [{**file_identity(lora), "scale": scale} for lora, scale in model.loras if scale != 0]
+    return {**file_identity(model.path), "loras": loras, "n_gpu_layers": model.n_gpu_layers,
+            "flash_attn": model._flash_attn_type, "build": system_info(), "kernels": model.kernels,
+            "llama_cpp_python": ll.__version__, **_device_identity(model.devices)}
+
+
+def _device_identity(devices: tuple[str, ...] | None) -> dict:
+    """The devices given for the layers, an RPC server's with its endpoint (none given: no key)."""
+    if devices is None:
+        return {}
+    servers = rpc_endpoints()
+    return {"devices": [f"{name} ({servers[name]})" if name in servers else name for name in devices]}

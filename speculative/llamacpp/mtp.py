@@ -1,0 +1,108 @@
+"""The MTP head: a model's NextN (MTP) layers drafting for it, in a context of their own.
+
+A model loaded with its NextN layers (LlamaModel.mtp_head) runs them here, on its own weights;
+those layers may also come as a file of their own (an MTP head, `convert_hf_to_gguf.py --mtp`),
+given with -md: the head then runs on that file's weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import llama_cpp as ll
+import numpy as np
+from llama_cpp import llama_cpp_ext as ll_ext
+
+from speculative.errors import ModelError
+from speculative.llamacpp.decode import Batch, Context, context_params
+from speculative.llamacpp.devices import model_params
+from speculative.llamacpp.identity import file_identity
+from speculative.llamacpp.nextn import NextnRows
+from speculative.models.gguf_meta import preflight
+
+
+class MtpHead(Context):
+    """A model's NextN (MTP) layers in a context of their own (llama.cpp's
+    LLAMA_CONTEXT_TYPE_MTP on the same weights, or on an MTP head file's: then loaded with
+    load_mtp and no context but this one, as llama.cpp loads -md for draft-mtp), as llama.cpp's
+    draft-mtp drives them.
+
+    Its entry at position p is the token at p with a hidden row: the target's NextN row at
+    p - 1 for the entries that follow the target, the head's own NextN row of the entry
+    before for drafted ones; it predicts the token at p + 1, as the target's entry at p does.
+    Its KV cache holds the NextN layers' keys and values, one cell per entry; cache.MtpCache
+    is its one owner.
+    """
+
+    def __init__(self, target: LlamaModel, rows: NextnRows, sidecar: Path | None = None):
+        """The head that follows `target` (a model.LlamaModel, whose module imports this one) and
+        its rows, on the target's weights or the file `sidecar`'s."""
+        self.n_embd = rows.n_embd
+        self._rows = rows
+        self.n_batch = target.n_batch
+        self._ctx = self._batch = self._own = None
+        self.file = None if sidecar is None else file_identity(sidecar)  # what it runs, for calibration
+        self.name = f"{target.name if sidecar is None else sidecar.name} (MTP)"
+        model = target._model if sidecar is None else self._load(sidecar, target)
+        self._create_context(model, target, sidecar)
+        self._mem = ll.llama_get_memory(self._ctx)
+        self.n_ctx = target.n_ctx
+        self.n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(model))
+        self._batch = Batch(self._ctx, self.n_batch, self.n_vocab, n_embd=self.n_embd)
+        self.decode([0], 0, np.zeros((1, self.n_embd), dtype=np.float32))  # allocates the compute buffers
+        self.trim(0)
+
+    def _load(self, path: Path, target: LlamaModel):
+        """An MTP head file's weights, its NextN layers loaded (its trunk is not in it)."""
+        preflight(path)
+        mparams, _devs = model_params(target.n_gpu_layers, target.devices)
+        mparams.load_mtp = True
+        self._own = ll.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._own:
+            raise ModelError(f"{path}: llama.cpp could not load this MTP head")
+        width = ll.llama_model_n_embd(self._own)
+        if width != self.n_embd:  # llama.cpp asserts they match
+            self.close()
+            raise ModelError(f"{path}: an MTP head of width {width} cannot draft for {target.name}, whose "
+                             f"hidden states have {self.n_embd}")
+        return self._own
+
+    def _create_context(self, model, target: LlamaModel, sidecar: Path | None) -> None:
+        """The MTP context on `model`'s weights, beside the target's."""
+        cparams = context_params(ll.llama_n_ctx(target._ctx), target.n_batch, target.n_threads,
+                                 target._flash_attn_type)
+        cparams.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP
+        cparams.ctx_other = target._ctx  # llama.cpp shares the target's memory where the architecture does
+        self._ctx = ll.llama_init_from_model(model, cparams)
+        if not self._ctx:
+            self.close()
+            raise ModelError(f"{sidecar or target.path}: llama.cpp could not create an MTP context")
+        ll_ext.llama_set_embeddings_nextn(self._ctx, True, False)  # unmasked: rows by batch index
+        if sidecar is None:
+            target._set_loras(self._ctx)  # the target's adapters change its NextN layers too
+
+    def target_rows(self, start: int, end: int) -> np.ndarray | None:
+        """The target's NextN rows for positions start..end-1 (-1: zeros), None where unknown."""
+        return self._rows.get(start, end)
+
+    def decode(self, tokens: Sequence[int], pos: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Entries for tokens[i] with rows[i] at positions pos, pos+1, ... after the pos the
+        cache holds: the last entry's logits and NextN row (views, valid until the next
+        decode), or None when llama.cpp fails (the cache may then hold some of them)."""
+        for start, n in self._batch.chunks(tokens, pos):
+            self._batch.embd[:n] = rows[start : start + n]
+            self._batch.out[n - 1] = start + n == len(tokens)
+            if self._batch.run(n) != 0:
+                return None
+        hidden = ll_ext.llama_get_embeddings_nextn_ith(self._ctx, n - 1)
+        return self._batch.logits(-1), np.ctypeslib.as_array(hidden, shape=(self.n_embd,))
+
+    def trim(self, n_keep: int) -> None:
+        self._roll_back(0, n_keep)
+
+    def close(self) -> None:
+        self._free_context()
+        if self._own:  # an MTP head file's weights: freed after the context on them
+            ll.llama_model_free(self._own)
+            self._own = None
