@@ -69,4 +69,4 @@ def _print(report: dict, json_output: bool) -> None:
         out.print("verdict: not batch-invariant. Greedy speculative output can diverge from "
                   "target-only output where the target's top two logits nearly tie; both are valid "
                   "greedy decodings up to rounding. For exact identity build as scripts/test.sh does "
-                  "and run with GGML_CPU_TILED_MM=0 and -fa off (see README).")
+                  "and run with GGML_CPU_TILED_MM=0 and -fa off (see docs/exactness-and-builds.md).")

@@ -19,7 +19,7 @@ import pytest
 from speculative.models.registry import Registry
 
 # llama.cpp's x86 tiled matmul (8+ rows) scores positions in a batch differently from
-# alone; off, the CPU build of scripts/test.sh is batch-invariant (see README). Set
+# alone; off, the CPU build of scripts/test.sh is batch-invariant (see docs/exactness-and-builds.md). Set
 # before anything loads llama.cpp, and inherited by every `speculate` the tests run.
 os.environ.setdefault("GGML_CPU_TILED_MM", "0")
 

@@ -1,7 +1,7 @@
 """The small interface the loop and the drafters talk to.
 
 A Backend is one loaded model and its KV cache. The real one lives in
-`llamacpp.py` (the only module that imports llama_cpp); tests use a fake one.
+`speculative/llamacpp/` (the only package that imports llama_cpp); tests use a fake one.
 Positions are explicit and the backend keeps no record of what its cache holds:
 cache.py's Cache, the one owner of that record, is the only caller of the
 cache-changing methods below.
@@ -89,7 +89,7 @@ class Backend(Protocol):
 
 
 class MtpBackend(Protocol):
-    """A model's NextN (MTP) layers in a context of their own (llamacpp.MtpHead): entry p is
+    """A model's NextN (MTP) layers in a context of their own (llamacpp.mtp.MtpHead): entry p is
     the token at p with a hidden row, and predicts the token at p + 1. cache.MtpCache is the
     only caller of `decode` and `trim`."""
     name: str

@@ -104,7 +104,7 @@ def typical(ids: np.ndarray, logits: np.ndarray, p: float) -> tuple[np.ndarray, 
 
 
 class Vocab(Protocol):
-    """What the infill sampler reads of a model's vocabulary (llamacpp.LlamaModel)."""
+    """What the infill sampler reads of a model's vocabulary (llamacpp.model.LlamaModel)."""
 
     def is_eog(self, token: int) -> bool: ...
     def token_bytes(self, token: int, special: bool = True) -> bytes: ...

@@ -169,7 +169,7 @@ def require_rpc():
     reg = _lib().ggml_backend_reg_by_name(b"RPC")
     if not reg:
         raise ModelError("this llama.cpp build has no RPC support: reinstall llama-cpp-python built with "
-                         'CMAKE_ARGS="-DGGML_RPC=on" (see README, "Beyond one machine")')
+                         'CMAKE_ARGS="-DGGML_RPC=on" (see docs/rpc.md)')
     return reg
 
 

@@ -3,7 +3,7 @@
 Greedy speculative output equals target-only output token for token exactly when
 the target scores a position the same alone and inside a verify batch. That is a
 property of the build and its settings (kernels chosen by batch size, flash
-attention; see README, "Exactness and the CPU build"), so it is measured: tokens
+attention; see docs/exactness-and-builds.md), so it is measured: tokens
 are scored one at a time, then as batches of 2..16 tokens, after a short cache and
 after one past 256 tokens (where the attention window becomes 512 cells and CPU
 flash attention changes its path), and every position's logits are compared bit

@@ -7,7 +7,7 @@ first connected to here, with a timeout, and greeted as ggml greets it (RPC_CMD_
 server answers with its protocol version); what still goes wrong later (a server killed in the
 middle of a generation) reaches ggml's abort hook, which ends the process with the text so far
 flushed, one line naming the servers, and exit 1. A link that goes silent without a reset
-blocks inside ggml's transport, which has no timeouts (see README); Python's signal handlers
+blocks inside ggml's transport, which has no timeouts (see docs/rpc.md); Python's signal handlers
 cannot run then (the main thread waits inside llama.cpp), so a watcher thread ends the process
 when Ctrl-C or SIGTERM has not done so within GRACE seconds.
 """

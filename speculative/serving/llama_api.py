@@ -71,7 +71,7 @@ _NEUTRAL = {"n_probs": (0,), "logprobs": (0,), "min_keep": (0,), "dynatemp_range
 
 
 class Vocab(Protocol):
-    """What these endpoints read of the target model (llamacpp.LlamaModel)."""
+    """What these endpoints read of the target model (llamacpp.model.LlamaModel)."""
     n_vocab: int
     n_ctx: int
     n_batch: int
