@@ -11,10 +11,10 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from speculative.serving import batch
+from speculative.decoding.settings import SamplerSettings, SpecSettings
 from speculative.errors import UsageError
 from speculative.files import write_atomic
-from speculative.decoding.settings import SamplerSettings, SpecSettings
+from speculative.serving import batch
 
 from . import options
 from .render import EXIT_INTERRUPTED

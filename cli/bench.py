@@ -13,9 +13,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.engine import bench
 from speculative.errors import UsageError
-from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 
 from . import options
 

@@ -14,11 +14,11 @@ from typing import Optional
 
 import typer
 
-from speculative.llamacpp import interrupt
-from speculative.engine.chat import check_jinja2_version
-from speculative.errors import SpeculateError, UsageError
-from speculative.engine.prompt_cache import check_writable
 from speculative.decoding.settings import SamplerSettings, SpecSettings
+from speculative.engine.chat import check_jinja2_version
+from speculative.engine.prompt_cache import check_writable
+from speculative.errors import SpeculateError, UsageError
+from speculative.llamacpp import interrupt
 
 from . import models as models_cli
 from . import options

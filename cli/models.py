@@ -12,11 +12,11 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, Time
                            TransferSpeedColumn)
 from rich.table import Table
 
-from speculative.models import hub as hf
+from speculative.decoding.settings import ModelSpec
 from speculative.errors import ModelError, UsageError
+from speculative.models import hub as hf
 from speculative.models.pull import pull
 from speculative.models.registry import ModelEntry, Registry, resolve
-from speculative.decoding.settings import ModelSpec
 
 from .helpformat import App
 from .render import PipeConsole, quiet_pipe

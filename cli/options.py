@@ -13,9 +13,11 @@ from typing import Callable, List, Optional
 
 import typer
 
+from speculative.decoding.settings import (DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, FLASH_ATTN_MODES, NGRAM_CACHE_DRAFT,
+                                           NGRAM_N_AUTO, NGRAM_N_FIXED, POOL_TOKENS, LookupCacheSettings, ModelSpec,
+                                           NgramModSettings, NgramSettings, SamplerSettings, SpecSettings)
 from speculative.errors import UsageError
 from speculative.models.registry import Registry, check_gguf_file
-from speculative.decoding.settings import (DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, FLASH_ATTN_MODES, NGRAM_CACHE_DRAFT, NGRAM_N_AUTO, NGRAM_N_FIXED, POOL_TOKENS, LookupCacheSettings, ModelSpec, NgramModSettings, NgramSettings, SamplerSettings, SpecSettings)
 
 from .models import resolve_models
 

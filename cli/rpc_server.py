@@ -51,8 +51,7 @@ def rpc_server_command(
     endpoint = f"{host}:{port}"
     print(f"speculate rpc-server: serving {', '.join(devices)} on {endpoint} (Ctrl-C or SIGTERM stops it)",
           file=sys.stderr, flush=True)
-    server = ggml.serve_rpc(endpoint, devices, threads or max(1, (os.cpu_count() or 2) // 2),
-                                cache_dir)
+    server = ggml.serve_rpc(endpoint, devices, threads or max(1, (os.cpu_count() or 2) // 2), cache_dir)
     server.join()  # returns only when ggml could not serve; a signal ends the process in _stop
     raise GenerationError(f"the RPC server could not serve on {endpoint} (address not available, or port in use?)")
 

@@ -9,9 +9,9 @@ from typing import Optional
 
 import typer
 
-from speculative.errors import UsageError
-from speculative.engine.ram_cache import DEFAULT_MIB
 from speculative.decoding.settings import ModelSpec, SpecSettings
+from speculative.engine.ram_cache import DEFAULT_MIB
+from speculative.errors import UsageError
 
 from . import options
 

@@ -97,9 +97,9 @@ import gguf  # noqa: E402
 from scripts.results import meta  # noqa: E402
 from scripts.tiny_model import write_model  # noqa: E402
 from speculative.decoding.cache import Cache, MtpCache  # noqa: E402
+from speculative.decoding.settings import ModelSpec  # noqa: E402
 from speculative.engine.calibrate import measure, measure_mtp  # noqa: E402
 from speculative.engine.engine import MAX_SNAPSHOTS  # noqa: E402
-from speculative.decoding.settings import ModelSpec  # noqa: E402
 from speculative.llamacpp.devices import system_info  # noqa: E402
 from speculative.llamacpp.model import LlamaModel  # noqa: E402
 

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scripts.results import meta  # noqa: E402
 from scripts.tiny_model import write_model  # noqa: E402
 from speculative.decoding.cache import Cache  # noqa: E402
-from speculative.engine.calibrate import checkpoint_costs  # noqa: E402
 from speculative.decoding.settings import ModelSpec  # noqa: E402
+from speculative.engine.calibrate import checkpoint_costs  # noqa: E402
 from speculative.llamacpp.devices import system_info  # noqa: E402
 from speculative.llamacpp.model import LlamaModel  # noqa: E402
 

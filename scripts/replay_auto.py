@@ -47,16 +47,16 @@ from typing import Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scripts.results import meta  # noqa: E402
-from speculative.engine import bench  # noqa: E402
-from speculative.drafters.auto import Auto  # noqa: E402
 from speculative.decoding.drafter import Draft, Drafter
-from speculative.drafters import NgramMapK, NgramSimple  # noqa: E402
 from speculative.decoding.events import Step, Token  # noqa: E402
-from speculative.drafters.pool import Pool, PoolDrafter  # noqa: E402
 from speculative.decoding.settings import POOL_TOKENS  # noqa: E402
-from speculative.drafters.replay import replay  # noqa: E402
 from speculative.decoding.settings import DRAFT_MAX_AUTO, NGRAM_N_AUTO, SpecSettings  # noqa: E402
 from speculative.decoding.stats import Stats  # noqa: E402
+from speculative.drafters import NgramMapK, NgramSimple  # noqa: E402
+from speculative.drafters.auto import Auto  # noqa: E402
+from speculative.drafters.pool import Pool, PoolDrafter  # noqa: E402
+from speculative.drafters.replay import replay  # noqa: E402
+from speculative.engine import bench  # noqa: E402
 
 RUN_BUCKETS = ((0, 0), (1, 3), (4, 7), (8, None))  # how long the copy has run: 0, 1-3, 4-7, 8+
 CLASSES = (0, 1, 2, 3)  # ngram-simple's match classes (drafters/ngram.py, match_class)

@@ -74,16 +74,22 @@ def test_every_module_belongs_to_a_layer():
     assert {component(m) for m in MODULES} - {None} == set(LAYERS)
 
 
-def test_no_module_imports_a_sibling_or_a_higher_layer():
+def wrong_imports(modules: dict[str, Path]) -> list[str]:
+    """Each import of a sibling on the same layer or of a higher layer, with where it is."""
     wrong = []
-    for module, path in MODULES.items():
+    for module, path in modules.items():
         mine = component(module)
         for target, line in imports(module, path):
             theirs = component(target)
             if mine is None or theirs is None or theirs == mine or {mine, theirs} <= BASE:
                 continue
             if LAYERS[theirs] >= LAYERS[mine]:
-                wrong.append(f"{path.relative_to(ROOT)}:{line} ({mine}) imports {target} ({theirs})")
+                wrong.append(f"{path.name}:{line} ({mine}) imports {target} ({theirs})")
+    return wrong
+
+
+def test_no_module_imports_a_sibling_or_a_higher_layer():
+    wrong = wrong_imports(MODULES)
     assert not wrong, "\n".join(wrong)
 
 
@@ -136,3 +142,9 @@ def test_the_checks_see_a_wrong_import(tmp_path):
     path.write_text("def f():\n    from ..engine import engine\n    from . import cache\n")
     found = {name for name, _ in imports("speculative.decoding.loop", path)}
     assert found == {"speculative.engine.engine", "speculative.decoding.cache"}
+    assert wrong_imports({"speculative.decoding.loop": path}) == [
+        "loop.py:2 (decoding) imports speculative.engine.engine (engine)"]
+    sibling = tmp_path / "auto.py"
+    sibling.write_text("from speculative.llamacpp.model import LlamaModel\n")
+    assert wrong_imports({"speculative.drafters.auto": sibling}) == [
+        "auto.py:1 (drafters) imports speculative.llamacpp.model (llamacpp)"]

@@ -15,15 +15,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from speculative.drafters.auto import Auto, Rewind
 from speculative.decoding.cache import Cache
 from speculative.decoding.drafter import Draft, Drafter
-from speculative.drafters import ModelDrafter, NgramSimple
-from speculative.engine import factory
 from speculative.decoding.events import Step, Token
 from speculative.decoding.loop import generate
 from speculative.decoding.sampling import Sampler
 from speculative.decoding.settings import SamplerSettings, SpecSettings
+from speculative.drafters import ModelDrafter, NgramSimple
+from speculative.drafters.auto import Auto, Rewind
+from speculative.engine import factory
 from tests.fakes import Clock, FakeBackend, ToyModel, plain_decode
 
 GREEDY = SamplerSettings(temp=0.0)

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from speculative.engine.chat import conversation, render
-from speculative.errors import ModelError
 from speculative.decoding.settings import ModelSpec
-from speculative.llamacpp.model import LlamaModel
+from speculative.engine.chat import conversation, render
 from speculative.engine.text import TextStream
+from speculative.errors import ModelError
+from speculative.llamacpp.model import LlamaModel
 from tests.conftest import SMOL, speculate, speculate_here, speculate_json
 from tests.gguf_builder import write_tiny_llama
 

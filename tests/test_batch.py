@@ -9,12 +9,12 @@ import subprocess
 
 import pytest
 
-from speculative.serving import batch
-from speculative.serving.batch import Rejected, Request, Results
-from speculative.errors import UsageError
 from speculative.decoding.settings import SamplerSettings, SpecSettings
 from speculative.engine.text import StopFilter
+from speculative.errors import UsageError
 from speculative.llamacpp import interrupt
+from speculative.serving import batch
+from speculative.serving.batch import Rejected, Request, Results
 from tests.conftest import SMOL, SPECULATE, probe_command, speculate, speculate_json
 
 SAMPLING = SamplerSettings(temp=0.0, seed=5)

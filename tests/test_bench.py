@@ -6,10 +6,10 @@ import json
 
 import pytest
 
+from speculative.decoding.settings import DRAFT_MAX_AUTO, SamplerSettings, SpecSettings
 from speculative.engine import bench
 from speculative.engine.bench import expects_identity, load_prompts, make_configs, parse_sweeps
 from speculative.errors import UsageError
-from speculative.decoding.settings import DRAFT_MAX_AUTO, SamplerSettings, SpecSettings
 from scripts.tiny_model import write_model
 from tests.conftest import speculate
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from speculative.drafters.auto import Acceptance, Auto, best_plan, expected_tokens
 from speculative.decoding.cache import Cache
-from speculative.engine.calibrate import _timed, batch_costs
-from speculative.drafters import Chain, ModelDrafter, NgramMapK, NgramSimple
 from speculative.decoding.drafter import Draft, Outcome
-from speculative.drafters.ngram import NgramIndex
 from speculative.decoding.events import Step, Token
 from speculative.decoding.loop import generate
 from speculative.decoding.sampling import Sampler
 from speculative.decoding.settings import SamplerSettings, SpecSettings
+from speculative.drafters import Chain, ModelDrafter, NgramMapK, NgramSimple
+from speculative.drafters.auto import Acceptance, Auto, best_plan, expected_tokens
+from speculative.drafters.ngram import NgramIndex
+from speculative.engine.calibrate import _timed, batch_costs
 from tests.fakes import Clock, FakeBackend, ToyModel, plain_decode
 
 GREEDY = SamplerSettings(temp=0.0)

@@ -53,3 +53,13 @@ def test_omitted_fields_take_the_settings_defaults():
     assert generation.max_tokens is None and spec.n_predict == -1
     assert generation.ignore_eos == spec.ignore_eos
     assert openai_api.parse({"prompt": "x"}, chat=False).sampling == SamplerSettings()
+
+
+def test_omitted_fields_are_llama_servers_own_defaults():
+    """The settings' defaults are llama-server's (common/common.h), which editors and clients rely
+    on: a change to the command line's defaults must not change the server's unnoticed."""
+    sampling = llama_api.parse({}, [1])[0].sampling
+    assert (sampling.temp, sampling.top_k, sampling.top_p, sampling.min_p,
+            sampling.typical_p) == (0.8, 40, 0.95, 0.05, 1.0)
+    assert (sampling.repeat_last_n, sampling.repeat_penalty, sampling.presence_penalty,
+            sampling.frequency_penalty, sampling.seed) == (64, 1.0, 0.0, 0.0, -1)

@@ -10,7 +10,7 @@ import typer
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from cli.main import app
+from speculative.cli.main import app
 
 try:  # typer >= 0.22 vendors click
     from typer._click.core import Context
@@ -63,6 +63,6 @@ def test_help_prints_every_flag_name_whole_within_80_columns(path, command):
 
 def test_every_command_prints_its_help_with_the_app_renderer():
     """A command registered without cli.helpformat.App would fall back to typer's tables."""
-    from cli.helpformat import HelpCommand, HelpGroup
+    from speculative.cli.helpformat import HelpCommand, HelpGroup
 
     assert [" ".join(p) for p, c in ALL if not isinstance(c, (HelpCommand, HelpGroup))] == []

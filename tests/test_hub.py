@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from speculative.models import hub
 from speculative.errors import ModelError, UsageError
+from speculative.models import hub
 from speculative.models.hub import HubFile, choose, split_info, split_repo
 
 

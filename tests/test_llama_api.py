@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from speculative.serving import llama_api
-from speculative.serving.generation import ApiError
 from speculative.decoding.sampling import Sampler, infill
 from speculative.decoding.settings import SamplerSettings
 from speculative.engine.text import LineLimits
+from speculative.serving import llama_api
+from speculative.serving.generation import ApiError
 
 PRE, SUF, MID, REP, SEP, BOS, EOT = 900, 901, 902, 903, 904, 905, 906
 

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from speculative.decoding.cache import Cache
-from speculative.drafters import ModelDrafter, top_probability
-from speculative.errors import GenerationError
 from speculative.decoding.events import Done, Prefilled, Step, Token
 from speculative.decoding.loop import generate
 from speculative.decoding.sampling import Sampler
 from speculative.decoding.settings import SamplerSettings, SpecSettings, check_prompt
+from speculative.drafters import ModelDrafter, top_probability
+from speculative.errors import GenerationError
 from tests.fakes import EOG, FakeBackend, ToyModel, plain_decode
 
 GREEDY = SamplerSettings(temp=0.0)

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from speculative.errors import ModelError
-from speculative.models.gguf_meta import preflight_adapter
 from speculative.decoding.settings import ModelSpec
+from speculative.errors import ModelError
 from speculative.llamacpp.model import LlamaModel
+from speculative.models.gguf_meta import preflight_adapter
 from tests.conftest import SMOL, speculate, speculate_here, speculate_json
 from tests.gguf_builder import KV, T, V, build, write_lora, write_tiny_llama
 

@@ -20,17 +20,17 @@ import numpy as np
 import pytest
 
 from scripts.tiny_model import write_model
-from speculative.drafters.auto import Auto
 from speculative.decoding.cache import Cache, MtpCache
-from speculative.llamacpp.doctor import batch_invariance
-from speculative.drafters import MtpDrafter
-from speculative.engine.engine import Engine
-from speculative.errors import UsageError
 from speculative.decoding.events import Prefilled, Step, Token
 from speculative.decoding.loop import generate
-from speculative.llamacpp.nextn import NextnRows
 from speculative.decoding.sampling import Sampler
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
+from speculative.drafters import MtpDrafter
+from speculative.drafters.auto import Auto
+from speculative.engine.engine import Engine
+from speculative.errors import UsageError
+from speculative.llamacpp.doctor import batch_invariance
+from speculative.llamacpp.nextn import NextnRows
 from tests.conftest import speculate, speculate_json
 from tests.fakes import Clock, FakeBackend, ToyModel, plain_decode
 

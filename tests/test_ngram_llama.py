@@ -27,17 +27,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from speculative.drafters import lookup_cache
 from speculative.decoding.cache import Cache
-from speculative.drafters import (Chain, LookupFiles, ModelDrafter, ModTable, NgramCache, NgramMapK4v, NgramMod, NgramSimple)
 from speculative.decoding.drafter import Draft, Outcome
-from speculative.drafters.ngram_cache import Counts, draft
-from speculative.drafters.ngram_mod import MULTIPLIER, TABLE_SIZE
-from speculative.errors import UsageError
 from speculative.decoding.events import Step, Token
 from speculative.decoding.loop import generate
 from speculative.decoding.sampling import Sampler
 from speculative.decoding.settings import NgramModSettings, SamplerSettings, SpecSettings
+from speculative.drafters import lookup_cache
+from speculative.drafters import (Chain, LookupFiles, ModelDrafter, ModTable, NgramCache, NgramMapK4v, NgramMod,
+                                  NgramSimple)
+from speculative.drafters.ngram_cache import Counts, draft
+from speculative.drafters.ngram_mod import MULTIPLIER, TABLE_SIZE
+from speculative.errors import UsageError
 from tests.conftest import speculate_here, vendored_tree
 from tests.fakes import FakeBackend, ToyModel, plain_decode
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from speculative.drafters.pool import AGREED, MAGIC, Pool, PoolDrafter, PoolFile, check_pool_file, fingerprint
 from speculative.errors import UsageError
 from speculative.files import locked
-from speculative.drafters.pool import AGREED, MAGIC, Pool, PoolDrafter, PoolFile, check_pool_file, fingerprint
 
 from .conftest import SMOL, speculate, speculate_json
 

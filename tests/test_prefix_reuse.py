@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from speculative.engine.engine import Engine
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
+from speculative.engine.engine import Engine
 from speculative.engine.stream import Stream, complete
 from tests.conftest import SMOL
 

@@ -8,12 +8,12 @@ import json
 
 import pytest
 
+from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.engine import prompt_cache
 from speculative.engine.engine import Engine
-from speculative.errors import UsageError
 from speculative.engine.prompt_cache import Part, Unusable
-from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.engine.stream import complete
+from speculative.errors import UsageError
 from tests.conftest import SMOL, speculate, speculate_json
 from tests.gguf_builder import write_lora, write_tiny_llama
 

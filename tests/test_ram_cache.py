@@ -13,14 +13,14 @@ import pytest
 
 from scripts.tiny_model import write_model
 from speculative.decoding.cache import Cache, _common_prefix
+from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
+from speculative.decoding.stats import Stats
 from speculative.engine.engine import Engine
 from speculative.engine.persist import NEXTN_ROLE
 from speculative.engine.ram_cache import MIN_TOKENS, RamCache, State
-from speculative.llamacpp.doctor import batch_invariance
-from speculative.errors import GenerationError
-from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
-from speculative.decoding.stats import Stats
 from speculative.engine.stream import complete
+from speculative.errors import GenerationError
+from speculative.llamacpp.doctor import batch_invariance
 from tests.conftest import SMOL
 from tests.fakes import FakeBackend, ToyModel
 

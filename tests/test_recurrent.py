@@ -26,16 +26,16 @@ import gguf
 from speculative.cli.main import app
 from scripts.tiny_model import ARCH_INFO, write_model
 from speculative.decoding.cache import Cache
-from speculative.llamacpp.doctor import batch_invariance, probe_tokens
 from speculative.decoding.drafter import Draft, Drafter
-from speculative.drafters import NgramSimple
-from speculative.engine.engine import Engine
 from speculative.decoding.events import Step, Token
-from speculative.decoding.settings import ModelSpec
-from speculative.llamacpp.model import LlamaModel
 from speculative.decoding.loop import generate
 from speculative.decoding.sampling import Sampler
+from speculative.decoding.settings import ModelSpec
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
+from speculative.drafters import NgramSimple
+from speculative.engine.engine import Engine
+from speculative.llamacpp.doctor import batch_invariance, probe_tokens
+from speculative.llamacpp.model import LlamaModel
 
 from tests.conftest import speculate, speculate_json
 from tests.fakes import FakeBackend, ToyModel

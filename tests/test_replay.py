@@ -10,10 +10,10 @@ import json
 import pytest
 
 from scripts import replay_auto
-from speculative.engine import bench
 from speculative.decoding.events import Done, Step, Token
-from speculative.drafters.replay import replay
 from speculative.decoding.settings import SpecSettings
+from speculative.drafters.replay import replay
+from speculative.engine import bench
 
 # The prompt: a passage A = 1..12, ten tokens of filler 30..39, a passage B = 20..27.
 PROMPT = [*range(1, 13), *range(30, 40), *range(20, 28)]

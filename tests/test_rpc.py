@@ -20,9 +20,9 @@ from contextlib import contextmanager
 
 import pytest
 
-from speculative.llamacpp import devices as ggml, rpc
 from speculative.decoding.settings import ModelSpec
 from speculative.errors import ModelError, UsageError
+from speculative.llamacpp import devices as ggml, rpc
 from speculative.llamacpp.devices import DEV_CPU, DEV_GPU, rpc_available
 from speculative.llamacpp.model import LlamaModel
 from tests.conftest import SMOL, SPECULATE, speculate, speculate_here, speculate_json

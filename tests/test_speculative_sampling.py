@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 
 from speculative.decoding.cache import Cache
-from speculative.drafters import ModelDrafter
-from speculative.decoding.settings import ModelSpec
-from speculative.llamacpp.model import LlamaModel
 from speculative.decoding.events import Step, Token
 from speculative.decoding.loop import generate
 from speculative.decoding.sampling import Sampler
+from speculative.decoding.settings import ModelSpec
 from speculative.decoding.settings import SamplerSettings, SpecSettings
+from speculative.drafters import ModelDrafter
+from speculative.llamacpp.model import LlamaModel
 from tests.conftest import SMOL
 
 pytestmark = pytest.mark.real

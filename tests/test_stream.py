@@ -7,10 +7,10 @@ from types import SimpleNamespace
 import pytest
 
 from speculative.decoding.cache import Cache
-from speculative.drafters import ModelDrafter
 from speculative.decoding.loop import generate
 from speculative.decoding.sampling import Sampler
 from speculative.decoding.settings import SamplerSettings, SpecSettings
+from speculative.drafters import ModelDrafter
 from speculative.engine.stream import Stream, complete
 from tests.fakes import FakeBackend, ToyModel
 

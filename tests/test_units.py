@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from speculative.cli.prompt import process_escapes
-from speculative.engine.chat import conversation, render
-from speculative.errors import ModelError, UsageError
-from speculative.models.registry import Registry, looks_like_path
 from speculative.decoding.sampling import Sampler, min_p, penalize, top_k, top_p, typical
 from speculative.decoding.settings import SamplerSettings
-from speculative.engine.text import StopFilter, TextStream
 from speculative.decoding.verify import sample_and_match
+from speculative.engine.chat import conversation, render
+from speculative.engine.text import StopFilter, TextStream
+from speculative.errors import ModelError, UsageError
+from speculative.models.registry import Registry, looks_like_path
 
 # -- the acceptance rule ------------------------------------------------------
 

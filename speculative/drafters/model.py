@@ -10,9 +10,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from speculative.decoding.cache import Cache
+from speculative.decoding.drafter import Draft, Drafter
 from speculative.decoding.sampling import Sampler, draw, one_hot
 from speculative.decoding.tree import path_to
-from speculative.decoding.drafter import Draft, Drafter
 
 # llama.cpp judges --draft-p-min on the draft's top candidates renormalised over
 # the 10 best (common/speculative.cpp draws drafts through a top-k 10 sampler).

@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from speculative.decoding.cache import MtpCache
-from speculative.decoding.sampling import Sampler
 from speculative.decoding.drafter import Draft, Drafter
+from speculative.decoding.sampling import Sampler
 from speculative.drafters.model import pick
 
 

@@ -30,8 +30,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
 
-from speculative.drafters import lookup_cache
 from speculative.decoding.drafter import Draft, Drafter
+from speculative.drafters import lookup_cache
 
 NGRAM_MIN, NGRAM_MAX, NGRAM_STATIC = 1, 4, 2  # LLAMA_NGRAM_MIN, _MAX, _STATIC
 # n-gram size -> (least times seen, least share in percent) for the best token

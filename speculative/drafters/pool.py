@@ -29,10 +29,9 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from speculative.decoding.drafter import Draft, Drafter
-from speculative.drafters.ngram import ALIGNED_SLACK, RECENT_OCCURRENCES, match_class, shared_suffix
-from speculative.errors import UsageError
-from speculative.files import check_ours, locked, write_atomic
 from speculative.decoding.settings import POOL_TOKENS
+from speculative.drafters.ngram import ALIGNED_SLACK, RECENT_OCCURRENCES, match_class, shared_suffix
+from speculative.files import check_ours, locked, write_atomic
 
 MAGIC = b"SPECPOOL"
 VERSION = 1

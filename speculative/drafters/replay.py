@@ -17,13 +17,13 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from speculative.drafters import auto
 from speculative.decoding import loop
 from speculative.decoding.cache import Cache
 from speculative.decoding.drafter import Drafter
 from speculative.decoding.events import Event
 from speculative.decoding.sampling import Sampler
 from speculative.decoding.settings import SamplerSettings, SpecSettings
+from speculative.drafters import auto
 
 GREEDY = SamplerSettings(temp=0.0)
 

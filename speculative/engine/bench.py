@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from speculative.engine.chat import prompt_or_messages
-from speculative.errors import UsageError
 from speculative.decoding.settings import DRAFT_MAX_AUTO, NGRAM_N_AUTO, SamplerSettings, SpecSettings, acceptance
+from speculative.engine.chat import prompt_or_messages
 from speculative.engine.stream import complete
+from speculative.errors import UsageError
 
 if TYPE_CHECKING:  # annotations only: the engine loads llama.cpp, the drafters numpy
     from speculative.decoding.drafter import Draft

@@ -20,19 +20,20 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from speculative.decoding.cache import Cache, MtpCache
+from speculative.decoding.drafter import Drafter
+from speculative.decoding.events import Event, Prefilled, PromptCache, Token
+from speculative.decoding.loop import generate
+from speculative.decoding.sampling import Sampler
+from speculative.decoding.settings import (POOL_TOKENS, ModelSpec, SamplerSettings, SpecSettings, acceptance,
+                                           check_prompt)
+from speculative.drafters.auto import Auto
+from speculative.drafters.pool import Pool, PoolFile, fingerprint
 from speculative.engine import calibrate, chat
 from speculative.engine.factory import DrafterFactory
 from speculative.engine.persist import CachePersistence
-from speculative.drafters.auto import Auto
-from speculative.decoding.cache import Cache, MtpCache
-from speculative.decoding.drafter import Drafter
 from speculative.errors import ModelError, UsageError
-from speculative.decoding.events import Event, Prefilled, PromptCache, Token
 from speculative.llamacpp.model import LlamaModel
-from speculative.decoding.loop import generate
-from speculative.drafters.pool import Pool, PoolFile, fingerprint
-from speculative.decoding.sampling import Sampler
-from speculative.decoding.settings import (POOL_TOKENS, ModelSpec, SamplerSettings, SpecSettings, acceptance, check_prompt)
 from speculative.models.vocab import Vocab, check_compatible, read_vocab
 
 

@@ -26,7 +26,6 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from speculative.errors import UsageError
 from speculative.files import check_ours, write_atomic
 
 MAGIC = b"speculate prompt cache\n"

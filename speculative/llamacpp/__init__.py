@@ -8,7 +8,7 @@
   identity.py   what calibrations and the prompt cache recognise a model by
   devices.py    llama.cpp in this process (init, system info) and ggml's devices and RPC backend
   nextn.py      the target's NextN rows, kept for the MTP head
-  rpc.py        llama.cpp's RPC servers as devices
-  interrupt.py  Ctrl-C inside llama_decode: llama.cpp's abort callback
+  rpc.py        --rpc endpoints checked before ggml sees them; ggml's aborts as one line
+  interrupt.py  Ctrl-C and SIGTERM, also inside a long llama_decode (decode.py's abort callback polls it)
   doctor.py     the doctor's probe: is this build exact (batch-invariant)?
 """

@@ -55,8 +55,7 @@ class LlamaModel(Context, Tokenizer):
         self.name = spec.name
         self.path = Path(spec.path)
         self.loras = tuple((Path(lora), float(scale)) for lora, scale in spec.loras)
-        self._model = self._ctx = None
-        self._batch: Batch | None = None
+        self._model = None
         self._mtp: MtpHead | None = None
         self._adapters = None  # the LoRA adapters and their scales, as llama.cpp takes them
         self.devices = None if spec.devices is None else tuple(spec.devices)  # None: llama.cpp's choice

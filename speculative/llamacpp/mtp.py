@@ -41,7 +41,7 @@ class MtpHead(Context):
         self.n_embd = rows.n_embd
         self._rows = rows
         self.n_batch = target.n_batch
-        self._ctx = self._batch = self._own = None
+        self._own = None
         self.file = None if sidecar is None else file_identity(sidecar)  # what it runs, for calibration
         self.name = f"{target.name if sidecar is None else sidecar.name} (MTP)"
         model = target._model if sidecar is None else self._load(sidecar, target)

@@ -22,8 +22,8 @@ import sys
 import threading
 from typing import Sequence
 
-from speculative.llamacpp import devices
 from speculative.errors import ModelError, UsageError
+from speculative.llamacpp import devices
 
 PROTO_MAJOR, PROTO_MINOR = 7, 0  # RPC_PROTO_*_VERSION in ggml-rpc.h of the pinned llama.cpp
 HELLO, CAPS_SIZE = 14, 24  # RPC_CMD_HELLO; rpc_msg_hello_req is conn_caps[24]

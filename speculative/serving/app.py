@@ -33,11 +33,11 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from speculative.engine.stream import Final, Piece
 from speculative.serving import llama_api, openai_api
 from speculative.serving.generation import ApiError, Busy, Generation
 from speculative.serving.openai_api import Reply
 from speculative.serving.worker import Failed, Job, Worker
-from speculative.engine.stream import Final, Piece
 
 MAX_BODY = 8 << 20        # bytes: a full 128k-token context as JSON-escaped text fits
 RETRY_AFTER_SECONDS = 1   # what a refused client is told to wait

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Union
 
-from speculative.llamacpp import interrupt
-from speculative.engine.chat import prompt_or_messages
-from speculative.errors import SpeculateError, UsageError
 from speculative.decoding.settings import SamplerSettings, SpecSettings
+from speculative.engine.chat import prompt_or_messages
 from speculative.engine.stream import complete
+from speculative.errors import SpeculateError, UsageError
+from speculative.llamacpp import interrupt
 
 if TYPE_CHECKING:  # annotations only: importing the engine loads llama.cpp
     from speculative.engine.engine import Engine

@@ -17,11 +17,11 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
+from speculative.decoding.settings import DEFAULT_SEQUENCE, SamplerSettings, SpecSettings
+from speculative.engine.stream import Final, Piece
 from speculative.serving.generation import ApiError, Generation, refuse_unsupported
 from speculative.serving.openai_api import timings
 from speculative.serving.worker import Metrics
-from speculative.decoding.settings import DEFAULT_SEQUENCE, SamplerSettings, SpecSettings
-from speculative.engine.stream import Final, Piece
 
 # What an omitted field takes: the one-shot command's defaults, which are llama-server's too
 # (common_params_sampling, and task_params' n_predict -1: until end of generation).

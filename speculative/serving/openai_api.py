@@ -21,9 +21,9 @@ from typing import Annotated, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from speculative.serving.generation import ApiError, Generation, refuse_unsupported
-from speculative.decoding.settings import SamplerSettings
+from speculative.decoding.settings import SamplerSettings, SpecSettings
 from speculative.decoding.stats import Stats
+from speculative.serving.generation import ApiError, Generation, refuse_unsupported
 
 MAX_STOPS = 16           # stop strings per request (OpenAI allows 4, llama-server any number)
 MAX_STOP_CHARS = 256
@@ -51,7 +51,7 @@ class _Request(_Strict):
     repeat_penalty: Optional[float] = Field(None, gt=0.0, allow_inf_nan=False)  # llama-server's extension
     seed: Optional[int] = Field(None, ge=-1, lt=2**32)           # -1 or omitted: random
     stop: Optional[Annotated[list[Stop], Field(max_length=MAX_STOPS)]] = None  # a string is a list of one
-    ignore_eos: bool = False                                     # llama-server's extension
+    ignore_eos: bool = SpecSettings.ignore_eos                   # llama-server's extension
 
     @field_validator("stop", mode="before")
     @classmethod

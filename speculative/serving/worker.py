@@ -22,14 +22,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator, Union
 
-from speculative.llamacpp import interrupt
-from speculative.engine.engine import Engine
-from speculative.errors import ModelError
-from speculative.serving.generation import ApiError, Busy, Generation
 from speculative.decoding.settings import SpecSettings
 from speculative.decoding.stats import Stats
+from speculative.engine.engine import Engine
 from speculative.engine.stream import Final, Piece, Stream
 from speculative.engine.text import LineLimits
+from speculative.errors import ModelError
+from speculative.llamacpp import interrupt
+from speculative.serving.generation import ApiError, Busy, Generation
 
 log = logging.getLogger("speculate.serve")
 
