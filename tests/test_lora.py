@@ -161,11 +161,13 @@ def smol_weights(model_path) -> dict[str, tuple[int, int]]:
 
 @pytest.fixture(scope="module")
 def smol_lora(smol_weights, tmp_path_factory) -> str:
-    """Rank 8 on the query and value projections of the first four layers: the greedy
-    continuation changes within a few tokens, and stays fluent."""
-    names = {f"blk.{i}.{w}.weight" for i in range(4) for w in ("attn_q", "attn_v")}
+    """Rank 8 on the query and value projections of all 30 layers, strong enough that SmolLM2
+    without it disagrees with the adapted greedy continuation at most positions (25 of 32 on
+    one CPU). A gentle adapter (4 layers, std 0.1) changed the text but left it so predictable
+    that on another CPU the base model, as a draft, had every drafted token accepted."""
+    names = {f"blk.{i}.{w}.weight" for i in range(30) for w in ("attn_q", "attn_v")}
     lora = write_lora(tmp_path_factory.mktemp("lora") / "smol-lora.gguf",
-                      {name: smol_weights[name] for name in names}, rank=8, std=0.1)
+                      {name: smol_weights[name] for name in names}, rank=8, std=0.5)
     return str(lora)
 
 
