@@ -23,12 +23,14 @@ stderr = Console(stderr=True, highlight=False, soft_wrap=True)  # log lines stay
 PLAIN_EVERY = 10.0  # seconds between progress lines when stderr is not a terminal
 
 
-@options.with_options(options.MODELS, options.SAMPLING, options.SPECULATION, options.POOL)
+@options.with_options(options.MODELS, options.SAMPLING, options.SPECULATION.but(
+    branches=(int, options.DRAFT_BRANCHES)), options.POOL, options.SLOTS)
 def batch_command(
     models: options.ModelOptions,
     sampling: SamplerSettings,
     spec: SpecSettings,
     pool: options.PoolOptions,
+    slots: options.SlotOptions,
     requests: Path = typer.Argument(
         ..., metavar="REQUESTS.jsonl",
         help="One request per line: an `id` (string or integer) and a `prompt` or chat `messages`; optional "
@@ -40,24 +42,28 @@ def batch_command(
     summary_file: Optional[Path] = typer.Option(
         None, "--summary", metavar="FILE", help="Also write the final summary to FILE as JSON."),
 ) -> None:
-    """Run every request in a JSONL file with the models loaded once; exit 0 when every
-    request has a result, 1 when some failed."""
+    """Run every request in a JSONL file with the models loaded once, -np of them at once;
+    exit 0 when every request has a result, 1 when some failed."""
     _check_files(requests, output, summary_file)
+    slots.check(spec)
     items = batch.read_requests(requests, sampling, spec)
     results = batch.Results(output, notify=_notice)
     try:
         todo = batch.pending(items, results)
-        engine = None
+        engine = parallel = None
         if any(isinstance(item, batch.Request) for item in todo):  # else no model is needed
             from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
+            from speculative.engine.parallel import Parallel
 
-            engine = Engine(*models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft, spec.mtp),
-                            notify=_notice, **pool.engine_args())
+            target, draft = models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft, slots.mtp(spec))
+            engine = Engine(slots.apply(target), slots.apply(draft), notify=_notice, **pool.engine_args())
+            engine.factory.make(spec)  # auto measures its costs now, before requests share the models
+            parallel = Parallel(engine, slots.n_slots, **slots.parallel_args())
         _notice(f"batch: {len(items)} requests in {requests}, {len(items) - len(todo)} already in {output}, "
-                f"{len(todo)} to run")
+                f"{len(todo)} to run" + (f", {slots.n_slots} at once" if parallel and slots.n_slots > 1 else ""))
         try:
             with _progress(len(todo)) as show:
-                summary = batch.run_batch(engine, items, results, show)
+                summary = batch.run_batch(parallel, items, results, show)
         finally:
             if engine is not None:
                 engine.close()
@@ -98,25 +104,26 @@ class _progress:
         self.live = stderr.is_terminal
         self._last = 0.0
         self._bar = Progress(
-            TextColumn("batch"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[failed]} failed"),
+            TextColumn("batch"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[running]} running"),
+            TextColumn("{task.fields[failed]} failed"),
             TextColumn("{task.fields[tps]:.1f} tokens/s"), TextColumn("ETA"), TimeRemainingColumn(),
             console=stderr, transient=False) if self.live else None
 
     def __enter__(self):
         if self._bar is not None:
             self._bar.start()
-            self._task = self._bar.add_task("batch", total=self.total, failed=0, tps=0.0)
+            self._task = self._bar.add_task("batch", total=self.total, running=0, failed=0, tps=0.0)
         return self
 
     def __call__(self, s: batch.Summary) -> None:
         done = s.succeeded + s.failed
         tps = s.to_dict()["tokens_per_second"]
         if self._bar is not None:
-            self._bar.update(self._task, completed=done, failed=s.failed, tps=tps)
+            self._bar.update(self._task, completed=done, running=s.running, failed=s.failed, tps=tps)
         elif time.monotonic() - self._last >= PLAIN_EVERY or done == self.total:
             self._last = time.monotonic()
             eta = s.seconds / done * (self.total - done)
-            stderr.print(f"batch: {done}/{self.total} done, {s.failed} failed, {tps:.1f} tokens/s, "
+            stderr.print(f"batch: {done}/{self.total} done, {s.running} running, {s.failed} failed, {tps:.1f} tokens/s, "
                          f"ETA {_duration(eta)}")
 
     def __exit__(self, *exc) -> None:

@@ -21,7 +21,7 @@ from speculative.models.registry import Registry, check_gguf_file
 
 from .models import resolve_models
 
-M, D, S = "Models", "Speculation", "Sampling"
+M, D, S, R = "Models", "Speculation", "Sampling", "Requests at once"
 
 MODEL = typer.Option(
     None, "-m", "--model", rich_help_panel=M, metavar="PATH|NAME",
@@ -117,8 +117,8 @@ _BRANCHES_HELP = ("Draft trees: the draft model's most branches per step, all ve
                   "(1: a chain; needs --spec-type draft).")
 PARALLEL = typer.Option(SpecSettings.branches, "-np", "--parallel", "--draft-branches", rich_help_panel=D,
                         metavar="N", help=_BRANCHES_HELP)
-DRAFT_BRANCHES = typer.Option(SpecSettings.branches, "--draft-branches", rich_help_panel=D,  # serve's -np is its queue
-                              metavar="N", help=_BRANCHES_HELP)
+DRAFT_BRANCHES = typer.Option(SpecSettings.branches, "--draft-branches", rich_help_panel=D,  # serve's and batch's
+                              metavar="N", help=_BRANCHES_HELP)                         # -np: their slots
 DRAFT_P_SPLIT = typer.Option(
     SpecSettings.p_split, "--draft-p-split", "--spec-draft-p-split", rich_help_panel=D, metavar="P",
     help="Draft trees: a candidate the draft gives more than P starts a new branch (with more than one).")
@@ -481,6 +481,73 @@ def _set_by(value: str, variable: str) -> str:
     variables: a user may have them set for llama-server and not think of them)."""
     return f" ({variable} is set to {value!r})" if os.environ.get(variable) == value else ""
 
+PARALLEL_AUTO = 4  # llama-server's -np -1
+MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: every slot's draft-tree branches together
+SLOTS_PARALLEL = typer.Option(
+    -1, "-np", "--parallel", rich_help_panel=R, metavar="N",
+    help=f"Requests decoded together, each in its own sequence of one context, one batch per step "
+         f"(llama-server's slots; -1: auto, {PARALLEL_AUTO}).")
+KV_UNIFIED = typer.Option(
+    True, "-kvu/-no-kvu", "--kv-unified/--no-kv-unified", rich_help_panel=R,
+    help="One pool of -c cells for every request (a request may use all of it; one that finds no cell "
+         "left ends with finish_reason length). --no-kv-unified: -c / N cells each, no draft trees.")
+PREFILL_BUDGET = typer.Option(
+    500.0, "--prefill-budget", rich_help_panel=R, metavar="MS",
+    help="While other requests generate, a prompt goes in chunks of about this many milliseconds, one per "
+         "step, so they keep going (0: whole -b chunks, as llama-server).")
+SLOT_SIMILARITY = typer.Option(
+    0.1, "-sps", "--slot-prompt-similarity", rich_help_panel=R, metavar="SIMILARITY",
+    help="A request takes the free slot whose cache holds more than this share of its prompt, else the "
+         "one used least recently (0.0: always the least recently used).")
+
+
+@dataclass(frozen=True)
+class SlotOptions:
+    """-np, -kvu, --prefill-budget and -sps of serve and batch, checked."""
+    parallel: int = -1
+    kv_unified: bool = True
+    prefill_budget: float = 500.0
+    similarity: float = 0.1
+
+    def __post_init__(self):
+        if self.parallel == 0 or self.parallel < -1:
+            raise UsageError(f"-np/--parallel must be >= 1, or -1 (auto: {PARALLEL_AUTO}), got {self.parallel}")
+        if not self.prefill_budget >= 0 or math.isinf(self.prefill_budget):
+            raise UsageError(f"--prefill-budget must be a number of milliseconds >= 0, got {self.prefill_budget}")
+        if not 0 <= self.similarity <= 1:
+            raise UsageError(f"-sps/--slot-prompt-similarity must be in [0, 1], got {self.similarity}")
+
+    @property
+    def n_slots(self) -> int:
+        return PARALLEL_AUTO if self.parallel == -1 else self.parallel
+
+    def check(self, spec: SpecSettings) -> None:
+        """What the slots cannot do with these speculation settings (exit 2)."""
+        if self.n_slots * spec.branches > MAX_SEQUENCES:
+            raise UsageError(f"-np {self.n_slots} requests with --draft-branches {spec.branches} each need "
+                             f"{self.n_slots * spec.branches} sequences; llama.cpp has {MAX_SEQUENCES}")
+        if not self.kv_unified and spec.branches > 1:
+            raise UsageError("--no-kv-unified: draft trees (--draft-branches > 1) need the unified KV cache")
+        if self.n_slots > 1 and spec.mtp == "named":
+            raise UsageError(f"-np {self.n_slots}: draft-mtp runs one request at a time; use -np 1")
+
+    def mtp(self, spec: SpecSettings) -> str | None:
+        """SpecSettings.mtp for ModelOptions.specs: auto leaves the MTP head out of several slots."""
+        return spec.mtp if self.n_slots == 1 else None
+
+    def apply(self, spec: ModelSpec | None) -> ModelSpec | None:
+        """A model spec loaded for these slots."""
+        return None if spec is None else replace(spec, n_slots=self.n_slots, kv_unified=self.kv_unified)
+
+    def parallel_args(self) -> dict:
+        return {"prefill_budget": self.prefill_budget / 1000, "similarity": self.similarity}
+
+
+def slot_options(parallel: int = -1, kv_unified: bool = True, prefill_budget: float = 500.0,
+                 slot_prompt_similarity: float = 0.1) -> SlotOptions:
+    return SlotOptions(parallel, kv_unified, prefill_budget, slot_prompt_similarity)
+
+
 # -- option groups: declared once, attached to every command that takes them --------
 
 
@@ -539,6 +606,12 @@ SPECULATION = Group("spec", (
 
 POOL = Group("pool", (("spec_pool", Optional[Path], SPEC_POOL), ("spec_pool_tokens", int, SPEC_POOL_TOKENS)),
              pool_options)
+
+
+SLOTS = Group("slots", (
+    ("parallel", int, SLOTS_PARALLEL), ("kv_unified", bool, KV_UNIFIED), ("prefill_budget", float, PREFILL_BUDGET),
+    ("slot_prompt_similarity", float, SLOT_SIMILARITY),
+), slot_options)
 
 
 def with_options(*groups: Group):

@@ -20,11 +20,12 @@ N = "Server"
 
 @options.with_options(options.MODELS, options.SPECULATION.but(
     branches=(int, options.DRAFT_BRANCHES), n_predict=None, ignore_eos=None),  # per request here
-    options.POOL)
+    options.POOL, options.SLOTS)
 def serve_command(
     models: options.ModelOptions,
     spec: SpecSettings,
     pool: options.PoolOptions,
+    slots: options.SlotOptions,
     host: str = typer.Option("127.0.0.1", "--host", rich_help_panel=N,
                              help="Address to listen on. Anything but loopback needs an API key."),
     port: int = typer.Option(8080, "--port", rich_help_panel=N, help="Port to listen on (0: any free one)."),
@@ -32,9 +33,12 @@ def serve_command(
         None, "--api-key", envvar="SPECULATE_API_KEY", show_envvar=True, rich_help_panel=N,
         help="Require 'Authorization: Bearer KEY' on every endpoint but /health. Prefer the environment "
              "variable: a command line is visible to every user of the machine."),
-    parallel: int = typer.Option(
-        8, "-np", "--parallel", rich_help_panel=N,
-        help="How many requests may wait while one generates; more are refused with 503 and Retry-After."),
+    max_waiting: int = typer.Option(
+        8, "--max-waiting", rich_help_panel=N, metavar="N",
+        help="How many requests may wait while every slot (-np) generates; more are refused with 503 and "
+             "Retry-After."),
+    slots_endpoint: bool = typer.Option(
+        True, "--slots/--no-slots", rich_help_panel=N, help="Serve GET /slots, what each slot holds and does."),
     timeout: float = typer.Option(
         600.0, "-to", "--timeout", rich_help_panel=N,
         help="Seconds a request may take, waiting included: a generation still running then ends "
@@ -50,34 +54,49 @@ def serve_command(
 ) -> None:
     """Serve the models over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions,
     streamed or not, /v1/models) and llama-server's own endpoints for editors (/completion,
-    /infill, /tokenize, /detokenize, /props, /health, and /metrics with --metrics). One generation
-    runs at a time; Ctrl-C or SIGTERM stops the server (exit 0)."""
+    /infill, /tokenize, /detokenize, /props, /slots, /health, and /metrics with --metrics). -np
+    generations run at once, decoded together; Ctrl-C or SIGTERM stops the server (exit 0)."""
     from speculative.serving import app as server  # the web stack: imported by this command only (start-up time)
     from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
+    from speculative.engine.parallel import Parallel
     from speculative.serving.worker import Worker
 
     api_key = api_key or None  # an empty SPECULATE_API_KEY is no key
-    if not server.is_loopback(host) and api_key is None:
-        raise UsageError(f"--host {host} is reachable from other machines: set an API key "
-                         "(SPECULATE_API_KEY or --api-key), or listen on 127.0.0.1")
-    if not 0 <= port <= 65535 or parallel < 0 or not timeout > 0:
-        raise UsageError("--port must be in [0, 65535], --parallel >= 0 and --timeout > 0")
-    if cache_ram < -1:
-        raise UsageError(f"--cache-ram must be a size in MiB, 0 (off) or -1 (no limit), got {cache_ram}")
-    target, draft = models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft, spec.mtp)
+    _check(server.is_loopback(host), host, port, api_key, max_waiting, timeout, cache_ram)
+    slots.check(spec)
+    target, draft = models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft, slots.mtp(spec))
     sock = _bind(host, port)  # before loading: a taken port fails at once, not after the models load
-    with sock, Engine(target, draft, notify=lambda message: print(message, file=sys.stderr),
+    with sock, Engine(slots.apply(target), slots.apply(draft), notify=lambda message: print(message, file=sys.stderr),
                       cache_ram_mib=cache_ram, **pool.engine_args()) as engine:
         engine.factory.make(spec)  # auto measures its costs now rather than in the first request
         model_info = _model_info(engine, target, draft, spec)
-        with Worker(engine, spec, waiting=parallel, timeout=timeout) as worker:
+        parallel = Parallel(engine, slots.n_slots, **slots.parallel_args())
+        with Worker(parallel, spec, waiting=max_waiting, timeout=timeout) as worker:
             app = server.create_app(worker, model_info, api_key, loopback_only=server.is_loopback(host),
-                                    metrics=metrics, build_info=build_info())
-            where = sock.getsockname()
-            print(f"speculate serve: {target.name}" + (f" with draft {draft.name}" if draft else "")
-                  + f", --spec-type {','.join(spec.types)}, on http://{_url_host(host)}:{where[1]}/v1 "
-                  + ("(API key required)" if api_key else "(no API key)"), file=sys.stderr, flush=True)
+                                    metrics=metrics, build_info=build_info(), slots=slots_endpoint)
+            print(_banner(target, draft, spec, slots.n_slots, f"{_url_host(host)}:{sock.getsockname()[1]}", api_key),
+                  file=sys.stderr, flush=True)
             server.run(app, worker, sock)
+
+
+def _check(loopback: bool, host: str, port: int, api_key: str | None, max_waiting: int, timeout: float,
+           cache_ram: int) -> None:
+    """The server's own flags, refused before anything loads."""
+    if not loopback and api_key is None:
+        raise UsageError(f"--host {host} is reachable from other machines: set an API key "
+                         "(SPECULATE_API_KEY or --api-key), or listen on 127.0.0.1")
+    if not 0 <= port <= 65535 or max_waiting < 0 or not timeout > 0:
+        raise UsageError("--port must be in [0, 65535], --max-waiting >= 0 and --timeout > 0")
+    if cache_ram < -1:
+        raise UsageError(f"--cache-ram must be a size in MiB, 0 (off) or -1 (no limit), got {cache_ram}")
+
+
+def _banner(target: ModelSpec, draft: ModelSpec | None, spec: SpecSettings, n_slots: int, where: str,
+            api_key: str | None) -> str:
+    """The line that says the server is up, and what it serves."""
+    return (f"speculate serve: {target.name}" + (f" with draft {draft.name}" if draft else "")
+            + f", --spec-type {','.join(spec.types)}, {n_slots} slot{'s' * (n_slots > 1)}, on http://{where}/v1 "
+            + ("(API key required)" if api_key else "(no API key)"))
 
 
 def _model_info(engine, target: ModelSpec, draft: ModelSpec | None, spec: SpecSettings) -> dict:

@@ -26,3 +26,8 @@ class ModelError(SpeculateError):
     vocabulary mismatch, checksum mismatch, unsupported cache type."""
 
     exit_code = 3
+
+
+class ContextFull(GenerationError):
+    """A shared KV cache (several requests at once) has no cell left for this request's next
+    batch: the request ends there, as at the end of its context (finish reason `length`)."""

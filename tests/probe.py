@@ -56,9 +56,12 @@ def wait_until(until) -> None:
 
 
 def hold_for_a_signal() -> None:
-    """Until the signal's handler raises KeyboardInterrupt here (in this Python code)."""
-    wait_until(lambda: False)
-    say(f"no signal came in {HOLD_LIMIT:.0f} s")
+    """Until the signal's handler raises KeyboardInterrupt here (in this Python code), or, on a
+    thread of `speculate batch`'s (whose main thread the handler interrupts), until the batch
+    stops its requests (interrupt.cancel_when's check)."""
+    wait_until(lambda: interrupt._cancel is not None and interrupt._cancel())
+    if not (interrupt._cancel is not None and interrupt._cancel()):
+        say(f"no signal came in {HOLD_LIMIT:.0f} s")
 
 
 if os.environ.get("PROBE_DECODE"):
@@ -155,14 +158,14 @@ if os.environ.get("PROBE_SERVE"):
             _hold(_prompt_holds.pop(), "inside llama.cpp's prompt decode")
         return interrupt.poll()
 
-    def _held_generate(engine, generation, spec, should_stop):
+    def _held_generate(engine, generation, tokens, spec, should_stop):
         prompt = generation.prompt or ""
         must_stop = lambda: should_stop() is not None  # noqa: E731
         if prompt.startswith(HOLD_PROMPT):
             _prompt_holds.append(must_stop)
         step = prompt.startswith(HOLD_STEP)
         try:
-            for output in _generate(engine, generation, spec, should_stop):
+            for output in _generate(engine, generation, tokens, spec, should_stop):
                 yield output
                 if step and isinstance(output, Piece):
                     step = False

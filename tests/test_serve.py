@@ -119,8 +119,9 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(model_path, tmp_path_factory):
+    # two slots with their own KV streams: a request's greedy answer is the one-shot command's
     s = start_server(model_path, tmp_path_factory.mktemp("serve"), "-md", str(model_path(SMOL)), *SPEC,
-                     "--parallel", "2")
+                     "-np", "2", "--no-kv-unified", "-c", "4096", "--max-waiting", "2")  # 2048 each
     yield s
     stop_server(s)
 
@@ -278,7 +279,8 @@ def test_two_clients_taking_turns_keep_their_conversations_with_cache_ram(server
     its conversation so far (prompt and answer) from host memory, where with --cache-ram 0 the
     other client's turn left only the system prompt in the caches; the answers are the same."""
     cached = take_turns(server, "ABABAB", QUESTIONS, 24)
-    plain_server = start_server(model_path, tmp_path, "-md", str(model_path(SMOL)), *SPEC, "--cache-ram", "0")
+    plain_server = start_server(model_path, tmp_path, "-md", str(model_path(SMOL)), *SPEC, "--cache-ram", "0",
+                                "-np", "1")  # one slot: each turn finds the other conversation there
     try:
         plain = take_turns(plain_server, "ABABAB", QUESTIONS, 24)
     finally:
@@ -305,7 +307,7 @@ def test_cache_ram_evicts_the_least_recently_used_under_a_small_budget(model_pat
                  for name, topic in (("A", "city of Rome"), ("B", "island of Crete"), ("C", "valley of Nile"))}
     questions["D"] = [" ".join(["a long question about everything"] * 20)]  # 517 tokens: 2 MiB
     order = "ABCABCDA"
-    args = ("-t", "1", "--spec-type", "ngram-simple", "-c", "1024")
+    args = ("-t", "1", "--spec-type", "ngram-simple", "-c", "1024", "-np", "1")  # one slot, one cache
     answers, logs = {}, {}
     # --cache-ram's default comes from $LLAMA_ARG_CACHE_RAM, as llama-server's; the flag wins over it
     for budget, flag in (("1", ()), ("0", ("--cache-ram", "0"))):
@@ -495,9 +497,10 @@ FINISH = re.compile(r"completion: (?:\d+ prompt tokens \(\d+ cached\), (\d+) gen
 
 @pytest.fixture(scope="module")
 def held(model_path, tmp_path_factory):
-    """A server whose requests can be held (PROBE_SERVE): SmolLM2 alone, --parallel 2, /metrics."""
+    """A server whose requests can be held (PROBE_SERVE): SmolLM2 alone, one slot, --max-waiting 2,
+    /metrics."""
     s = start_server(model_path, tmp_path_factory.mktemp("held"), "--spec-type", "none", "-t", "1",
-                     "--parallel", "2", "--metrics", probe=True)
+                     "-np", "1", "--max-waiting", "2", "--metrics", probe=True)
     yield s
     stop_server(s)
 
@@ -546,7 +549,7 @@ def finished(server: Server, start: int, n: int = 1, seconds: float = 60) -> lis
 
 
 def test_a_full_queue_refuses_at_once_and_the_waiting_requests_run_after(held):
-    """--parallel 2: one request generates (held after its first piece), two wait (seen in
+    """-np 1 --max-waiting 2: one request generates (held after its first piece), two wait (seen in
     /metrics), and every other one is refused at once with 503; the two run once the running
     one's client has gone."""
     start = len(held.log_text())
@@ -649,7 +652,7 @@ def test_timeout_ends_a_generation_with_what_it_has_and_refuses_a_request_still_
     """--timeout 3: a request still waiting for the models then gets 503, and the running one,
     held until then, ends at its next step with what it has (finish_reason length)."""
     release = tmp_path / "release"
-    server = start_server(model_path, tmp_path, "--spec-type", "none", "-t", "1", "--timeout", "3", probe=True,
+    server = start_server(model_path, tmp_path, "--spec-type", "none", "-t", "1", "-np", "1", "--timeout", "3", probe=True,
                           env={"PROBE_RELEASE": str(release)})
     try:
         answers: list = []
@@ -673,7 +676,7 @@ def test_timeout_ends_a_generation_with_what_it_has_and_refuses_a_request_still_
 
 def test_sigint_lets_the_running_answer_finish_and_exits_0(model_path, tmp_path):
     release = tmp_path / "release"
-    server = start_server(model_path, tmp_path, "--spec-type", "none", "-t", "1", key=None, probe=True,
+    server = start_server(model_path, tmp_path, "--spec-type", "none", "-t", "1", "-np", "1", key=None, probe=True,
                           env={"PROBE_RELEASE": str(release)})
     events: list = []
     reader = threading.Thread(target=lambda: events.extend(sse(server, "/v1/completions", {
@@ -693,7 +696,7 @@ def test_sigint_lets_the_running_answer_finish_and_exits_0(model_path, tmp_path)
 
 def test_sigterm_refuses_waiting_requests_and_ends_the_running_one_within_the_grace(model_path, tmp_path):
     """The running request is held until it must stop: only the grace's end stops it."""
-    server = start_server(model_path, tmp_path, "--spec-type", "none", "-t", "1", "--metrics", key=None,
+    server = start_server(model_path, tmp_path, "--spec-type", "none", "-t", "1", "-np", "1", "--metrics", key=None,
                           probe=True)
     events: list = []
     queued: list = []

@@ -356,7 +356,8 @@ def test_tokenize_detokenize_props_and_metrics(server):
     assert len(plain) > 1  # as text, not the special token
     assert post(server, "/detokenize", {"tokens": [t["id"] for t in tokens]}) == {"content": "<|fim_prefix|>x = 1"}
     status, _, props = server.request("GET", "/props")
-    assert status == 200 and props["total_slots"] == 1 and props["endpoint_metrics"] is True
+    assert status == 200 and props["total_slots"] == 4 and props["endpoint_metrics"] is True  # -np auto: 4
+    assert props["endpoint_slots"] is True
     assert props["default_generation_settings"]["n_ctx"] == 4096 and props["model_path"].endswith(".gguf")
     assert props["chat_template"] and "llama-cpp-python" in props["build_info"]
     post(server, "/completion", {"prompt": "x", "n_predict": 2, "temperature": 0, "ignore_eos": True})

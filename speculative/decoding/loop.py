@@ -15,6 +15,10 @@ One step, each a function below:
 The target cache always holds every token except the last one, whose logits the
 next step computes. Without a drafter k is 0 and the same loop is plain
 target-only decoding, so baseline and speculation share every line of code.
+
+Requests that run at once each run this loop, their decodes batched together
+(gate.py); when their shared cache has no cell left for one, it ends there
+(ContextFull), as at the end of its context.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from speculative.decoding.sampling import Sampler
 from speculative.decoding.settings import SpecSettings, acceptance
 from speculative.decoding.tree import Tree
 from speculative.decoding.verify import match_tree, rejection_sample_tree
+from speculative.errors import ContextFull
 
 
 def generate(target: Cache, prompt: Sequence[int], sampler: Sampler, settings: SpecSettings,
@@ -42,7 +47,11 @@ def generate(target: Cache, prompt: Sequence[int], sampler: Sampler, settings: S
     rule = acceptance(sampler.settings, settings)
     t0 = time.perf_counter()
     context = list(prompt)
-    n_cached = prefill(target, drafter, context)
+    try:
+        n_cached = prefill(target, drafter, context)
+    except ContextFull:
+        yield Done("length", 0.0)
+        return
     yield Prefilled(len(context), time.perf_counter() - t0, n_cached)
     t_start = time.perf_counter()  # what the consumer does on Prefilled (save a cache) is not generation
     n_generated = 0
@@ -52,12 +61,16 @@ def generate(target: Cache, prompt: Sequence[int], sampler: Sampler, settings: S
             yield Done("length", time.perf_counter() - t_start)
             return
         t_draft = time.perf_counter()
-        draft = propose(drafter, context, min(k, target.model.n_batch - 1), settings)  # one verify batch
-        t_verify = time.perf_counter()
-        tree = Tree(draft.tree)
-        rows = score(target, context[-1], draft, tree)
-        path, bonus = verify(rule, sampler, context, draft, tree, rows)
-        branch = roll_back(target, tree, path, len(context))
+        try:
+            draft = propose(drafter, context, min(k, target.model.n_batch - 1), settings)  # one verify batch
+            t_verify = time.perf_counter()
+            tree = Tree(draft.tree)
+            rows = score(target, context[-1], draft, tree)
+            path, bonus = verify(rule, sampler, context, draft, tree, rows)
+            branch = roll_back(target, tree, path, len(context))
+        except ContextFull:
+            yield Done("length", time.perf_counter() - t_start)
+            return
         t_done = time.perf_counter()
         if drafter is not None:
             drafter.accept(Outcome(draft, len(path), bonus, t_verify - t_draft, t_done - t_verify))

@@ -264,7 +264,9 @@ class ModelSpec:
     n_gpu_layers: int = -1
     n_threads: int | None = None
     flash_attn: str = "auto"
-    n_seq: int = 1  # KV-cache sequences: -np, the most draft-tree branches
+    n_seq: int = 1  # KV-cache sequences per request: the most draft-tree branches
+    n_slots: int = 1  # requests decoded together (serve's and batch's -np), each with n_seq sequences
+    kv_unified: bool = True  # one pool of cells for every sequence (else -c / n_slots each: --no-kv-unified)
     n_rs_seq: int = 0  # a recurrent state's snapshots: the longest draft it can undo directly (cache.py)
     loras: tuple[tuple[Path, float], ...] = ()  # LoRA adapters and their scales
     mtp: bool = False  # load its NextN (MTP) layers, where it has them, to draft with (draft-mtp)

@@ -12,6 +12,7 @@ cache (--prompt-cache, --cache-ram) are persist.py's, called around each run.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import time
@@ -20,6 +21,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from speculative.decoding.backend import Backend
 from speculative.decoding.cache import Cache, MtpCache
 from speculative.decoding.drafter import Drafter
 from speculative.decoding.events import Event, Prefilled, PromptCache, Token
@@ -83,6 +85,7 @@ class Engine:
         self.pool_file = self._open_pool_file(pool_file, target_vocab) if self.pool is not None else None
         self.factory = DrafterFactory(self.caches, self.mtp, self.pool, self.costs, _largest_batch(self.target),
                                       notify)
+        self._owner = True  # it loaded the models (a view does not: see view)
 
     def _open_pool_file(self, path: Path | None, target_vocab: Callable[[], Vocab]) -> PoolFile | None:
         """--spec-pool FILE, read into the pool now (None without one)."""
@@ -166,6 +169,19 @@ class Engine:
         if self.pool is not None and self.learn:
             self.pool.add(context[n_prompt:])
 
+    def view(self, target: Backend, draft: Backend | None) -> "Engine":
+        """The engine of one of several requests that run at once (parallel.py), on `target`'s
+        and `draft`'s sequences of this engine's models (llamacpp.slots.SlotModel): caches and
+        drafters of its own; the pool, the measured costs, ngram-mod's tables and the RAM cache
+        shared. It closes nothing: the models are this engine's."""
+        view = copy.copy(self)
+        view.target, view.draft, view.mtp, view.drafter, view._whole_prompt = target, draft, None, None, False
+        view.caches = {"target": Cache(target), **({"draft": Cache(draft)} if draft else {})}
+        view.persist = self.persist.view(view.caches)
+        view.factory = self.factory.view(view.caches)
+        view.pool_file, view._owner = None, False
+        return view
+
     def forget(self) -> None:
         """Empty the caches: the next run processes its whole prompt, restoring nothing from
         the RAM cache either (llama-server's `cache_prompt: false`). As llama-server does, the
@@ -209,6 +225,8 @@ class Engine:
         return sum(m.busy_seconds for m in (self.target, self.draft, *heads) if m is not None)
 
     def close(self) -> None:
+        if not self._owner:
+            return
         if self.pool_file is not None:
             try:
                 self.pool_file.save(self.pool)

@@ -67,6 +67,13 @@ class DrafterFactory:
         return Auto(drafters, self.costs("target", k_max + 1), k_max, draft_costs, catchup_costs,
                     rewind(self.caches["target"], k_max))
 
+    def view(self, caches: dict[str, Cache]) -> "DrafterFactory":
+        """The factory of another request's caches on the same models (parallel.py), sharing
+        ngram-mod's tables and ngram-cache's files with this one."""
+        view = DrafterFactory(caches, None, self.pool, self.costs, self.target_batch, self.notify)
+        view._mod_tables, view._lookup_files = self._mod_tables, self._lookup_files
+        return view
+
     def mod_table(self, n_match: int) -> ModTable:
         """ngram-mod's table for n-grams of n_match tokens, made the first time a run asks for it."""
         if n_match not in self._mod_tables:

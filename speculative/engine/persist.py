@@ -10,6 +10,7 @@ what cannot be read, written or restored is left out, with a notice or a log lin
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -38,12 +39,24 @@ class CachePersistence:
         self.ram_cache = ram_cache.RamCache(ram_mib, lambda state, tokens, limit: (
             target_cache.keepable_after_restore(state.tokens, tokens, limit, state.checkpoint))
         ) if ram_mib else None
+        self._ram_lock = threading.Lock()  # requests that run at once share the RAM cache
+
+    def view(self, caches: dict[str, Cache]) -> "CachePersistence":
+        """The persistence of another request's caches on the same models (parallel.py): the
+        same RAM cache, and no prompt cache file (a file holds one conversation)."""
+        view = CachePersistence(caches, None, self.notify)
+        view.ram_cache, view._ram_lock = self.ram_cache, self._ram_lock
+        return view
 
     def swap_ram(self, prompt: list[int]) -> float:
         """--cache-ram (ram_cache.py): keep the caches in host memory when this prompt would cut
         them, and restore the entry that keeps more of it; the seconds it took."""
         if self.ram_cache is None:
             return 0.0
+        with self._ram_lock:
+            return self._swap_ram(prompt)
+
+    def _swap_ram(self, prompt: list[int]) -> float:
         t0 = time.perf_counter()
         target = self.caches["target"]
         limit = len(prompt) - 1  # the prompt's last token is always decoded (loop.prefill)
@@ -67,7 +80,8 @@ class CachePersistence:
         """The caches are about to be emptied: save the conversation they hold in the RAM cache
         (as llama-server does), for a later request that continues it."""
         if self.ram_cache is not None and len(self.caches["target"]) >= ram_cache.MIN_TOKENS:
-            self.save_to_ram()
+            with self._ram_lock:
+                self.save_to_ram()
 
     def save_to_ram(self) -> None:
         """Keep what every cache holds now in the RAM cache (ram_cache.RamCache.add)."""

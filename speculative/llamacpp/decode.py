@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import llama_cpp as ll
@@ -55,20 +56,32 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def context_params(n_ctx: int, n_batch: int, threads: int, fa_type: int, n_seq: int = 1):
+def context_params(n_ctx: int, n_batch: int, threads: int, fa_type: int, n_seq: int = 1, kv_unified: bool = True):
     """llama.cpp's context parameters as speculate sets them for every context."""
     cparams = ll.llama_context_default_params()
     cparams.n_ctx = n_ctx
     cparams.n_batch = n_batch
     cparams.n_ubatch = min(n_batch, 512)
     cparams.n_seq_max = n_seq
-    cparams.kv_unified = True  # branches share the prompt's cells: one cache, not n_seq slices
+    # branches share the prompt's cells: one cache, not n_seq slices (unless asked: --no-kv-unified)
+    cparams.kv_unified = kv_unified
     cparams.n_threads = threads
     cparams.n_threads_batch = threads
     cparams.swa_full = True  # sliding-window caches keep everything, so rollback is exact
     cparams.no_perf = True
     cparams.flash_attn_type = fa_type
     return cparams
+
+
+@dataclass(frozen=True)
+class Part:
+    """One request's share of a batch that several run together (model.LlamaModel.decode_parts):
+    tokens at positions, each in the (absolute) sequences of seqs, and which rows it wants
+    ("all", "last" or "none", as Backend.decode)."""
+    tokens: Sequence[int]
+    positions: Sequence[int]
+    seqs: Sequence[Sequence[int]]
+    outputs: str
 
 
 class Batch:
@@ -110,7 +123,8 @@ class Batch:
             yield start, n
 
     def set_seqs(self, seqs: Sequence[Sequence[int]]) -> None:
-        """The sequence ids of the first len(seqs) entries (a draft tree's branches)."""
+        """The sequence ids of the first len(seqs) entries (a draft tree's branches, or the
+        sequences of several requests)."""
         for i, ids in enumerate(seqs):
             self._raw.n_seq_id[i] = len(ids)
             for j, s in enumerate(ids):

@@ -9,6 +9,7 @@ are reached in libggml, for the devices a model's layers go to (model_params, pl
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
 import threading
@@ -21,10 +22,24 @@ from speculative.errors import ModelError
 _initialised = False
 
 
+_errors: collections.deque[str] = collections.deque(maxlen=8)  # llama.cpp's latest error lines
+GGML_LOG_LEVEL_ERROR = 4
+
+
 @ll.llama_log_callback
 def _quiet_log(level, text, user_data):  # pragma: no cover - called from C
+    if level == GGML_LOG_LEVEL_ERROR:
+        _errors.append(text.decode(errors="replace").strip())
     if os.environ.get("SPECULATE_LLAMA_LOG"):
         os.write(2, text)
+
+
+def log_errors() -> str:
+    """What llama.cpp logged as errors since the last call (why a context could not be made:
+    '...: failed to allocate CPU buffer of size ...'), as one line; empty when nothing."""
+    lines = [line for line in _errors if line]
+    _errors.clear()
+    return "; ".join(lines)
 
 
 def init_once() -> None:

@@ -31,18 +31,19 @@ from llama_cpp import llama_cpp_ext as ll_ext
 
 from speculative.decoding.backend import Outputs
 from speculative.decoding.settings import ModelSpec
-from speculative.errors import GenerationError, ModelError
+from speculative.errors import ContextFull, GenerationError, ModelError
 from speculative.llamacpp import identity
-from speculative.llamacpp.decode import (Batch, Context, context_kernels, context_params, default_threads,
+from speculative.llamacpp.decode import (Batch, Part, context_kernels, context_params, default_threads,
                                          flash_attn_type)
-from speculative.llamacpp.devices import init_once, model_params, placement
+from speculative.llamacpp.devices import init_once, log_errors, model_params, placement
 from speculative.llamacpp.load import check_file, load_adapters, load_weights
+from speculative.llamacpp.memory import Sequences
 from speculative.llamacpp.mtp import MtpHead
 from speculative.llamacpp.nextn import NextnRows
 from speculative.llamacpp.tokenizer import Tokenizer
 
 
-class LlamaModel(Context, Tokenizer):
+class LlamaModel(Sequences, Tokenizer):
     """A GGUF model with one context: sequence 0 is its cache, and n_seq - 1 more hold draft-tree
     branches within a step (see backend.Backend). Loaded as `spec` says (its mtp_sidecar is
     the engine's: see mtp_head)."""
@@ -84,19 +85,29 @@ class LlamaModel(Context, Tokenizer):
         # by the devices the layers are on: llama_supports_gpu_offload() is true in any RPC build
         self.placement = placement(spec.n_gpu_layers, self.devices)
         cparams = context_params(spec.n_ctx, spec.n_batch, self.n_threads,
-                                 flash_attn_type(spec.flash_attn, self.placement == "gpu"), spec.n_seq)
+                                 flash_attn_type(spec.flash_attn, self.placement == "gpu"),
+                                 spec.n_seq * spec.n_slots, spec.kv_unified)
         cparams.n_rs_seq = spec.n_rs_seq if self.recurrent else 0  # llama.cpp clamps it to 0 where unsupported
+        log_errors()  # only this call's
         ctx = ll.llama_init_from_model(self._model, cparams)
         if not ctx:
             self.close()
-            raise ModelError(f"{self.path}: llama.cpp could not create a context (n_ctx={spec.n_ctx})")
+            slots = f", {spec.n_slots} parallel sequences" if spec.n_slots > 1 else ""
+            why = log_errors()
+            raise ModelError(f"{self.path}: llama.cpp could not create a context (n_ctx={spec.n_ctx}{slots})"
+                             + (f": {why}" if why else ""))
         self._ctx = ctx
         self._mem = ll.llama_get_memory(ctx)
-        # llama.cpp pads the context (to 256); the limit is still what was asked for.
+        # llama.cpp pads the context (to 256); the limit is still what was asked for. Without a
+        # unified cache each request's sequence has its own share of it (-c / n_slots).
         allocated = ll.llama_n_ctx(ctx)
         self.n_ctx = min(spec.n_ctx, allocated) if spec.n_ctx > 0 else allocated
+        if not spec.kv_unified:
+            self.n_ctx = min(self.n_ctx // spec.n_slots, ll.llama_n_ctx_seq(ctx))
         self.n_batch = ll.llama_n_batch(ctx)
         self.n_seq = spec.n_seq
+        self.n_slots = spec.n_slots
+        self.kv_unified = spec.kv_unified
         if self.recurrent:  # the latest decode's last n_rs_seq tokens can be undone, once
             self.rollback_limit = ll.llama_n_rs_seq(ctx)
         self._flash_attn_type = cparams.flash_attn_type
@@ -181,6 +192,31 @@ class LlamaModel(Context, Tokenizer):
             self._nextn.cut(min(positions))
         return [self._batch.logits(i) for i in range(n)]
 
+    def decode_parts(self, parts: Sequence[Part]) -> list[list[np.ndarray]]:
+        """Several requests' tokens in one llama_decode (slots.py): each part's rows, as decode
+        and decode_branches give them. Raises ContextFull, having decoded nothing, when the
+        cache has no cells left for the batch."""
+        n = sum(len(part.tokens) for part in parts)
+        if n > self.n_batch:
+            raise GenerationError(f"batch of {n} tokens exceeds -b/--batch-size {self.n_batch}")
+        batch, start, wanted = self._batch, 0, []
+        for part in parts:
+            end = start + len(part.tokens)
+            batch.tok[start:end] = part.tokens
+            batch.pos[start:end] = part.positions
+            batch.out[start:end] = part.outputs == "all"
+            if part.outputs == "last" or (self.placement == "rpc" and part.outputs == "none"):
+                batch.out[end - 1] = 1  # on RPC servers, an output is what waits for the compute (decode)
+            wanted.append(range(start, end) if part.outputs == "all" else [end - 1] if part.outputs == "last" else [])
+            start = end
+        batch.set_seqs([ids for part in parts for ids in part.seqs])
+        ret = batch.run(n)
+        if ret == 1:  # llama.cpp found no cells for it before decoding anything
+            raise ContextFull(f"{self.name}: the KV cache has no room left for a batch of {n} tokens")
+        if ret != 0:
+            raise GenerationError(f"llama_decode failed on {self.name} (code {ret})")
+        return [[batch.logits(i) for i in rows] for rows in wanted]
+
     def _run(self, n: int, pos: int) -> None:
         """llama_decode over the batch's first n entries."""
         ret = self._batch.run(n)
@@ -193,54 +229,6 @@ class LlamaModel(Context, Tokenizer):
         if self._mtp is not None:
             rows = ll_ext.llama_get_embeddings_nextn(self._ctx)
             self._nextn.put(pos, np.ctypeslib.as_array(rows, shape=(n, self._nextn.n_embd)))
-
-    def trim(self, n_keep: int) -> None:
-        # -1: every sequence (a recurrent state refuses -1 for anything but everything)
-        self._nextn.cut(n_keep)
-        self._roll_back(-1 if self.n_seq > 1 else 0, n_keep)
-
-    def copy_branch(self, src: int, dst: int) -> None:
-        ll.llama_memory_seq_rm(self._mem, dst, -1, -1)
-        ll.llama_memory_seq_cp(self._mem, src, dst, -1, -1)  # shares the cells, copies nothing
-
-    def keep_branch(self, seq: int, n_keep: int) -> None:
-        self._nextn.cut(n_keep)
-        ll.llama_memory_seq_keep(self._mem, seq)  # cells of other branches are freed
-        self._roll_back(seq, n_keep)
-        if seq != 0:
-            ll.llama_memory_seq_cp(self._mem, seq, 0, -1, -1)
-            ll.llama_memory_seq_keep(self._mem, 0)
-
-    def save_state(self, partial: bool = False) -> bytes:
-        """Sequence 0's cache (its cells and their keys and values) as llama.cpp serialises it;
-        `partial`: a recurrent model's state alone, without the attention cells (a checkpoint)."""
-        flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if partial else ll.LLAMA_STATE_SEQ_FLAGS_NONE
-        size = ll.llama_state_seq_get_size_ext(self._ctx, 0, flags)
-        buf = (ctypes.c_uint8 * size)()
-        n = ll.llama_state_seq_get_data_ext(self._ctx, buf, size, 0, flags)
-        if n == 0:
-            raise GenerationError(f"{self.name}: llama.cpp could not copy the KV cache")
-        return ctypes.string_at(buf, n)
-
-    def load_state(self, data: bytes, n_tokens: int, partial: bool = False) -> bool:
-        """Make sequence 0 hold exactly positions 0..n_tokens-1 from `data` (save_state's); on
-        any failure the cache is left empty and False returned. `partial`: the recurrent state
-        of a checkpoint, over the attention cells kept up to n_tokens."""
-        flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if partial else ll.LLAMA_STATE_SEQ_FLAGS_NONE
-        self._nextn.cut(n_tokens if partial else 0)  # a restored cache comes without its NextN rows
-        if not partial:
-            self.trim(0)
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        loaded = ll.llama_state_seq_set_data_ext(self._ctx, buf, len(data), 0, flags) == len(data)
-        if loaded and partial:
-            loaded = bool(ll.llama_memory_seq_rm(self._mem, 0, n_tokens, -1))  # the attention cells after it
-        # a recurrent state is one cell at the last position: only attention caches start at 0
-        if loaded and n_tokens and (ll.llama_memory_seq_pos_max(self._mem, 0) != n_tokens - 1 or
-                                    not self.recurrent and ll.llama_memory_seq_pos_min(self._mem, 0) != 0):
-            loaded = False
-        if not loaded or not n_tokens:
-            self.trim(0)
-        return loaded
 
     # -- drafting with its own NextN layers -------------------------------
 

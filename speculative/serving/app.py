@@ -4,7 +4,8 @@ endpoints, on FastAPI, run by uvicorn.
 OpenAI's: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (with "stream":
 true, server-sent events: one chunk per step, then `data: [DONE]`). llama-server's
 (llama_api.py): POST /completion (and /completions), POST /infill, POST /tokenize,
-POST /detokenize, GET /props, GET /metrics (with --metrics), GET /health and /v1/health.
+POST /detokenize, GET /props, GET /slots (unless --no-slots), GET /metrics (with --metrics),
+GET /health and /v1/health.
 
 What a request must get past, in order (`Guard`, then `read_json`): a Host header naming
 this machine when the server listens on loopback only (a web page that rebinds its own
@@ -43,18 +44,19 @@ MAX_BODY = 8 << 20        # bytes: a full 128k-token context as JSON-escaped tex
 RETRY_AFTER_SECONDS = 1   # what a refused client is told to wait
 OPEN_PATHS = ("/health", "/v1/health")  # no API key needed, as in llama-server
 # llama-server's own endpoints: their errors are llama-server's error objects
-LLAMA_PATHS = ("/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/props", "/metrics",
+LLAMA_PATHS = ("/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/props", "/metrics", "/slots",
                *OPEN_PATHS)
 
 
 def create_app(worker: Worker, model: dict, api_key: str | None, loopback_only: bool,
-               metrics: bool = False, build_info: str = "") -> FastAPI:
+               metrics: bool = False, build_info: str = "", slots: bool = True) -> FastAPI:
     """`model`: what /v1/models says about the one model served (`id` is its name; `path`,
-    `bos_token` and `eos_token` for /props). `metrics`: serve /metrics (llama-server's --metrics)."""
+    `bos_token` and `eos_token` for /props). `metrics`: serve /metrics (llama-server's --metrics);
+    `slots`: serve /slots (llama-server's --slots)."""
     app = FastAPI(title="speculate", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(Guard, api_key=api_key, loopback_only=loopback_only)
     _add_error_handlers(app)
-    _add_llama_routes(app, worker, model, metrics, build_info)
+    _add_llama_routes(app, worker, model, metrics, build_info, slots)
     _add_openai_routes(app, worker, model)
     return app
 
@@ -75,7 +77,8 @@ def _add_error_handlers(app: FastAPI) -> None:
         return error_response(ApiError(500, f"internal error: {type(e).__name__}"), request.url.path in LLAMA_PATHS)
 
 
-def _add_llama_routes(app: FastAPI, worker: Worker, model: dict, metrics: bool, build_info: str) -> None:
+def _add_llama_routes(app: FastAPI, worker: Worker, model: dict, metrics: bool, build_info: str,
+                      slots: bool) -> None:
     """llama-server's own endpoints (llama_api.py), /health among them."""
     vocab = worker.engine.target  # read-only: tokenizing beside a generation is safe (llama-server does it too)
 
@@ -103,7 +106,15 @@ def _add_llama_routes(app: FastAPI, worker: Worker, model: dict, metrics: bool, 
 
     @app.get("/props")
     async def props() -> dict:
-        return llama_api.props(vocab, model, vocab.chat_template() or "", build_info, metrics)
+        return llama_api.props(vocab, model, vocab.chat_template() or "", build_info, metrics,
+                               worker.parallel.n_slots, slots)
+
+    @app.get("/slots")
+    async def slot_list() -> list:
+        if not slots:
+            raise ApiError(501, "This server does not support slots endpoint. Start it with `--slots`")
+        speculative = model["meta"]["spec_type"] != "none"
+        return [{**slot, "speculative": speculative} for slot in worker.parallel.slots()]
 
     @app.get("/metrics")
     async def prometheus() -> Response:

@@ -1,14 +1,15 @@
 """`speculate batch`: many requests through one Engine, every result kept as soon as it exists.
 
-Requests run in file order through one Engine, so the models load once and a request
-that starts like the previous one (the same system prompt or document) keeps that
-prefix in the caches instead of processing it again (its stats say how much: n_cached).
+Requests start in file order, -np of them at once (engine/parallel.py: one slot each, their
+steps decoded together), with the models loaded once; a request that starts like one a slot
+ran before (the same system prompt or document) keeps that prefix in the caches instead of
+processing it again (its stats say how much: n_cached).
 
 Nothing is lost: each result is appended to the results file as one JSON line, flushed
-and synced before the next request starts. A rerun with the same results file skips
-every request that already has a line there, so a process killed in the middle loses at
-most the request in flight; a half-written last line (killed while writing) is cut off
-and that request runs again. A line that cannot be a request (not UTF-8, not JSON, no
+and synced, as soon as it finishes (so in completion order). A rerun with the same results
+file skips every request that already has a line there, so a process killed in the middle
+loses at most the requests in flight; a half-written last line (killed while writing) is cut
+off and that request runs again. A line that cannot be a request (not UTF-8, not JSON, no
 usable id, a duplicate id, a bad setting) and a request that fails (a prompt longer than
 the context, a model error) get an error line with their line number, and the batch
 goes on.
@@ -19,12 +20,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
 import sys
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Union
 
+from speculative.decoding.gate import Stopped
 from speculative.decoding.settings import SamplerSettings, SpecSettings
 from speculative.engine.chat import prompt_or_messages
 from speculative.engine.stream import complete
@@ -32,7 +36,7 @@ from speculative.errors import SpeculateError, UsageError
 from speculative.llamacpp import interrupt
 
 if TYPE_CHECKING:  # annotations only: importing the engine loads llama.cpp
-    from speculative.engine.engine import Engine
+    from speculative.engine.parallel import Parallel
 
 try:
     import fcntl
@@ -355,6 +359,7 @@ class Summary:
     t_load: float = 0.0
     seconds: float = 0.0          # wall clock of this run, from the first request
     interrupted: bool = False
+    running: int = 0              # requests generating now
     _started: float = field(default_factory=time.perf_counter, repr=False)
 
     @property
@@ -398,27 +403,64 @@ def pending(items: list[Item], results: Results) -> list[Item]:
     return [item for item in items if results.recorded(item) is None]
 
 
-def run_batch(engine: Engine | None, items: list[Item], results: Results,
+def run_batch(parallel: Parallel | None, items: list[Item], results: Results,
               on_record: Callable[[Summary], None] | None = None) -> Summary:
-    """Run every item that `results` has no record of, appending one record each (`engine`
-    may be None when none of them is a request). Ctrl-C or SIGTERM stops after recording
-    what finished (the request in flight runs again next time); the summary says so."""
-    summary = Summary(requests=len(items), t_load=engine.t_load if engine else 0.0)
+    """Run every item that `results` has no record of, appending one record each as it
+    finishes, -np requests at once (`parallel` may be None when none of them is a request).
+    Ctrl-C or SIGTERM stops after recording what finished (the requests in flight run again
+    next time); the summary says so."""
+    summary = Summary(requests=len(items), t_load=parallel.engine.t_load if parallel else 0.0)
     for item in items:
         earlier = results.recorded(item)
         if earlier is not None:
             summary.earlier_succeeded += earlier
             summary.earlier_failed += not earlier
-    try:
-        for item in pending(items, results):
-            record = run_request(engine, item) if isinstance(item, Request) else error_record(item, item.error)
-            with interrupt.deferred():  # a record in the file is one the summary counts
-                results.append(record)
-                summary.add(record)
-            if on_record:
-                on_record(summary)
-    except KeyboardInterrupt:
-        summary.interrupted = True
+    todo = iter(pending(items, results))
+    take = threading.Lock()
+    done: queue.Queue[dict | BaseException | None] = queue.Queue()
+
+    def work() -> None:  # one per slot: the next item, until none is left
+        try:
+            while True:
+                with take:
+                    item = next(todo, None)
+                if item is None:
+                    break
+                done.put(run_request(parallel, item) if isinstance(item, Request) else error_record(item, item.error))
+        except (Stopped, interrupt.Cancelled):  # stopping: this request runs again next time
+            pass
+        except BaseException as e:  # a bug: the main thread raises it
+            done.put(e)
+        done.put(None)
+
+    workers = [threading.Thread(target=work, name=f"speculate-slot-{i}", daemon=True)
+               for i in range(parallel.n_slots if parallel else 1)]
+    running = len(workers)
+    # a decode in progress stops once the gate closes (llama.cpp's abort callback asks it)
+    with interrupt.cancel_when(parallel.gate.abort_wanted if parallel else lambda: False):
+        try:
+            for worker in workers:
+                worker.start()
+            while running:
+                record = done.get()
+                if record is None:
+                    running -= 1
+                    continue
+                if isinstance(record, BaseException):
+                    raise record
+                with interrupt.deferred():  # a record in the file is one the summary counts
+                    results.append(record)
+                    summary.add(record)
+                summary.running = parallel.running() if parallel else 0
+                if on_record:
+                    on_record(summary)
+        except KeyboardInterrupt:
+            summary.interrupted = True
+        finally:
+            if parallel is not None:
+                parallel.close()  # what still runs stops at its next decode
+            for worker in workers:
+                worker.join()
     return summary
 
 
@@ -426,14 +468,16 @@ def error_record(item: Item, error: str) -> dict:
     return {"id": item.id, "line": item.line, "finish_reason": "error", "error": error}
 
 
-def run_request(engine: Engine, request: Request) -> dict:
-    """One request to the end (or its first stop string): its result record, or its error
-    record when it cannot run."""
+def run_request(parallel: Parallel, request: Request) -> dict:
+    """One request to the end (or its first stop string), in a slot of its own: its result
+    record, or its error record when it cannot run."""
     seed = request.sampling.resolved_seed()
+    engine = parallel.engine
     try:
         prompt = (engine.chat_tokens(request.messages) if request.messages is not None
                   else engine.prompt_tokens(request.prompt))
-        final = complete(engine, prompt, request.sampling, request.spec, seed, request.stop)
+        with parallel.slot(prompt) as slot:
+            final = complete(slot, prompt, request.sampling, request.spec, seed, request.stop)
     except SpeculateError as e:
         return error_record(request, str(e))
     stats = final.stats.to_dict()

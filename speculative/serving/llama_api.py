@@ -449,7 +449,8 @@ def text_of(vocab: Vocab, tokens: Sequence[int]) -> str:
     return b"".join(vocab.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
 
-def props(vocab: Vocab, model: dict, chat_template: str, build_info: str, metrics: bool) -> dict:
+def props(vocab: Vocab, model: dict, chat_template: str, build_info: str, metrics: bool, n_slots: int = 1,
+          slots: bool = False) -> dict:
     """/props: llama-server's fields that apply to this server."""
     defaults = Generation(False, None, None, _SAMPLING, None, (), _SPEC.ignore_eos, False)
     bos, eos = model.get("bos_token", ""), model.get("eos_token", "")
@@ -457,11 +458,11 @@ def props(vocab: Vocab, model: dict, chat_template: str, build_info: str, metric
         "default_generation_settings": {"params": generation_settings(defaults, _SPEC.n_predict,
                                                                       model["meta"]["spec_type"]),
                                         "n_ctx": vocab.n_ctx},
-        "total_slots": 1,
+        "total_slots": n_slots,
         "model_alias": model["id"],
         "model_path": model.get("path", ""),
         "modalities": {"vision": False, "video": False, "audio": False},
-        "endpoint_slots": False,
+        "endpoint_slots": slots,
         "endpoint_props": False,
         "endpoint_metrics": metrics,
         "chat_template": chat_template,

@@ -1,14 +1,15 @@
-"""Generations for `speculate serve`: one at a time on the engine, a bounded queue in front.
+"""Generations for `speculate serve`: -np at once on the engine's slots, a bounded queue in front.
 
-llama.cpp contexts are not thread-safe and each model has one cache, so every
-generation runs on a single thread of its own, in arrival order, and nothing else
-touches the engine. The HTTP side (the event loop) only submits requests and reads
-what they produce, so it stays responsive while a generation runs.
+Each generation runs on a thread of its own, in a slot of its own (engine/parallel.py: its
+own sequences of the shared models, its steps decoded with the others' in one batch), in
+arrival order. The HTTP side (the event loop) only submits requests and reads what they
+produce, so it stays responsive while generations run.
 
-A request asks for a slot first: one generates and `waiting` more may wait; beyond
-that it is refused at once (503) rather than queued without bound. A generation stops
-at the next step once its client has gone or its time is up, and in the middle of a
-long prompt too (llama.cpp's abort callback asks, see interrupt.cancel_when).
+A request asks for a place first: -np generate and `waiting` more may wait; beyond that it
+is refused at once (503) rather than queued without bound. A generation stops at the next
+step once its client has gone or its time is up, and in the middle of its prompt too: at
+the next chunk of it, or inside llama.cpp when it runs alone (the abort callback asks the
+gate, see interrupt.cancel_when and gate.abort_wanted).
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator, Union
 
+from speculative.decoding.gate import Stopped
 from speculative.decoding.settings import SpecSettings
 from speculative.decoding.stats import Stats
 from speculative.engine.engine import Engine
+from speculative.engine.parallel import Parallel
 from speculative.engine.stream import Final, Piece, Stream
 from speculative.engine.text import LineLimits
 from speculative.errors import ModelError
@@ -78,12 +81,11 @@ def prompt_tokens(engine: Engine, generation: Generation) -> list[int]:
     return tokens
 
 
-def generate(engine: Engine, generation: Generation, spec: SpecSettings,
+def generate(engine: Engine, generation: Generation, tokens: list[int], spec: SpecSettings,
              should_stop: Callable[[], str | None]) -> Iterator[Output]:
-    """Run one request: Started, one Piece per step that completes text, then Final.
-    `should_stop` is asked after the prompt and after every step: a finish reason ends
-    the run there."""
-    tokens = prompt_tokens(engine, generation)
+    """Run one request (its prompt as `tokens`, prompt_tokens' check passed) on a slot's engine:
+    Started, one Piece per step that completes text, then Final. `should_stop` is asked after
+    the prompt and after every step: a finish reason ends the run there."""
     spec = dataclasses.replace(spec, n_predict=generation.max_tokens or -1, ignore_eos=generation.ignore_eos)
     yield Started(len(tokens))
     if not tokens:  # llama-server answers an empty prompt with an empty answer
@@ -101,7 +103,7 @@ def generate(engine: Engine, generation: Generation, spec: SpecSettings,
         for piece in stream:
             if piece.text:
                 yield piece
-    except interrupt.Cancelled:  # llama.cpp stopped in the middle of a batch (a long prompt)
+    except (interrupt.Cancelled, Stopped):  # stopped in its prompt: in llama.cpp, or between chunks
         reason = should_stop() or "cancelled"
     final = dataclasses.replace(stream.end(reason), n_kept=len(engine.caches["target"]))
     if final.tail:
@@ -195,14 +197,16 @@ class Metrics:
 
 
 class Worker:
-    """The engine's only user: generations run on one thread, one at a time, in order."""
+    """The engine's only user: generations run on the slots' threads, in order of arrival."""
 
-    def __init__(self, engine: Engine, spec: SpecSettings, waiting: int, timeout: float):
-        self.engine = engine
+    def __init__(self, parallel: Parallel, spec: SpecSettings, waiting: int, timeout: float):
+        self.parallel = parallel
+        self.engine = parallel.engine  # its tokenizer and facts; the slots' engines generate
         self.spec = spec
         self.timeout = timeout
-        self._slots = threading.BoundedSemaphore(1 + waiting)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="speculate-engine")
+        self._slots = threading.BoundedSemaphore(parallel.n_slots + waiting)
+        self._pool = ThreadPoolExecutor(max_workers=parallel.n_slots, thread_name_prefix="speculate-slot")
+        self._abort = interrupt.cancel_when(parallel.gate.abort_wanted)  # held while the worker runs
         self._jobs: set[Job] = set()
         self._lock = threading.Lock()
         self._draining = threading.Event()
@@ -216,7 +220,8 @@ class Worker:
         if not self._slots.acquire(blocking=False):
             with self._lock:
                 self._metrics.refused += 1
-            raise Busy("the server is busy: every place in the queue is taken (see --parallel)")
+            raise Busy("the server is busy: every slot and every place in the queue is taken "
+                       "(see --parallel and --max-waiting)")
         job = Job(generation, time.monotonic() + self.timeout)
         with self._lock:
             self._jobs.add(job)
@@ -229,13 +234,11 @@ class Worker:
             if job.cancelled or self._draining.is_set():  # its client gave up while it waited, or we stop
                 job.post(Failed(Busy("the server is shutting down" if self._draining.is_set() else "cancelled")))
                 return
-            n_prompt = 0
-            with interrupt.cancel_when(lambda: job.should_stop() is not None):  # also mid-prompt
-                for output in generate(self.engine, job.generation, self.spec, job.should_stop):
-                    if isinstance(output, Started):
-                        n_prompt = output.n_prompt
-                    elif isinstance(output, Final):  # in the log and /metrics before its client has it
-                        _log(job.generation, output, n_prompt)
+            tokens = prompt_tokens(self.engine, job.generation)
+            with self.parallel.slot(tokens, lambda: job.should_stop() is not None) as engine:
+                for output in generate(engine, job.generation, tokens, self.spec, job.should_stop):
+                    if isinstance(output, Final):  # in the log and /metrics before its client has it
+                        _log(job.generation, output, len(tokens))
                         with self._lock:
                             self._metrics.add(output.stats)
                     job.post(output)
@@ -271,10 +274,11 @@ class Worker:
                 job.post(Failed(Busy("the server is shutting down")))
                 job.cancel()
         log.info("shutting down: %d waiting request%s refused; %s", len(waiting), "" if len(waiting) == 1 else "s",
-                 f"the running one has {grace:g} s to finish" if running else "none running")
+                 ("the running one has" if len(running) == 1 else f"the {len(running)} running have")
+                 + f" {grace:g} s to finish" if running else "none running")
 
     def close(self) -> None:
-        """Stop every generation at its next step and wait for the thread to finish."""
+        """Stop every generation at its next step and wait for the threads to finish."""
         self._draining.set()
         with self._lock:
             for job in self._jobs:
@@ -282,10 +286,14 @@ class Worker:
         self._pool.shutdown(wait=True)
 
     def __enter__(self) -> "Worker":
+        self._abort.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.close()
+        try:
+            self.close()
+        finally:
+            self._abort.__exit__(None, None, None)
 
 
 def _log(generation: Generation, final: Final, n_prompt: int) -> None:

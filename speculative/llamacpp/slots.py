@@ -1,0 +1,144 @@
+"""One loaded model shared by requests that run at once (serve's and batch's -np).
+
+The model's context holds n_slots * n_seq sequences: slot s has sequences s * n_seq to
+(s + 1) * n_seq - 1, the first its cache, the others its draft-tree branches. A SlotModel is
+the Backend (backend.Backend) of one slot: what the loop, the caches and the drafters see
+is a model of their own, while its decodes go through the gate (decoding/gate.py) and run
+with every other request's in one llama_decode. SharedModel is that model as the gate runs
+it: it puts the waiting parts in one batch, and when the cache has no cell left for them
+(a unified pool of cells, shared by every request), the part that asks for the most ends
+its request (ContextFull) and the rest run.
+
+A prompt is decoded a chunk per batch, each no longer than the prefill budget allows (while
+other requests run), so a long prompt does not stall the others' steps: the budget is in
+seconds and becomes tokens by what prompt tokens have cost so far.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from speculative.decoding.backend import Outputs
+from speculative.decoding.gate import Gate
+from speculative.errors import ContextFull, GenerationError
+from speculative.llamacpp.decode import Part
+from speculative.llamacpp.model import LlamaModel
+
+FIRST_CHUNK = 32  # prompt tokens in a batch with others before their cost is known
+LEAST_CHUNK = 4   # however tight the budget, a prompt moves on by at least this much per batch
+
+
+class SharedModel:
+    """A LlamaModel as the gate runs it (decoding.gate.Runner)."""
+
+    def __init__(self, model: LlamaModel, gate: Gate, priority: int, prefill_budget: float):
+        """`priority`: 0 for a draft model, which runs before the target; `prefill_budget`: the
+        seconds of prompt a batch may carry while other requests run (0: no limit)."""
+        self.model = model
+        self.gate = gate
+        self.priority = priority
+        self.capacity = model.n_batch
+        self.prefill_budget = prefill_budget
+        self._token_seconds: float | None = None  # what a prompt token in a batch has cost
+
+    def size(self, part: Part) -> int:
+        return len(part.tokens)
+
+    def run(self, parts: Sequence[Part]) -> list:
+        """The parts in one batch; a part the cache has no cells for fails with ContextFull
+        (the largest first), and the others run without it."""
+        live = list(range(len(parts)))
+        results: list = [None] * len(parts)
+        while live:
+            busy = self.model.busy_seconds
+            try:
+                rows = self.model.decode_parts([parts[i] for i in live])
+            except ContextFull as e:
+                largest = max(live, key=lambda i: len(parts[i].tokens))
+                results[largest] = e
+                live.remove(largest)
+                continue
+            except GenerationError as e:
+                for i in live:
+                    results[i] = e
+                break
+            self._learn(sum(len(parts[i].tokens) for i in live), self.model.busy_seconds - busy)
+            for i, r in zip(live, rows):
+                results[i] = r
+            break
+        return results
+
+    def _learn(self, n_tokens: int, seconds: float) -> None:
+        if n_tokens >= FIRST_CHUNK:  # large enough to say what a prompt token costs
+            cost = seconds / n_tokens
+            self._token_seconds = cost if self._token_seconds is None else 0.5 * (self._token_seconds + cost)
+
+    def prefill_chunk(self) -> int:
+        """The prompt tokens one request may put in the next batch."""
+        if self.gate.members <= 1 or self.prefill_budget <= 0:
+            return self.capacity  # nobody else waits on it
+        if self._token_seconds is None:
+            return FIRST_CHUNK
+        return max(LEAST_CHUNK, min(self.capacity, int(self.prefill_budget / self._token_seconds)))
+
+    def slot(self, index: int) -> "SlotModel":
+        return SlotModel(self, index)
+
+
+class SlotModel:
+    """One request's sequences of a shared model: a Backend whose decodes run in the gate's
+    batches. Everything else a LlamaModel has (its tokenizer, its facts) is the model's."""
+
+    def __init__(self, shared: SharedModel, slot: int):
+        self.shared = shared
+        self.slot = slot
+        self._model = shared.model
+        self._base = slot * self._model.n_seq  # its first sequence
+
+    def __getattr__(self, name: str):
+        return getattr(self._model, name)
+
+    def decode(self, tokens: Sequence[int], pos: int, outputs: Outputs) -> list[np.ndarray]:
+        if outputs == "all":
+            return self._submit(tokens, range(pos, pos + len(tokens)), [(self._base,)] * len(tokens), "all")
+        rows, start = [], 0
+        while start < len(tokens):  # a prompt: a chunk per batch
+            end = min(len(tokens), start + self.shared.prefill_chunk())
+            rows = self._submit(tokens[start:end], range(pos + start, pos + end), [(self._base,)] * (end - start),
+                                outputs if end == len(tokens) else "none")
+            start = end
+        return rows
+
+    def decode_branches(self, tokens: Sequence[int], positions: Sequence[int],
+                        seqs: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        return self._submit(tokens, positions, [tuple(self._base + s for s in ids) for ids in seqs], "all")
+
+    def _submit(self, tokens, positions, seqs, outputs: str) -> list[np.ndarray]:
+        if len(tokens) > self._model.n_batch:
+            raise GenerationError(f"batch of {len(tokens)} tokens exceeds -b/--batch-size {self._model.n_batch}")
+        return self.shared.gate.submit(self.shared, Part(list(tokens), list(positions), seqs, outputs))
+
+    def trim(self, n_keep: int) -> None:
+        with self.shared.gate.lock:
+            self._model.trim(n_keep, self.slot)
+
+    def copy_branch(self, src: int, dst: int) -> None:
+        with self.shared.gate.lock:
+            self._model.copy_branch(src, dst, self.slot)
+
+    def keep_branch(self, seq: int, n_keep: int) -> None:
+        with self.shared.gate.lock:
+            self._model.keep_branch(seq, n_keep, self.slot)
+
+    def save_state(self, partial: bool = False) -> bytes:
+        with self.shared.gate.lock:
+            return self._model.save_state(partial, self.slot)
+
+    def load_state(self, data: bytes, n_tokens: int, partial: bool = False) -> bool:
+        with self.shared.gate.lock:
+            return self._model.load_state(data, n_tokens, partial, self.slot)
+
+    def close(self) -> None:
+        """The shared model is its owner's to close."""
