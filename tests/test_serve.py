@@ -381,6 +381,64 @@ def test_draft_trees_serve_the_one_shot_commands_greedy_output(model_path, tmp_p
     assert answer["timings"]["draft_n"] == cli["n_drafted"] > 0
 
 
+def test_requests_at_once_each_get_the_one_shot_answer(server, model_path, batch_invariant):
+    """The module's server has two slots with their own KV streams: two clients at once each get
+    the one-shot command's greedy answer, and /props and /slots say there are two slots."""
+    prompts = ("The capital of France is", "def fibonacci(n):")
+    answers: dict = {}
+    clients = [threading.Thread(target=lambda p=p: answers.setdefault(p, completion(server, prompt=p, max_tokens=24)))
+               for p in prompts]
+    for client in clients:
+        client.start()
+    for client in clients:
+        client.join(timeout=300)
+    for p in prompts:
+        assert answers[p]["choices"][0]["text"] == cli_json(model_path, p, 24)["text"]
+    status, _, props = server.request("GET", "/props")
+    assert status == 200 and props["total_slots"] == 2 and props["endpoint_slots"] is True
+    status, _, slots = server.request("GET", "/slots")
+    assert status == 200 and [s["id"] for s in slots] == [0, 1] and all(s["n_ctx"] == 2048 for s in slots)
+    assert all(s["speculative"] and not s["is_processing"] for s in slots)
+
+
+def steps_during_a_long_prompt(model_path, tmp_path, budget: str) -> int:
+    """How many pieces a running stream gets between a long prompt's arrival (its stream's first
+    event) and its first generated text, on a two-slot server with this --prefill-budget."""
+    server = start_server(model_path, tmp_path, "--spec-type", "none", "-t", "1", "-np", "2", "--prefill-budget",
+                          budget, key=None)
+    try:
+        conn, running = open_stream(server, {"prompt": "Count from one to a thousand:", "max_tokens": 2000,
+                                             "ignore_eos": True, "temperature": 0})
+        running.readline()  # its first piece: it generates
+        arrivals: list[float] = []
+
+        def read() -> None:
+            for line in running:
+                if line.startswith(b"data: "):
+                    arrivals.append(time.monotonic())
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        long_conn, long = open_stream(server, {"prompt": "word " * 600, "max_tokens": 2, "temperature": 0})
+        accepted = time.monotonic()  # the response began: the prompt passed its checks and goes in now
+        while not long.readline().startswith(b"data: "):  # its first piece: its prompt is in
+            pass
+        first = time.monotonic()
+        long_conn.close()
+        conn.close()
+        return sum(accepted <= t <= first for t in list(arrivals))
+    finally:
+        stop_server(server)
+
+
+def test_a_long_prompt_goes_in_chunks_while_another_request_generates(model_path, tmp_path):
+    """--prefill-budget 50: the 600-token prompt goes in about 50 ms chunks, one per step, and
+    the running stream gets a piece at each; with 0 (whole -b chunks, as llama-server) it waits
+    for the whole prompt."""
+    assert steps_during_a_long_prompt(model_path, tmp_path, "50") >= 5
+    assert steps_during_a_long_prompt(model_path, tmp_path, "0") <= 2
+
+
 def test_streamed_and_whole_completions_agree(server):
     # ignore_eos: all 20 tokens ("length") wherever this CPU's greedy code would reach EOS
     whole = completion(server, prompt="def add(a, b):", max_tokens=20, ignore_eos=True)

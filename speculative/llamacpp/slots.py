@@ -28,6 +28,7 @@ from speculative.llamacpp.model import LlamaModel
 
 FIRST_CHUNK = 32  # prompt tokens in a batch with others before their cost is known
 LEAST_CHUNK = 4   # however tight the budget, a prompt moves on by at least this much per batch
+LEARN_FROM = 8    # batches of this many tokens or more say what a prompt token costs
 
 
 class SharedModel:
@@ -71,7 +72,7 @@ class SharedModel:
         return results
 
     def _learn(self, n_tokens: int, seconds: float) -> None:
-        if n_tokens >= FIRST_CHUNK:  # large enough to say what a prompt token costs
+        if n_tokens >= LEARN_FROM:  # mostly a prompt's chunk: what a prompt token costs now
             cost = seconds / n_tokens
             self._token_seconds = cost if self._token_seconds is None else 0.5 * (self._token_seconds + cost)
 
