@@ -57,6 +57,9 @@ class FakeBackend:
         self.undoable = 0  # with a rollback_limit: tokens of the latest decode a trim may drop
         self.checkpoints = {"saved": 0, "restored": 0}
 
+    def load(self) -> tuple[int, int]:
+        return 0, 0
+
     def tokenize(self, text: str, add_special: bool) -> list[int]:
         return [1 + (b % (self.n_vocab - 1)) for b in text.encode()]
 

@@ -76,6 +76,12 @@ class Backend(Protocol):
         everything else."""
         ...
 
+    def load(self) -> tuple[int, int]:
+        """What other requests put in the latest batch this model ran with ours (requests at once,
+        llamacpp/slots.py): their tokens, and how many of them get a token from it; (0, 0) for
+        a model of its own."""
+        ...
+
     def save_state(self, partial: bool = False) -> bytes:
         """Sequence 0's cache, serialised (for the prompt cache file); `partial`: only a
         recurrent model's state, a checkpoint for cache.py."""

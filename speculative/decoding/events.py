@@ -27,6 +27,8 @@ class Step:
     t_verify: float
     n_branches: int = 1   # branches of the draft tree (1: a chain)
     branch: int = 0       # the branch the accepted path ran along (tree.py numbers them)
+    n_seqs: int = 1       # requests whose tokens the target's pass carried (several: requests at once)
+    n_pass: int = 0       # tokens in that pass, every request's
 
 
 @dataclass(frozen=True)

@@ -74,8 +74,10 @@ def generate(target: Cache, prompt: Sequence[int], sampler: Sampler, settings: S
         t_done = time.perf_counter()
         if drafter is not None:
             drafter.accept(Outcome(draft, len(path), bonus, t_verify - t_draft, t_done - t_verify))
+        others, others_scored = target.model.load()  # requests at once: what they put in the pass
         yield Step(index, draft.source if draft.tokens else None, len(draft.tokens), len(path),
-                   t_verify - t_draft, t_done - t_verify, tree.n_branches, branch)
+                   t_verify - t_draft, t_done - t_verify, tree.n_branches, branch, 1 + others_scored,
+                   len(draft.tokens) + 1 + others)
         emitted = [*(draft.tokens[j] for j in path), bonus]
         if (yield from emit(target, settings, context, emitted, len(path), index)):
             yield Done("stop", time.perf_counter() - t_start)

@@ -23,6 +23,7 @@ class Stats:
     accepted_at: list[int] = field(default_factory=list)  # per draft position: times accepted
     accepted_lengths: Counter = field(default_factory=Counter)  # m -> number of drafting steps
     plans: Counter = field(default_factory=Counter)  # (drafter or "none", k) -> steps
+    passes: Counter = field(default_factory=Counter)  # (requests, tokens) in the target's pass -> steps
     n_tree_steps: int = 0       # steps that verified a draft tree (more than one branch)
     max_branches: int = 1
     branch_steps: Counter = field(default_factory=Counter)     # branch -> tree steps accepted along it
@@ -47,6 +48,7 @@ class Stats:
             self.t_draft += event.t_draft
             self.t_verify += event.t_verify
             self.plans[(event.drafter or "none", event.n_drafted)] += 1
+            self.passes[(event.n_seqs, event.n_pass or event.n_drafted + 1)] += 1
             if event.n_drafted:
                 self._add_draft(event.n_drafted, event.n_accepted)
             if event.n_branches > 1:
@@ -138,6 +140,7 @@ class Stats:
             "accept_rate_by_position": self.accept_rate_by_position,
             "accepted_length_histogram": {str(m): n for m, n in sorted(self.accepted_lengths.items())},
             "plans": [{"drafter": d, "k": k, "steps": n} for (d, k), n in sorted(self.plans.items())],
+            "passes": [{"sequences": s, "tokens": t, "steps": n} for (s, t), n in sorted(self.passes.items())],
             "tree_steps": self.n_tree_steps,
             "branches": [{"branch": b, "steps": self.branch_steps[b], "accepted": self.branch_accepted[b]}
                          for b in sorted(self.branch_steps)],

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -133,8 +133,10 @@ class Rewind:
 
 
 def best_plan(rates: np.ndarray, verify: np.ndarray, draft_cost: float, k_max: int,
-              fixed_cost: float = 0.0, rewind: Rewind | None = None) -> tuple[int, float]:
-    """(k, tokens per second) maximising E(k) / T(k) over k = 1..k_max; verify[b] is v(b)."""
+              fixed_cost: float = 0.0, rewind: Rewind | None = None, others: float = 0.0) -> tuple[int, float]:
+    """(k, tokens per second) maximising (others + E(k)) / T(k) over k = 1..k_max; verify[b] is
+    the pass's cost with b tokens of this request; `others`: the tokens other requests get from
+    the same pass (requests at once), so that a draft pays for what it costs them too."""
     k_max = min(k_max, len(rates), len(verify) - 2)
     if k_max < 1:
         return 0, 0.0
@@ -142,7 +144,7 @@ def best_plan(rates: np.ndarray, verify: np.ndarray, draft_cost: float, k_max: i
     cost = fixed_cost + ks * draft_cost + verify[2 : k_max + 2]
     if rewind is not None:
         cost = cost + rewind.costs(rates, verify, k_max)
-    speed = expected_tokens(rates[:k_max])[1:] / cost
+    speed = (others + expected_tokens(rates[:k_max])[1:]) / cost
     i = int(np.argmax(speed))
     return int(ks[i]), float(speed[i])
 
@@ -154,8 +156,12 @@ class Auto(Drafter):
 
     def __init__(self, drafters: list[Drafter], verify_costs: Sequence[float], k_max: int,
                  draft_costs: dict[str, float] | None = None, catchup_costs: dict[str, float] | None = None,
-                 rewind: Rewind | None = None):
+                 rewind: Rewind | None = None, load: Callable[[], tuple[int, int]] | None = None):
+        """`load`: what other requests put in the target's passes (Backend.load), when several run
+        at once: each step then plans for the whole pass, whose cost verify_costs must cover."""
         self.drafters = drafters
+        self.load = load
+        self._others = 0  # tokens other requests put in this step's pass, as planned
         self.rewind = rewind  # what drafting costs a target that cannot undo every draft
         self.k_max = k_max
         self.calibrated = np.array([np.inf, *verify_costs], dtype=float)  # v(b) at index b
@@ -206,12 +212,13 @@ class Auto(Drafter):
     def _propose(self, context: Sequence[int], k: int) -> Draft:
         self._score_pending(context)
         k = min(k, self.k_max)
-        verify = self.verify
-        best: tuple[float, Drafter | None, int] = ((1.0 + MARGIN) / verify[1], None, 0)
+        self._others, scored = self.load() if self.load is not None else (0, 0)
+        verify = self._pass_costs(self._others)
+        best: tuple[float, Drafter | None, int] = ((1.0 + scored) * (1.0 + MARGIN) / verify[1], None, 0)
         self._proposals = {}
         for d in self.drafters:
             plan = self._plan_free if d.free else self._plan_model
-            plan_k, speed = plan(d, context, k, verify)
+            plan_k, speed = plan(d, context, k, verify, scored)
             if plan_k and speed > best[0]:
                 best = (speed, d, plan_k)
 
@@ -227,7 +234,20 @@ class Auto(Drafter):
         self._t_drafters += time.perf_counter() - t0
         return draft
 
-    def _plan_free(self, d: Drafter, context: Sequence[int], k: int, verify: np.ndarray) -> tuple[int, float]:
+    def _pass_costs(self, others: int) -> np.ndarray:
+        """w(b) = v(others + b): what the target's pass costs with b tokens of this request and
+        `others` of other requests; beyond the sizes measured, as the last ones grow."""
+        verify = self.verify
+        if not others:
+            return verify
+        sizes = np.arange(others, others + self.k_max + 2, dtype=float)
+        last = len(verify) - 1
+        slope = (verify[last] - verify[max(1, last - 4)]) / max(1, last - max(1, last - 4))
+        inside = np.interp(np.minimum(sizes, last), np.arange(1, last + 1), verify[1:])
+        return inside + np.maximum(sizes - last, 0) * max(slope, 0.0)
+
+    def _plan_free(self, d: Drafter, context: Sequence[int], k: int, verify: np.ndarray,
+                   others: float = 0.0) -> tuple[int, float]:
         t0 = time.perf_counter()
         draft = d.propose(context, k)
         took = time.perf_counter() - t0
@@ -237,21 +257,23 @@ class Auto(Drafter):
         if draft.tokens:
             self._pending.append([self.estimates(d, draft.kind), len(context), draft.tokens, 0])
         return best_plan(self.estimates(d, draft.kind).rates(cautious=True), verify, self.draft_cost[d.name], len(draft.tokens),
-                         rewind=self.rewind)
+                         rewind=self.rewind, others=others)
 
-    def _plan_model(self, d: Drafter, context: Sequence[int], k: int, verify: np.ndarray) -> tuple[int, float]:
+    def _plan_model(self, d: Drafter, context: Sequence[int], k: int, verify: np.ndarray,
+                    others: float = 0.0) -> tuple[int, float]:
         cost = self.draft_cost[d.name]
         if not d.can_draft(context):
             return 0, 0.0
-        if best_plan(np.full(k, MODEL_ACCEPTANCE_CEILING), verify, cost, k, rewind=self.rewind)[1] <= 1.0 / verify[1]:
+        ceiling = best_plan(np.full(k, MODEL_ACCEPTANCE_CEILING), verify, cost, k, rewind=self.rewind, others=others)
+        if ceiling[1] <= (1.0 + others) / verify[1]:
             self.declined[d.name] = (f"slower than the target alone on this hardware even at "
                                      f"{MODEL_ACCEPTANCE_CEILING:.0%} acceptance")
             return 0, 0.0
         self.declined.pop(d.name, None)
         # Unused, its estimates fade back to the prior, so it is tried again in time.
         self._catchup = self.catchup_cost[d.name] * d.behind(context)
-        plan = best_plan(self.estimates(d).rates(), verify, cost, k, self._catchup, self.rewind)
-        self.best_ratio[d.name] = max(self.best_ratio.get(d.name, 0.0), plan[1] * verify[1])
+        plan = best_plan(self.estimates(d).rates(), verify, cost, k, self._catchup, self.rewind, others)
+        self.best_ratio[d.name] = max(self.best_ratio.get(d.name, 0.0), plan[1] * verify[1] / (1.0 + others))
         return plan
 
     def _score_pending(self, context: Sequence[int]) -> None:
@@ -284,10 +306,11 @@ class Auto(Drafter):
         drafted, m, source = outcome.draft.tokens, outcome.n_accepted, outcome.draft.source
         b = len(drafted) + 1
         checkpointed = self.rewind is not None and len(drafted) > self.rewind.limit  # not a plain verify
-        if b == 1:  # plain decoding, most steps: how fast the machine runs now
+        alone = not self._others  # a pass shared with other requests (and their waits): not this one's cost
+        if alone and b == 1:  # plain decoding, most steps: how fast the machine runs now
             self.speed_factor += COST_EMA * (outcome.t_verify / self.calibrated[1] - self.speed_factor)
             self.n_timed += 1
-        elif b < len(self.calibrated) and not checkpointed:  # a draft: what its size really costs
+        elif alone and b < len(self.calibrated) and not checkpointed:  # a draft: what its size really costs
             ratio = outcome.t_verify / (self.calibrated[b] * self.speed_factor)
             self.shape[b] += SHAPE_EMA * (ratio - self.shape[b])
             self._shaped[b] = True

@@ -64,8 +64,10 @@ class DrafterFactory:
                 costs = self.costs(role, CATCHUP_BATCH)
                 draft_costs[name], catchup_costs[name] = costs[0], costs[-1] / len(costs)
         k_max = min(draft_max, self.target_batch - 1)
-        return Auto(drafters, self.costs("target", k_max + 1), k_max, draft_costs, catchup_costs,
-                    rewind(self.caches["target"], k_max))
+        # requests at once: the pass carries every slot's step, and each plans for all of it
+        slots = getattr(self.target, "n_slots", 1)
+        return Auto(drafters, self.costs("target", (k_max + 1) * slots), k_max, draft_costs, catchup_costs,
+                    rewind(self.caches["target"], k_max), self.target.load if slots > 1 else None)
 
     def view(self, caches: dict[str, Cache]) -> "DrafterFactory":
         """The factory of another request's caches on the same models (parallel.py), sharing

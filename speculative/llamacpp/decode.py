@@ -82,6 +82,7 @@ class Part:
     positions: Sequence[int]
     seqs: Sequence[Sequence[int]]
     outputs: str
+    slot: int = 0  # whose part it is
 
 
 class Batch:

@@ -217,6 +217,9 @@ class LlamaModel(Sequences, Tokenizer):
             raise GenerationError(f"llama_decode failed on {self.name} (code {ret})")
         return [[batch.logits(i) for i in rows] for rows in wanted]
 
+    def load(self) -> tuple[int, int]:
+        return 0, 0  # its batches are its own (a slot's are not: slots.SlotModel)
+
     def _run(self, n: int, pos: int) -> None:
         """llama_decode over the batch's first n entries."""
         ret = self._batch.run(n)

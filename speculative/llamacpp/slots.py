@@ -43,6 +43,7 @@ class SharedModel:
         self.capacity = model.n_batch
         self.prefill_budget = prefill_budget
         self._token_seconds: float | None = None  # what a prompt token in a batch has cost
+        self.last_batch: dict[int, tuple[int, bool]] = {}  # slot -> (its tokens, whether it gets a token)
 
     def size(self, part: Part) -> int:
         return len(part.tokens)
@@ -66,6 +67,7 @@ class SharedModel:
                     results[i] = e
                 break
             self._learn(sum(len(parts[i].tokens) for i in live), self.model.busy_seconds - busy)
+            self.last_batch = {parts[i].slot: (len(parts[i].tokens), parts[i].outputs == "all") for i in live}
             for i, r in zip(live, rows):
                 results[i] = r
             break
@@ -119,7 +121,11 @@ class SlotModel:
     def _submit(self, tokens, positions, seqs, outputs: str) -> list[np.ndarray]:
         if len(tokens) > self._model.n_batch:
             raise GenerationError(f"batch of {len(tokens)} tokens exceeds -b/--batch-size {self._model.n_batch}")
-        return self.shared.gate.submit(self.shared, Part(list(tokens), list(positions), seqs, outputs))
+        return self.shared.gate.submit(self.shared, Part(list(tokens), list(positions), seqs, outputs, self.slot))
+
+    def load(self) -> tuple[int, int]:
+        others = [part for slot, part in self.shared.last_batch.items() if slot != self.slot]
+        return sum(n for n, _ in others), sum(scored for _, scored in others)
 
     def trim(self, n_keep: int) -> None:
         with self.shared.gate.lock:
