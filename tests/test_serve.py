@@ -401,6 +401,24 @@ def test_requests_at_once_each_get_the_one_shot_answer(server, model_path, batch
     assert all(s["speculative"] and not s["is_processing"] for s in slots)
 
 
+def test_a_requests_own_speculation_overrides_the_servers(server):
+    """speculative.* in a body: its type and draft lengths for this request only; the greedy
+    answer stays the same; what cannot run here is a 400."""
+    body = {"prompt": "List the planets of the solar system:", "max_tokens": 24}
+    served = completion(server, **body)
+    plain = completion(server, **body, **{"speculative.type": "none"})
+    short = completion(server, **body, **{"speculative.n_max": 1})
+    assert served["choices"][0]["text"] == plain["choices"][0]["text"] == short["choices"][0]["text"]
+    assert served["timings"]["draft_n"] > 0 and plain["timings"]["draft_n"] == 0
+    assert 0 < short["timings"]["draft_n"] <= short["timings"]["predicted_n"]  # one drafted token a step at most
+    for extra, message in (({"speculative.type": "draft-mtp"}, "draft-mtp needs an MTP head"),
+                           ({"speculative.type": "sideways"}, "unknown type sideways"),
+                           ({"speculative.n_max": 0}, "speculative.n_max: must be an integer >= 1"),
+                           ({"speculative.p_min": 2}, "speculative.p_min: must be a number in [0, 1]")):
+        status, _, answer = server.request("POST", "/v1/completions", {**body, **extra})
+        assert status == 400 and message in answer["error"]["message"], answer
+
+
 def steps_during_a_long_prompt(model_path, tmp_path, budget: str) -> int:
     """How many pieces a running stream gets between a long prompt's arrival (its stream's first
     event) and its first generated text, on a two-slot server with this --prefill-budget."""

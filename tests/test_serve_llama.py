@@ -412,3 +412,12 @@ def test_a_model_without_fim_tokens_gets_501_and_metrics_need_the_flag(model_pat
     finally:
         stop_server(server)
     assert "Traceback" not in server.log_text()
+
+
+def test_a_request_cannot_ask_for_a_draft_model_the_server_has_not_loaded(chain):
+    body = {"prompt": CHAIN_PROMPT, "n_predict": 2, "ignore_eos": True}
+    answer = post(chain, "/completion", {**body, "speculative.type": "draft"}, status=400)
+    assert answer["error"]["code"] == 400
+    assert "speculative.type: draft needs a draft model, which this server has not loaded" in answer["error"]["message"]
+    ngram = post(chain, "/completion", {**body, "speculative.type": ["ngram-simple"], "speculative.n_max": 3})
+    assert ngram["tokens_predicted"] == 2

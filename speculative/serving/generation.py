@@ -7,7 +7,8 @@ would change the answer in a way this server cannot honour, which each API lists
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from speculative.decoding.settings import SamplerSettings
@@ -62,6 +63,45 @@ class Generation:
     n_indent: int = 0                      # text.LineLimits
     t_max_predict_ms: int = 0              # text.LineLimits (0 or less: none)
     cache_prompt: bool = True              # False: the caches start empty
+    speculation: dict = field(default_factory=dict)  # the request's own SpecSettings (speculation())
+
+
+# A request's own speculation, in both APIs' bodies: llama-server's field -> (SpecSettings
+# field, valid?, what it must be). Its value overrides the server's (and auto's choice of
+# length) for this request's sequence only.
+SPECULATION = {
+    "speculative.n_max": ("draft_max", lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "speculative.n_min": ("draft_min", lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "speculative.p_min": ("draft_p_min", lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "speculative.type": ("types", lambda v: isinstance(v, str) and v != "" or
+                         isinstance(v, list) and v and all(isinstance(t, str) for t in v),
+                         "a speculative type, or a list of them"),
+}
+
+
+def speculation(data: dict) -> dict:
+    """The SpecSettings fields a body's speculative.* fields set (ApiError 400 for a bad value)."""
+    chosen = {}
+    for name, (setting, valid, must) in SPECULATION.items():
+        value = data.get(name)
+        if value is None:
+            continue
+        if not valid(value):
+            raise ApiError(400, f"{name}: must be {must}", param=name)
+        if setting == "types":
+            value = tuple(value.split(",") if isinstance(value, str) else value)
+        chosen[setting] = value
+    if "draft_max" in chosen:
+        chosen["draft_max_given"] = True  # it caps the n-gram types too, as --draft-max does
+    return chosen
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
 
 
 def refuse_unsupported(data: dict, neutral: Mapping[str, tuple], strict_types: bool) -> None:

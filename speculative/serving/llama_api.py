@@ -19,7 +19,7 @@ from typing import Callable, Protocol, Sequence
 
 from speculative.decoding.settings import DEFAULT_SEQUENCE, SamplerSettings, SpecSettings
 from speculative.engine.stream import Final, Piece
-from speculative.serving.generation import ApiError, Generation, refuse_unsupported
+from speculative.serving.generation import ApiError, Generation, refuse_unsupported, speculation
 from speculative.serving.openai_api import timings
 from speculative.serving.worker import Metrics
 
@@ -194,7 +194,7 @@ def parse(data: object, prompt: list[int], spec_types: str = "") -> tuple[Genera
         # n_predict 0 (the editors' cache warm-up) generates one token: llama-server checks its budget after a token
         max_tokens=None if n_predict < 0 else max(n_predict, 1),
         stops=_stops(data), ignore_eos=_bool(data, "ignore_eos", _SPEC.ignore_eos), stream=stream,
-        tokens=tuple(prompt),
+        tokens=tuple(prompt), speculation=speculation(data),
         n_indent=int(_number(data, ("n_indent",), 0, 0, INT32_MAX, hard=True, integer=True)),
         # -1: llama-server's default (task_params); Generation's 0 means the same, no limit
         t_max_predict_ms=int(_number(data, ("t_max_predict_ms",), -1, -1, 2**63 - 1, hard=True, integer=True)),

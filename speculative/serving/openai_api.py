@@ -23,7 +23,7 @@ from pydantic_core import PydanticCustomError
 
 from speculative.decoding.settings import SamplerSettings, SpecSettings
 from speculative.decoding.stats import Stats
-from speculative.serving.generation import ApiError, Generation, refuse_unsupported
+from speculative.serving.generation import ApiError, Generation, refuse_unsupported, speculation
 
 MAX_STOPS = 16           # stop strings per request (OpenAI allows 4, llama-server any number)
 MAX_STOP_CHARS = 256
@@ -123,9 +123,10 @@ def parse(data: object, chat: bool) -> Generation:
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content}
                     for m in request.messages]
         max_tokens = request.max_tokens if request.max_completion_tokens is None else request.max_completion_tokens
-        return Generation(True, None, messages, sampling, max_tokens, stops, request.ignore_eos, request.stream)
+        return Generation(True, None, messages, sampling, max_tokens, stops, request.ignore_eos, request.stream,
+                          speculation=speculation(data))
     return Generation(False, request.prompt, None, sampling, request.max_tokens, stops, request.ignore_eos,
-                      request.stream)
+                      request.stream, speculation=speculation(data))
 
 
 # -- responses ----------------------------------------------------------------

@@ -30,7 +30,7 @@ from speculative.engine.engine import Engine
 from speculative.engine.parallel import Parallel
 from speculative.engine.stream import Final, Piece, Stream
 from speculative.engine.text import LineLimits
-from speculative.errors import ModelError
+from speculative.errors import ModelError, UsageError
 from speculative.llamacpp import interrupt
 from speculative.serving.generation import ApiError, Busy, Generation
 
@@ -86,7 +86,7 @@ def generate(engine: Engine, generation: Generation, tokens: list[int], spec: Sp
     """Run one request (its prompt as `tokens`, prompt_tokens' check passed) on a slot's engine:
     Started, one Piece per step that completes text, then Final. `should_stop` is asked after
     the prompt and after every step: a finish reason ends the run there."""
-    spec = dataclasses.replace(spec, n_predict=generation.max_tokens or -1, ignore_eos=generation.ignore_eos)
+    spec = request_spec(engine, generation, spec)
     yield Started(len(tokens))
     if not tokens:  # llama-server answers an empty prompt with an empty answer
         yield Final("none", "", "", [], Stats(), [])
@@ -109,6 +109,24 @@ def generate(engine: Engine, generation: Generation, tokens: list[int], spec: Sp
     if final.tail:
         yield Piece(((final.tail, False),))
     yield final
+
+
+def request_spec(engine: Engine, generation: Generation, spec: SpecSettings) -> SpecSettings:
+    """The server's speculation with the request's own (its speculative.* fields): ApiError 400
+    when they make no sense, or need a model the server has not loaded."""
+    spec = dataclasses.replace(spec, n_predict=generation.max_tokens or -1, ignore_eos=generation.ignore_eos,
+                               **generation.speculation)
+    try:
+        spec.validate()
+    except UsageError as e:
+        raise ApiError(400, f"speculative.*: {e}") from None
+    if "draft" in spec.drafters and engine.draft is None:
+        raise ApiError(400, "speculative.type: draft needs a draft model, which this server has not loaded (-md)",
+                       param="speculative.type")
+    if "draft-mtp" in spec.drafters and engine.mtp is None:
+        raise ApiError(400, "speculative.type: draft-mtp needs an MTP head, which this server has not loaded",
+                       param="speculative.type")
+    return spec
 
 
 class Job:
