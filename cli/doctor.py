@@ -11,21 +11,27 @@ from . import options
 from .render import PipeConsole, quiet_pipe
 
 
-@options.with_options(options.MODELS.only("model", "n_gpu_layers", "threads", "flash_attn"))
+@options.with_options(options.MODELS.only("model", "n_gpu_layers", "threads", "flash_attn"),
+                      options.SLOTS.only("parallel", "kv_unified"))
 def doctor_command(
     models: options.ModelOptions,
+    slots: options.SlotOptions,
     json_output: bool = typer.Option(False, "--json", help="One JSON object instead of the report."),
 ) -> None:
     """Report the llama.cpp build and measure whether it scores a position the same alone and
-    inside a batch (then greedy speculative output is token-identical to target-only output)."""
-    target, _ = replace(models, ctx_size=512, batch_size=512).specs(use_draft=False)
-    from speculative.llamacpp.doctor import batch_invariance
+    inside a batch (then greedy speculative output is token-identical to target-only output), and
+    a request the same alone and among -np others (then serve's and batch's answers are)."""
+    n_ctx = 512 if slots.kv_unified else 512 * slots.n_slots  # 512 for each request either way
+    target, _ = replace(models, ctx_size=n_ctx, batch_size=512).specs(use_draft=False)
+    target = slots.apply(target)
+    from speculative.llamacpp.doctor import batch_invariance, sequence_invariance
     from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
     from speculative.llamacpp.devices import bindings_version, gpu_offload, rpc_available, system_info
 
     with Engine(target) as engine:
         m = engine.target
         checks = batch_invariance(engine.caches["target"])
+        among = sequence_invariance(m) if slots.n_slots > 1 else None
         report = {
             "llama_cpp_python": bindings_version(), "system_info": system_info(),
             "gpu_offload": gpu_offload(), "rpc": rpc_available(), "model": target.name, "placement": m.placement,
@@ -33,6 +39,9 @@ def doctor_command(
             "batch_variant_kernels": m.kernels, "recurrent": m.recurrent, "architecture": m.arch,
             "checks": [c.to_dict() for c in checks],
             "batch_invariant": all(c.max_abs_diff == 0.0 for c in checks),
+            "parallel": slots.n_slots, "kv_unified": slots.kv_unified,
+            "sequences": among.to_dict() if among else None,
+            "sequence_invariant": among is None or among.max_abs_diff == 0.0,
         }
     with quiet_pipe():
         _print(report, json_output)
@@ -62,6 +71,13 @@ def _print(report: dict, json_output: bool) -> None:
                   f"(max |logit difference| {max(c['max_abs_diff'] for c in differ):.3g})")
         out.print(f"positions after {cached} cached tokens, one at a time vs in a batch of "
                   f"{row[0]['batch']}-{row[-1]['batch']}: {detail}")
+    if report["sequences"] is not None:
+        s = report["sequences"]
+        cache = "one unified pool of cells" if report["kv_unified"] else "KV streams of their own (--no-kv-unified)"
+        out.print(f"a request among {s['others']} others ({cache}), {s['positions']} positions: "
+                  + ("bit-identical to it alone" if report["sequence_invariant"] else
+                     f"differs from it alone (max |logit difference| {s['max_abs_diff']:.3g}): with -np "
+                     f"{report['parallel']} a near-tie may resolve otherwise than alone, as in llama-server"))
     if report["batch_invariant"]:
         out.print("verdict: batch-invariant. Greedy speculative output is token-identical to "
                   "target-only output.")

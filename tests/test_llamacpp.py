@@ -80,6 +80,11 @@ def test_doctor_measures_batch_invariance(model_path, batch_invariant):
     exact = speculate_json("doctor", "-m", smol)
     assert exact["batch_invariant"] is True and exact["batch_variant_kernels"] == []
     assert {c["cached"] for c in exact["checks"]} == {16, 300} and len(exact["checks"]) == 30
+    # requests at once (-np 4 by default): measured in one pool of cells, and identical in streams of their own
+    assert exact["parallel"] == 4 and exact["kv_unified"] is True and exact["sequences"]["others"] == 3
+    streams = speculate_json("doctor", "-m", smol, "--no-kv-unified")
+    assert streams["sequence_invariant"] is True and streams["sequences"]["max_abs_diff"] == 0.0
+    assert speculate_json("doctor", "-m", smol, "-np", "1")["sequences"] is None
     flash = speculate("doctor", "-m", smol, "-fa", "on")
     assert flash.returncode == 0, flash.stderr
     lines = flash.stdout.decode().splitlines()

@@ -279,11 +279,11 @@ def test_doctors_verdict_is_what_it_measured(monkeypatch, tmp_path, capsys, drif
     path = tmp_path / "model.gguf"
     path.write_bytes(b"GGUF" + bytes(28))  # doctor's -m check reads the magic; the fake loads nothing
     monkeypatch.setattr("speculative.engine.engine.Engine", lambda spec: DoctorEngine(BatchVariant(9, drift)))
-    app(args=["doctor", "-m", str(path), "--json"], standalone_mode=False, prog_name="speculate")
+    app(args=["doctor", "-m", str(path), "-np", "1", "--json"], standalone_mode=False, prog_name="speculate")
     report = json.loads(capsys.readouterr().out)
     assert report["recurrent"] is True and len(report["checks"]) == 30
     assert report["batch_invariant"] is (drift == 0.0)
-    app(args=["doctor", "-m", str(path)], standalone_mode=False, prog_name="speculate")
+    app(args=["doctor", "-m", str(path), "-np", "1"], standalone_mode=False, prog_name="speculate")
     text = capsys.readouterr().out
     if drift:
         differ = "differs in batches 9, 10, 11, 12, 13, 14, 15, 16 (max |logit difference| 3.75)"

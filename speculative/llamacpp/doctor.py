@@ -10,6 +10,11 @@ flash attention changes its path), and every position's logits are compared bit
 for bit. Every position, not just the first: a recurrent layer carries its state
 through the batch, and some (Qwen3.5's gated delta-net) switch to a chunked kernel
 for batches.
+
+Requests at once (serve's and batch's -np) ask one more thing of the build and the
+configuration: that a request's logits stay the same with other requests' tokens in its
+batches and, in a unified KV cache, their cells among its own (attention's reductions run
+over the cells in order). `sequence_invariance` measures that.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from speculative.decoding.cache import Cache
+from speculative.llamacpp.decode import Part
+from speculative.llamacpp.model import LlamaModel
 
 BATCHES = range(2, 17)
 DEPTHS = (16, 300)
@@ -60,3 +67,44 @@ def batch_invariance(cache: Cache, batches=BATCHES, depths=DEPTHS, seed: int = 0
             checks.append(Check(cached, b, float(np.abs(rows - alone[:b]).max())))
     cache.forget()
     return checks
+
+
+@dataclass(frozen=True)
+class SequenceCheck:
+    others: int           # other requests' sequences in the cache and in every batch
+    positions: int        # positions of the probed sequence compared
+    max_abs_diff: float   # largest |logit alone - logit among the others|; 0.0: bit-identical
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def sequence_invariance(model: LlamaModel, cached: int = 32, probed: int = 8, seed: int = 1) -> SequenceCheck:
+    """Whether a request's logits stay the same whatever else runs (requests at once, slots.py):
+    slot 0's prompt and tokens are scored alone in the cache, then again with every other slot's
+    prompt decoded in the same batches (so its cells sit among theirs, as in a unified pool) and
+    a token of each other slot beside each of its own. `model` has its n_slots (> 1)."""
+    rng = np.random.default_rng(seed)
+    streams = [probe_tokens(rng, model.n_vocab, cached + probed) for _ in range(model.n_slots)]
+    alone = _slot0_rows(model, streams[:1], cached)
+    among = _slot0_rows(model, streams, cached)
+    model.clear()
+    return SequenceCheck(model.n_slots - 1, probed, float(np.abs(alone - among).max()))
+
+
+def _slot0_rows(model: LlamaModel, streams: list[list[int]], cached: int) -> np.ndarray:
+    """Slot 0's rows for its tokens after `cached`, one at a time, with the other streams (slots
+    1..) decoded beside it: the prompts token by token interleaved, then a token each per batch."""
+    model.clear()
+
+    def part(slot: int, start: int, end: int, outputs: str) -> Part:
+        return Part(streams[slot][start:end], list(range(start, end)), [(slot * model.n_seq,)] * (end - start),
+                    outputs, slot)
+
+    for i in range(cached):  # one token of every stream per batch: their cells interleave
+        model.decode_parts([part(s, i, i + 1, "none") for s in range(len(streams))])
+    rows = []
+    for i in range(cached, len(streams[0])):
+        out = model.decode_parts([part(s, i, i + 1, "last") for s in range(len(streams))])
+        rows.append(out[0][0].copy())  # a view until the next decode
+    return np.array(rows)
