@@ -45,7 +45,7 @@ def batch_command(
     """Run every request in a JSONL file with the models loaded once, -np of them at once;
     exit 0 when every request has a result, 1 when some failed."""
     _check_files(requests, output, summary_file)
-    slots.check(spec)
+    slots = slots.for_spec(spec)
     items = batch.read_requests(requests, sampling, spec)
     results = batch.Results(output, notify=_notice)
     try:

@@ -531,6 +531,14 @@ class SlotOptions:
         if self.n_slots > 1 and spec.mtp == "named":
             raise UsageError(f"-np {self.n_slots}: draft-mtp runs one request at a time; use -np 1")
 
+    def for_spec(self, spec: SpecSettings) -> "SlotOptions":
+        """-np as it runs with this speculation (auto: 1 slot for draft-mtp, which runs one request
+        at a time; else 4), checked (check)."""
+        parallel = 1 if self.parallel == -1 and spec.mtp == "named" else self.n_slots
+        slots = replace(self, parallel=parallel)
+        slots.check(spec)
+        return slots
+
     def mtp(self, spec: SpecSettings) -> str | None:
         """SpecSettings.mtp for ModelOptions.specs: auto leaves the MTP head out of several slots."""
         return spec.mtp if self.n_slots == 1 else None

@@ -210,7 +210,9 @@ def test_a_batch_drafts_from_its_earlier_requests(model_path, tmp_path, flat_cos
 
     def plans(*flags: str) -> list[list[str]]:
         out = tmp_path / f"out{len(flags)}.jsonl"
-        proc = speculate("batch", str(requests), "-o", str(out), "-m", model, *FLAGS, *flags, env=flat_costs)
+        # one at a time: each request starts after the one before has added its output to the pool
+        proc = speculate("batch", str(requests), "-o", str(out), "-m", model, *FLAGS, "-np", "1", *flags,
+                         env=flat_costs)
         assert proc.returncode == 0, proc.stderr
         records = sorted((json.loads(line) for line in out.read_text().splitlines()), key=lambda r: r["id"])
         return [[p["drafter"] for p in r["stats"]["plans"]] for r in records]

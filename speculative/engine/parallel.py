@@ -31,16 +31,21 @@ class Parallel:
         self.engine = engine
         self.gate = Gate()
         self.similarity = similarity
+        self.engines = [engine] if n_slots == 1 else self._views(engine, n_slots, prefill_budget)
+        self._free = set(range(n_slots))
+        self._last_used = [0.0] * n_slots
+        self._cv = threading.Condition()
+
+    def _views(self, engine: Engine, n_slots: int, prefill_budget: float) -> list[Engine]:
+        """An engine per slot over the shared models (one slot is the engine itself: nothing to
+        share, and its MTP head and prompt cache file go on working as for a lone request)."""
         engine.forget()  # its caches are slot 0's sequences: from now on they are the slots'
         for model in (engine.target, engine.draft):
             if model is not None:
                 model.clear()
         target = SharedModel(engine.target, self.gate, TARGET, prefill_budget)
         draft = SharedModel(engine.draft, self.gate, DRAFT, prefill_budget) if engine.draft else None
-        self.engines = [engine.view(target.slot(i), draft.slot(i) if draft else None) for i in range(n_slots)]
-        self._free = set(range(n_slots))
-        self._last_used = [0.0] * n_slots
-        self._cv = threading.Condition()
+        return [engine.view(target.slot(i), draft.slot(i) if draft else None) for i in range(n_slots)]
 
     @property
     def n_slots(self) -> int:
