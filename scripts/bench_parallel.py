@@ -23,15 +23,16 @@ takes the next request when its answer is in (POST /v1/completions for a prompt,
 /v1/chat/completions for messages, max_tokens -n, temperature 0).
 
 Measured per run: throughput, generated tokens over the seconds from the first request to the
-last answer (batch: its --summary's `seconds`, model load and auto's calibration left out;
+last answer (batch: its --summary's `seconds`, from its first request on: model load left out;
 servers: from the first send, after /health answered); each request's latency (batch: its
 t_restore + t_encode + t_save + t_decode, from its slot taking it to its last token, queueing
 left out; servers: its round trip, with no queue either as clients = slots); the process's peak
 RSS (batch: wait4's ru_maxrss; servers: VmHWM, read after the last answer); KV MiB, the "KV
-buffer size" lines of llama.cpp's load log summed (SPECULATE_LLAMA_LOG=1 for speculate; target,
-draft and every slot's contexts); and each answer, compared with the same request's answer from
-the -np 1 run of the same tool, spec type and repeat (greedy, but on a batch-variant build such
-as the stock one a near-tie may go the other way in a batch of several sequences).
+buffer size" lines of llama.cpp's load log summed (SPECULATE_LLAMA_LOG=1 for speculate, -lv 4
+for llama-server; target, draft and every slot's contexts); and each answer, compared with the
+same request's answer from the -np 1 run of the same tool, spec type and repeat (greedy, but on
+a batch-variant build such as the stock one a near-tie may go the other way in a batch of
+several sequences).
 
 The table: per configuration the median throughput over the repeats (min-max), its ratio to the
 median of `batch -np 1 none` in this same run, the medians of the runs' p50 and p95 latencies,
@@ -39,11 +40,13 @@ peak RSS and KV MiB, and the most answers of one repeat that differ from -np 1. 
 all (meta, every run's figures, latencies and texts) as JSON.
 
 llama-server is built once from the sdist scripts/test.sh keeps (.cache/sdist), Release, static,
-no web UI (-DLLAMA_USE_PREBUILT_UI=OFF: nothing downloaded), into .cache/llama-server/KEY/ (KEY: the
-sdist's sha256 and the CMake flags): about 10 minutes on 2 cores, the first time only. It uses its
-own defaults otherwise: flash attention `auto` (on, on a CPU), where speculate leaves it off.
-GGML_CPU_TILED_MM is passed on as set (unset: the stock kernels); 0 makes the CPU kernels batch-
-invariant on every tool alike. auto's cost calibration runs once, untimed, before the first run.
+no web UI (-DLLAMA_USE_PREBUILT_UI=OFF: nothing downloaded), into .cache/llama-server/KEY/ (KEY:
+the sdist's sha256 and the CMake flags; for this machine's CPU, GGML_NATIVE): 10 to 15 minutes on
+2 cores, the first time only. It keeps its own defaults otherwise: flash attention `auto` (on, on
+a CPU), where speculate leaves it off. GGML_CPU_TILED_MM is passed on as set (unset: the stock
+kernels); 0 makes the CPU kernels batch-invariant on every tool alike. auto's cost calibration
+(speculative/engine/calibrate.py, cached per machine) runs untimed before the first run, for the
+largest N; a run that calibrated anyway says so.
 
 Time: with the defaults (the Qwen 1.5B/0.5B pair, 16 requests, 64 tokens, 3 repeats, 16
 configurations) about an hour on the 2-core development machine, plus the build the first time.
@@ -104,16 +107,14 @@ def make_requests(count: int, n_predict: int) -> list[dict]:
     """`count` requests from scripts/prompts.jsonl, evenly spaced over it, cycled with new ids when
     more are asked than it holds; `category` (which `speculate batch` refuses) dropped."""
     rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
-    picked = ([rows[i * len(rows) // count] for i in range(count)] if count <= len(rows)
-              else [rows[i % len(rows)] for i in range(count)])
-    requests, seen = [], set()
-    for row in picked:
-        rid = row["id"]
-        while rid in seen:
-            rid = f"{rid}+"
-        seen.add(rid)
+    if count <= len(rows):
+        picked = [(rows[i * len(rows) // count], "") for i in range(count)]
+    else:  # every prompt, then again as request "ID-2", and so on
+        picked = [(rows[i % len(rows)], f"-{i // len(rows) + 1}" if i >= len(rows) else "") for i in range(count)]
+    requests = []
+    for row, suffix in picked:
         body = {"messages": row["messages"]} if row.get("messages") else {"prompt": row["prompt"]}
-        requests.append({"id": rid, **body, "n_predict": n_predict, "temperature": 0})
+        requests.append({"id": row["id"] + suffix, **body, "n_predict": n_predict, "temperature": 0})
     return requests
 
 
@@ -129,7 +130,7 @@ def llama_server_binary() -> Path:
     work = binary.parent.with_suffix(".build")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    print(f"building llama-server from {SDIST.name} in {work} (about 10 minutes on 2 cores) ...",
+    print(f"building llama-server from {SDIST.name} in {work} (10 to 15 minutes on 2 cores) ...",
           file=sys.stderr, flush=True)
     started = time.monotonic()
     with tarfile.open(SDIST) as tar:
@@ -235,8 +236,9 @@ def server_command(cfg: Config, bench: argparse.Namespace) -> tuple[list[str], l
     if cfg.tool == "serve":
         return ([bench.speculate, "serve"], speculate_flags(cfg, bench),
                 {**bench.env, "SPECULATE_LLAMA_LOG": "1"})
+    # -lv 4: llama.cpp's load log, KV buffer size included (3, the default, leaves it out)
     flags = ["-m", bench.target_file, "-c", str(CTX), "-t", str(bench.threads), "-np", str(cfg.n), "-kvu",
-             *(["--spec-default"] if cfg.spec == "spec-default" else [])]
+             "-lv", "4", *(["--spec-default"] if cfg.spec == "spec-default" else [])]
     return [str(bench.llama_server)], flags, bench.env
 
 
@@ -262,13 +264,15 @@ def run_served(cfg: Config, bench: argparse.Namespace, requests: list[dict], wor
             "calibrated": "calibrating" in log.read_text(errors="replace")}
 
 
-def calibrate(bench: argparse.Namespace) -> None:
-    """auto's cost curves measured now, untimed, if this machine has not cached them yet."""
-    cmd = [bench.speculate, "-p", "def f():", "-n", "8", "--temp", "0", "--spec-type", "auto", "-m", bench.model,
-           "-md", bench.draft, "-c", str(CTX), "-t", str(bench.threads), "--json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=bench.env)
-    if proc.returncode:
-        sys.exit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+def calibrate(bench: argparse.Namespace, n: int, requests: list[dict], work: Path) -> None:
+    """auto's cost curves, untimed, for batches of up to n requests at once (n x 17 tokens): a batch
+    -np n of n short requests, which measures them now if this machine has not cached them yet."""
+    (work / "calibrate").mkdir()
+    cycled = [{**requests[i % len(requests)], "id": f"calibrate-{i}", "n_predict": 8} for i in range(n)]
+    run = run_batch(Config("batch", n, "auto"), bench, cycled, work / "calibrate")
+    if run["calibrated"]:
+        print(f"calibrated auto for up to {n} requests at once (cached for later runs)", file=sys.stderr,
+              flush=True)
 
 
 def measure(cfg: Config, bench: argparse.Namespace, requests: list[dict], work: Path, repeat: int) -> dict:
@@ -355,11 +359,11 @@ def main() -> int:
     bench.env = dict(os.environ)
     if any(c.tool == "llama-server" for c in configs):
         bench.llama_server, bench.target_file = llama_server_binary(), model_file(bench.speculate, bench.model)
-    if any(c.spec == "auto" for c in configs):
-        calibrate(bench)
     requests = make_requests(bench.requests, bench.n_predict)
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench-parallel-") as tmp:
+        if any(c.spec == "auto" for c in configs):
+            calibrate(bench, max(c.n for c in configs if c.spec == "auto"), requests, Path(tmp))
         for repeat in range(bench.repeats):
             for cfg in configs:
                 runs.append(measure(cfg, bench, requests, Path(tmp), repeat))
