@@ -1,6 +1,7 @@
-"""`speculate serve` on a free port for the benchmark scripts (bench_cache_ram.py, bench_fim.py):
-started with GGML_CPU_TILED_MM=0 (batch-invariant CPU kernels, docs/exactness-and-builds.md) and no API
-key, waited for, asked, and stopped."""
+"""`speculate serve` on a free port for the benchmark scripts (bench_cache_ram.py, bench_fim.py,
+bench_parallel.py): started with GGML_CPU_TILED_MM=0 (batch-invariant CPU kernels,
+docs/exactness-and-builds.md) and no API key, waited for, asked, and stopped. `command` and `env`
+start another server the same way (llama-server, which takes --port too), or with other kernels."""
 
 from __future__ import annotations
 
@@ -19,27 +20,33 @@ from pathlib import Path
 class Server:
     """`speculate serve` on a free port, until closed."""
 
-    def __init__(self, flags: list[str], log: Path):
+    def __init__(self, flags: list[str], log: Path, command: list[str] | None = None,
+                 env: dict[str, str] | None = None):
+        """`command` (default: `speculate serve`) with --port and `flags`, in `env` (default: this
+        process's, with GGML_CPU_TILED_MM=0 unless set), SPECULATE_API_KEY emptied in either."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        speculate = shutil.which("speculate") or str(Path(sys.executable).with_name("speculate"))
+        if command is None:
+            command = [shutil.which("speculate") or str(Path(sys.executable).with_name("speculate")), "serve"]
+        env = {"GGML_CPU_TILED_MM": "0", **os.environ} if env is None else env
         self.log = log
         with open(log, "wb") as out:
-            self.proc = subprocess.Popen([speculate, "serve", "--port", str(self.port), *flags], stdout=out,
-                                         stderr=subprocess.STDOUT, env={"GGML_CPU_TILED_MM": "0", **os.environ,
-                                                                        "SPECULATE_API_KEY": ""})
+            self.proc = subprocess.Popen([*command, "--port", str(self.port), *flags], stdout=out,
+                                         stderr=subprocess.STDOUT, env={**env, "SPECULATE_API_KEY": ""})
         deadline = time.monotonic() + 1800  # the default pair may be pulled first
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                sys.exit(f"speculate serve exited {self.proc.returncode}:\n{log.read_text()[-2000:]}")
+                sys.exit(f"{' '.join(command[:2])} exited {self.proc.returncode}:\n"
+                         f"{log.read_text(errors='replace')[-2000:]}")
             try:
                 if self.post("/health", None)[0] == 200:
                     return
-            except OSError:
-                time.sleep(0.5)
+            except (OSError, ValueError):  # not listening yet, or not answering JSON yet
+                pass
+            time.sleep(0.5)  # llama-server answers 503 while it loads
         self.close()
-        sys.exit("speculate serve did not start")
+        sys.exit(f"{' '.join(command[:2])} did not start")
 
     def post(self, path: str, body: dict | None) -> tuple[int, dict]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=3600)

@@ -1,0 +1,384 @@
+#!/usr/bin/env python3
+"""Many requests at once: `batch --parallel N`, `serve -np N` and the pinned llama-server, compared.
+
+    scripts/bench_parallel.py [--speculate PATH] [-m MODEL] [-md DRAFT] [-t THREADS] [--requests 16]
+                              [-n 64] [--repeats 3] [--only CONFIG_SUBSTRING ...] [-o results.json]
+
+--requests distinct requests (default 16) from scripts/prompts.jsonl (evenly spaced over its
+prompts, so every category is in; cycled with new ids if more are asked than it holds), each for
+-n greedy tokens (temperature 0, stopping at end of generation), run by:
+
+  batch -np N {none,auto}         `speculate batch REQUESTS -o OUT -np N --spec-type T`, N = 1, 2, 4, 8
+  serve -np N {none,auto}         `speculate serve -np N --spec-type T`, N clients at once, N = 1, 4
+  llama-server -np N {none,spec-default}
+                                  llama-server of the llama.cpp that llama-cpp-python 0.3.36 vendors,
+                                  with -kvu (one KV pool of -c cells, as speculate's default) and
+                                  without speculation or with --spec-default (llama.cpp's ngram-mod,
+                                  no draft model), N clients at once, N = 1, 4
+
+auto gets the draft model (-md); none and llama-server load the target alone. Every run is a
+fresh process (caches cleared between configurations), -c 4096 and -t THREADS for every tool;
+each repeat runs every configuration once, in the same order, so drift hits all alike. A client
+takes the next request when its answer is in (POST /v1/completions for a prompt,
+/v1/chat/completions for messages, max_tokens -n, temperature 0).
+
+Measured per run: throughput, generated tokens over the seconds from the first request to the
+last answer (batch: its --summary's `seconds`, from its first request on: model load left out;
+servers: from the first send, after /health answered); each request's latency (batch: its
+t_restore + t_encode + t_save + t_decode, from its slot taking it to its last token, queueing
+left out; servers: its round trip, with no queue either as clients = slots); the process's peak
+RSS (batch: wait4's ru_maxrss; servers: VmHWM, read after the last answer); KV MiB, the "KV
+buffer size" lines of llama.cpp's load log summed (SPECULATE_LLAMA_LOG=1 for speculate, -lv 4
+for llama-server; target, draft and every slot's contexts); and each answer, compared with the
+same request's answer from the -np 1 run of the same tool, spec type and repeat (greedy, but on
+a batch-variant build such as the stock one a near-tie may go the other way in a batch of
+several sequences).
+
+The table: per configuration the median throughput over the repeats (min-max), its ratio to the
+median of `batch -np 1 none` in this same run, the medians of the runs' p50 and p95 latencies,
+peak RSS and KV MiB, and the most answers of one repeat that differ from -np 1. -o writes it
+all (meta, every run's figures, latencies and texts) as JSON.
+
+llama-server is built once from the sdist scripts/test.sh keeps (.cache/sdist), Release, static,
+no web UI (-DLLAMA_USE_PREBUILT_UI=OFF: nothing downloaded), into .cache/llama-server/KEY/ (KEY:
+the sdist's sha256 and the CMake flags; for this machine's CPU, GGML_NATIVE): 10 to 15 minutes on
+2 cores, the first time only. It keeps its own defaults otherwise: flash attention `auto` (on, on
+a CPU), where speculate leaves it off. GGML_CPU_TILED_MM is passed on as set (unset: the stock
+kernels); 0 makes the CPU kernels batch-invariant on every tool alike. auto's cost calibration
+(speculative/engine/calibrate.py, cached per machine) runs untimed before the first run, for the
+largest N; a run that calibrated anyway says so.
+
+Time: with the defaults (the Qwen 1.5B/0.5B pair, 16 requests, 64 tokens, 3 repeats, 16
+configurations) about an hour on the 2-core development machine, plus the build the first time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from results import meta
+from served import Server
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = ROOT / "scripts" / "prompts.jsonl"
+LLAMA_VERSION = "0.3.36"
+SDIST = ROOT / ".cache" / "sdist" / f"llama_cpp_python-{LLAMA_VERSION}.tar.gz"
+SERVER_CACHE = ROOT / ".cache" / "llama-server"
+# Release, one static binary, no web UI (LLAMA_USE_PREBUILT_UI=OFF: nothing downloaded), no HTTPS
+CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_SERVER=ON",
+               "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
+               "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_OPENSSL=OFF"]
+CTX = 4096
+KV_LINE = re.compile(r"KV buffer size =\s*([\d.]+) MiB")
+BASELINE = "batch -np 1 none"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    tool: str   # batch, serve or llama-server
+    n: int      # requests at once (-np)
+    spec: str   # none, auto or spec-default
+
+    @property
+    def name(self) -> str:
+        return f"{self.tool} -np {self.n} {self.spec}"
+
+
+CONFIGS = ([Config("batch", n, spec) for spec in ("none", "auto") for n in (1, 2, 4, 8)]
+           + [Config("serve", n, spec) for spec in ("none", "auto") for n in (1, 4)]
+           + [Config("llama-server", n, spec) for spec in ("none", "spec-default") for n in (1, 4)])
+
+
+def make_requests(count: int, n_predict: int) -> list[dict]:
+    """`count` requests from scripts/prompts.jsonl, evenly spaced over it, cycled with new ids when
+    more are asked than it holds; `category` (which `speculate batch` refuses) dropped."""
+    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
+    if count <= len(rows):
+        picked = [(rows[i * len(rows) // count], "") for i in range(count)]
+    else:  # every prompt, then again as request "ID-2", and so on
+        picked = [(rows[i % len(rows)], f"-{i // len(rows) + 1}" if i >= len(rows) else "") for i in range(count)]
+    requests = []
+    for row, suffix in picked:
+        body = {"messages": row["messages"]} if row.get("messages") else {"prompt": row["prompt"]}
+        requests.append({"id": row["id"] + suffix, **body, "n_predict": n_predict, "temperature": 0})
+    return requests
+
+
+def llama_server_binary() -> Path:
+    """llama-server from the sdist scripts/test.sh keeps, built once and cached under a key of its sha256."""
+    if not SDIST.exists():
+        sys.exit(f"{SDIST} missing: scripts/test.sh downloads it")
+    digest = hashlib.sha256(SDIST.read_bytes())
+    digest.update(" ".join(CMAKE_FLAGS).encode())
+    binary = SERVER_CACHE / digest.hexdigest()[:16] / "llama-server"
+    if binary.exists():
+        return binary
+    work = binary.parent.with_suffix(".build")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    print(f"building llama-server from {SDIST.name} in {work} (10 to 15 minutes on 2 cores) ...",
+          file=sys.stderr, flush=True)
+    started = time.monotonic()
+    with tarfile.open(SDIST) as tar:
+        tar.extractall(work, filter="data")
+    source = work / f"llama_cpp_python-{LLAMA_VERSION}" / "vendor" / "llama.cpp"
+    with open(work / "build.log", "wb") as log:
+        for cmd in (["cmake", "-S", str(source), "-B", str(work / "build"), *CMAKE_FLAGS],
+                    ["cmake", "--build", str(work / "build"), "--target", "llama-server", "-j", "2"]):
+            if subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode:
+                sys.exit(f"llama-server build failed: {' '.join(cmd)}; see {work / 'build.log'}")
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(work / "build" / "bin" / "llama-server", binary)
+    shutil.copy2(work / "build.log", binary.with_name("build.log"))
+    shutil.rmtree(work)
+    print(f"built {binary} in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+    return binary
+
+
+def model_file(speculate: str, model: str) -> str:
+    """A GGUF path for llama-server: `model` itself if it is a file, else where the registry keeps it."""
+    if Path(model).is_file():
+        return model
+    proc = subprocess.run([speculate, "models", "path", model], capture_output=True, text=True)
+    if proc.returncode:
+        sys.exit(f"{model}: not a file, and `speculate models path` says: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+def kv_mib(log: Path) -> float | None:
+    """The KV buffers llama.cpp's load log reports, summed (None: no such line)."""
+    sizes = [float(m) for m in KV_LINE.findall(log.read_text(errors="replace"))]
+    return sum(sizes) if sizes else None
+
+
+def peak_rss_mib(pid: int) -> float | None:
+    """A live process's peak resident memory (VmHWM)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def percentile(values: list[float], q: int) -> float:
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def speculate_flags(cfg: Config, bench: argparse.Namespace) -> list[str]:
+    draft = ["-md", bench.draft] if cfg.spec == "auto" else []
+    return ["-m", bench.model, *draft, "-c", str(CTX), "-t", str(bench.threads), "--spec-type", cfg.spec,
+            "-np", str(cfg.n)]
+
+
+def run_batch(cfg: Config, bench: argparse.Namespace, requests: list[dict], work: Path) -> dict:
+    """`speculate batch` over the requests, in a fresh process."""
+    req, out, summary, log = (work / f"{cfg.n}-{cfg.spec}.{ext}" for ext in ("req.jsonl", "out.jsonl",
+                                                                            "summary.json", "log"))
+    req.write_text("".join(json.dumps(r) + "\n" for r in requests))
+    out.unlink(missing_ok=True)
+    cmd = [bench.speculate, "batch", str(req), "-o", str(out), "--summary", str(summary), "--temp", "0",
+           *speculate_flags(cfg, bench)]
+    started = time.monotonic()
+    with open(log, "wb") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT,
+                                env={**bench.env, "SPECULATE_LLAMA_LOG": "1"})
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        sys.exit(f"{' '.join(cmd)} exited {proc.returncode}:\n{log.read_text(errors='replace')[-3000:]}")
+    if not json.loads(summary.read_text())["all_succeeded"]:
+        sys.exit(f"{' '.join(cmd)}: some requests failed, see {out}")
+    records = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    stats = {i: r["stats"] for i, r in records.items()}
+    return {"seconds": json.loads(summary.read_text())["seconds"], "process_s": time.monotonic() - started,
+            "tokens": {i: s["n_predict"] for i, s in stats.items()},
+            "latency_s": {i: s["t_restore_s"] + s["t_encode_s"] + s["t_save_s"] + s["t_decode_s"]
+                          for i, s in stats.items()},
+            "texts": {i: r["text"] for i, r in records.items()}, "rss_mib": usage.ru_maxrss / 1024,
+            "kv_mib": kv_mib(log), "calibrated": "calibrating" in log.read_text(errors="replace")}
+
+
+def ask(server: Server, request: dict) -> tuple[str, int, float]:
+    """One request's answer, completion tokens and round trip."""
+    body = {"max_tokens": request["n_predict"], "temperature": request["temperature"]}
+    chat = "messages" in request
+    started = time.monotonic()
+    status, answer = server.post("/v1/chat/completions" if chat else "/v1/completions",
+                                 {**body, **({"messages": request["messages"]} if chat
+                                             else {"prompt": request["prompt"]})})
+    seconds = time.monotonic() - started
+    if status != 200:
+        raise RuntimeError(f"request {request['id']} failed ({status}): {answer}")
+    choice = answer["choices"][0]
+    return choice["message"]["content"] if chat else choice["text"], answer["usage"]["completion_tokens"], seconds
+
+
+def server_command(cfg: Config, bench: argparse.Namespace) -> tuple[list[str], list[str], dict]:
+    """The command, flags and environment of a server run."""
+    if cfg.tool == "serve":
+        return ([bench.speculate, "serve"], speculate_flags(cfg, bench),
+                {**bench.env, "SPECULATE_LLAMA_LOG": "1"})
+    # -lv 4: llama.cpp's load log, KV buffer size included (3, the default, leaves it out)
+    flags = ["-m", bench.target_file, "-c", str(CTX), "-t", str(bench.threads), "-np", str(cfg.n), "-kvu",
+             "-lv", "4", *(["--spec-default"] if cfg.spec == "spec-default" else [])]
+    return [str(bench.llama_server)], flags, bench.env
+
+
+def run_served(cfg: Config, bench: argparse.Namespace, requests: list[dict], work: Path) -> dict:
+    """A fresh server, the requests from cfg.n clients at once (each takes the next when answered)."""
+    command, flags, env = server_command(cfg, bench)
+    started = time.monotonic()
+    log = work / f"{cfg.tool}-{cfg.n}-{cfg.spec}.log"
+    server = Server(flags, log, command=command, env=env)
+    try:
+        first = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(max_workers=cfg.n) as clients:
+            answers = dict(zip((r["id"] for r in requests), clients.map(lambda r: ask(server, r), requests)))
+        seconds = time.monotonic() - first
+        rss = peak_rss_mib(server.proc.pid)
+    except RuntimeError as e:
+        sys.exit(f"{cfg.name}: {e}")
+    finally:
+        server.close()
+    return {"seconds": seconds, "process_s": time.monotonic() - started,
+            "tokens": {i: a[1] for i, a in answers.items()}, "latency_s": {i: a[2] for i, a in answers.items()},
+            "texts": {i: a[0] for i, a in answers.items()}, "rss_mib": rss, "kv_mib": kv_mib(log),
+            "calibrated": "calibrating" in log.read_text(errors="replace")}
+
+
+def calibrate(bench: argparse.Namespace, n: int, requests: list[dict], work: Path) -> None:
+    """auto's cost curves, untimed, for batches of up to n requests at once (n x 17 tokens): a batch
+    -np n of n short requests, which measures them now if this machine has not cached them yet."""
+    (work / "calibrate").mkdir()
+    cycled = [{**requests[i % len(requests)], "id": f"calibrate-{i}", "n_predict": 8} for i in range(n)]
+    run = run_batch(Config("batch", n, "auto"), bench, cycled, work / "calibrate")
+    if run["calibrated"]:
+        print(f"calibrated auto for up to {n} requests at once (cached for later runs)", file=sys.stderr,
+              flush=True)
+
+
+def measure(cfg: Config, bench: argparse.Namespace, requests: list[dict], work: Path, repeat: int) -> dict:
+    run = (run_batch if cfg.tool == "batch" else run_served)(cfg, bench, requests, work)
+    tokens, latencies = sum(run["tokens"].values()), list(run["latency_s"].values())
+    run.update(config=cfg.name, tool=cfg.tool, n=cfg.n, spec=cfg.spec, repeat=repeat, total_tokens=tokens,
+               throughput=tokens / run["seconds"], p50_s=percentile(latencies, 50), p95_s=percentile(latencies, 95))
+    print(f"repeat {repeat + 1}  {cfg.name:32s} {run['throughput']:7.2f} t/s  {tokens:5d} tokens in "
+          f"{run['seconds']:6.1f} s  p50 {run['p50_s']:5.1f} s  p95 {run['p95_s']:5.1f} s  "
+          f"RSS {run['rss_mib'] or 0:6.0f} MiB  KV {run['kv_mib'] or 0:5.0f} MiB"
+          + ("  (calibrated auto in this run)" if run["calibrated"] else ""), file=sys.stderr, flush=True)
+    return run
+
+
+def count_differing(runs: list[dict]) -> None:
+    """Each run's `differ`: answers unlike the same request's in the -np 1 run of its tool, spec and repeat."""
+    single = {(r["tool"], r["spec"], r["repeat"]): r["texts"] for r in runs if r["n"] == 1}
+    for r in runs:
+        reference = single.get((r["tool"], r["spec"], r["repeat"]))
+        r["differ"] = None if reference is None else sorted(i for i, t in r["texts"].items() if reference.get(i) != t)
+
+
+def summarise(runs: list[dict], configs: list[Config]) -> list[dict]:
+    """One row per configuration: medians over its repeats."""
+    base = [r["throughput"] for r in runs if r["config"] == BASELINE]
+    rows = []
+    for cfg in configs:
+        mine = [r for r in runs if r["config"] == cfg.name]
+        speeds = [r["throughput"] for r in mine]
+        differ = [len(r["differ"]) for r in mine if r["differ"] is not None]
+        rows.append({"config": cfg.name, "n": cfg.n, "throughput": statistics.median(speeds),
+                     "min": min(speeds), "max": max(speeds),
+                     "ratio": statistics.median(speeds) / statistics.median(base) if base else None,
+                     "p50_s": statistics.median(r["p50_s"] for r in mine),
+                     "p95_s": statistics.median(r["p95_s"] for r in mine),
+                     "rss_mib": max((r["rss_mib"] for r in mine if r["rss_mib"]), default=None),
+                     "kv_mib": max((r["kv_mib"] for r in mine if r["kv_mib"]), default=None),
+                     "differ": max(differ) if differ else None})
+    return rows
+
+
+def print_table(rows: list[dict], requests: int, n_predict: int, repeats: int) -> None:
+    def opt(value, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    print(f"{requests} requests, {n_predict} greedy tokens each, {repeats} repeat(s); throughput: median "
+          f"(min-max) generated tokens/s over the run; latency: medians of the runs' p50 and p95")
+    print(f"| config | N | tokens/s | vs {BASELINE} | p50 s | p95 s | peak RSS MiB | KV MiB "
+          f"| differ from -np 1 (of {requests}) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for row in rows:
+        print(f"| {row['config']} | {row['n']} | {row['throughput']:.2f} ({row['min']:.2f}-{row['max']:.2f}) | "
+              f"{opt(row['ratio'], '.2f')}{'x' if row['ratio'] else ''} | {row['p50_s']:.2f} | {row['p95_s']:.2f} | "
+              f"{opt(row['rss_mib'], '.0f')} | {opt(row['kv_mib'], '.1f')} | {opt(row['differ'], 'd')} |")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--speculate", default=str(ROOT / ".venv" / "bin" / "speculate"),
+                        help="the speculate executable (default: .venv/bin/speculate, the stock build)")
+    parser.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-instruct", help="target (path or registry name)")
+    parser.add_argument("-md", "--model-draft", dest="draft", default="qwen2.5-coder-0.5b-instruct",
+                        help="draft model for auto (path or registry name)")
+    parser.add_argument("-t", "--threads", type=int, default=len(os.sched_getaffinity(0)),
+                        help="CPU threads, every tool (default: all this process may use)")
+    parser.add_argument("--requests", type=int, default=16, help="distinct requests per run (default 16)")
+    parser.add_argument("-n", "--n-predict", type=int, default=64, help="greedy tokens per request (default 64)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of every configuration (default 3)")
+    parser.add_argument("--only", nargs="+", action="extend", default=[], metavar="CONFIG_SUBSTRING",
+                        help="run only the configurations whose name holds one of these, as 'batch', "
+                             "'serve -np' (not llama-server), 'llama-server', '-np 4', 'auto', 'batch -np 1 none'")
+    parser.add_argument("-o", "--output", type=Path, help="every run's figures and answers (JSON, with meta)")
+    return parser.parse_args()
+
+
+def main() -> int:
+    bench = parse_args()
+    configs = [c for c in CONFIGS if not bench.only or any(s in c.name for s in bench.only)]
+    if not configs:
+        sys.exit(f"--only {' '.join(bench.only)}: no such configuration; there are: "
+                 + ", ".join(c.name for c in CONFIGS))
+    if not os.access(bench.speculate, os.X_OK):
+        sys.exit(f"{bench.speculate}: not an executable (--speculate)")
+    bench.env = dict(os.environ)
+    if any(c.tool == "llama-server" for c in configs):
+        bench.llama_server, bench.target_file = llama_server_binary(), model_file(bench.speculate, bench.model)
+    requests = make_requests(bench.requests, bench.n_predict)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="bench-parallel-") as tmp:
+        if any(c.spec == "auto" for c in configs):
+            calibrate(bench, max(c.n for c in configs if c.spec == "auto"), requests, Path(tmp))
+        for repeat in range(bench.repeats):
+            for cfg in configs:
+                runs.append(measure(cfg, bench, requests, Path(tmp), repeat))
+    count_differing(runs)
+    rows = summarise(runs, configs)
+    print_table(rows, len(requests), bench.n_predict, bench.repeats)
+    if bench.output:
+        bench.output.write_text(json.dumps({
+            "meta": meta(speculate=bench.speculate, model=bench.model, draft=bench.draft, threads=bench.threads,
+                         ctx=CTX, requests=[r["id"] for r in requests], n_predict=bench.n_predict,
+                         repeats=bench.repeats, llama_server=str(getattr(bench, "llama_server", "")) or None,
+                         cmake_flags=CMAKE_FLAGS, GGML_CPU_TILED_MM=os.environ.get("GGML_CPU_TILED_MM")),
+            "rows": rows, "runs": runs}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
