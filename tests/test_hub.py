@@ -564,4 +564,5 @@ def test_a_hub_that_does_not_answer_is_given_up_after_the_stated_timeout(fake, u
         silent.close()
     assert proc.returncode == 0 and json.loads(proc.stdout)["text"] == online["text"], proc.stderr
     assert "the hub is unreachable" in proc.stderr and "after at most 2 s" in proc.stderr
-    assert silent.waited and all(2 <= waited < 10 for waited in silent.waited), silent.waited
+    # (the client's 2 s start as it connects, a moment before the server's clock sees the connection)
+    assert silent.waited and all(1.9 <= waited < 10 for waited in silent.waited), silent.waited

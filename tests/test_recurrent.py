@@ -335,3 +335,27 @@ def test_serve_on_a_hybrid_model_keeps_the_conversation_where_exact(tiny, tmp_pa
     one_shot = speculate_json("-m", lfm2, "-p", PROMPT, "--no-escape", "-n", "16", "--temp", "0", "--ignore-eos",
                               "--spec-type", "ngram-simple", "-t", "1")
     assert answer["choices"][0]["text"] == one_shot["text"]
+
+
+@real
+@pytest.mark.parametrize("arch", ["lfm2", "mamba", "qwen35"])
+def test_requests_at_once_keep_a_recurrent_state_each(tiny, tmp_path, arch, batch_invariant):
+    """batch -np 3 on a recurrent or hybrid model, drafted for by another of its kind: each request
+    has its own recurrent states (and snapshots, and checkpoints past them: --draft-max 8), in
+    streams of their own; every request's greedy output is its output alone, rejections
+    included."""
+    path = tmp_path / "requests.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "prompt": PROMPT[i:], "n_predict": 20 + 7 * i}) + "\n"
+                            for i in range(6)))
+    flags = ("-m", str(tiny(arch)), "-md", str(tiny(arch, seed=1)), "--temp", "0", "--spec-type", "draft",
+             "--draft-max", "8", "--ignore-eos", "-t", str(THREADS), "-c", "256")
+    texts = {}
+    for np_flags in (("-np", "1"), ("-np", "3", "--no-kv-unified", "-c", "768")):
+        out = tmp_path / f"out{np_flags[1]}.jsonl"
+        proc = speculate("batch", str(path), "-o", str(out), *flags, *np_flags)
+        assert proc.returncode == 0, proc.stderr
+        records = [json.loads(line) for line in out.read_text().splitlines()]
+        texts[np_flags[1]] = {r["id"]: r["text"] for r in records}
+        drafted = sum(r["stats"]["n_drafted"] for r in records)
+        assert 0 < sum(r["stats"]["n_accept"] for r in records) < drafted
+    assert texts["3"] == texts["1"]

@@ -419,9 +419,59 @@ def test_a_requests_own_speculation_overrides_the_servers(server):
         assert status == 400 and message in answer["error"]["message"], answer
 
 
-def steps_during_a_long_prompt(model_path, tmp_path, budget: str) -> int:
-    """How many pieces a running stream gets between a long prompt's arrival (its stream's first
-    event) and its first generated text, on a two-slot server with this --prefill-budget."""
+def server_rss(server: Server) -> int:
+    """The server process's resident memory, in bytes."""
+    status = Path(f"/proc/{server.proc.pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024
+
+
+def test_a_bounded_load_loses_nothing_and_its_memory_stays_flat(model_path, tmp_path, batch_invariant):
+    """-np 2 with KV streams of their own, 8 clients (4 per slot) sending 200 requests between
+    them: every request is answered, every greedy answer is what its prompt gets alone, and the
+    server holds no more memory after the second 100 than after the first."""
+    server = start_server(model_path, tmp_path, "--spec-type", "ngram-simple", "-t", "1", "-np", "2",
+                          "--no-kv-unified", "-c", "1024", "--cache-ram", "0", key=None)
+    prompts = [f"Item {i} of a list of fruits:" for i in range(5)]
+    answers: dict[str, set] = {p: set() for p in prompts}
+    lock = threading.Lock()
+
+    def client(k: int, n: int) -> None:
+        for j in range(n):
+            prompt = prompts[(k + j) % len(prompts)]
+            text = completion(server, prompt=prompt, max_tokens=8)["choices"][0]["text"]
+            with lock:
+                answers[prompt].add(text)
+
+    def load() -> None:  # 100 requests
+        clients = [threading.Thread(target=client, args=(k, 100 // 8 + (k < 100 % 8))) for k in range(8)]
+        for c in clients:
+            c.start()
+        for c in clients:
+            c.join(timeout=600)
+        assert not any(c.is_alive() for c in clients)
+
+    try:
+        load()
+        first = server_rss(server)
+        load()
+        second = server_rss(server)
+        props = server.request("GET", "/props")[2]
+    finally:
+        assert stop_server(server) == 0
+    assert props["total_slots"] == 2
+    assert second <= first + 16 * 2**20, (first, second)
+    smol = str(model_path(SMOL))
+    for prompt, texts in answers.items():
+        alone = speculate_json("-m", smol, "--spec-type", "ngram-simple", "-t", "1", "-p", prompt, "--no-escape",
+                               "-n", "8", "--temp", "0")["text"]
+        assert texts == {alone}, prompt
+    assert "Traceback" not in server.log_text()
+
+
+def during_a_long_prompt(model_path, tmp_path, budget: str) -> tuple[int, float, float]:
+    """What a running stream gets while a long prompt goes in, on a two-slot server with this
+    --prefill-budget: its pieces between the prompt's arrival (its stream's start) and its first
+    generated text, its largest gap between pieces there, and that window's length (seconds)."""
     server = start_server(model_path, tmp_path, "--spec-type", "none", "-t", "1", "-np", "2", "--prefill-budget",
                           budget, key=None)
     try:
@@ -444,7 +494,8 @@ def steps_during_a_long_prompt(model_path, tmp_path, budget: str) -> int:
         first = time.monotonic()
         long_conn.close()
         conn.close()
-        return sum(accepted <= t <= first for t in list(arrivals))
+        times = [accepted, *(t for t in list(arrivals) if accepted <= t <= first), first]
+        return len(times) - 2, max(b - a for a, b in zip(times, times[1:])), first - accepted
     finally:
         stop_server(server)
 
@@ -452,9 +503,11 @@ def steps_during_a_long_prompt(model_path, tmp_path, budget: str) -> int:
 def test_a_long_prompt_goes_in_chunks_while_another_request_generates(model_path, tmp_path):
     """--prefill-budget 50: the 600-token prompt goes in about 50 ms chunks, one per step, and
     the running stream gets a piece at each; with 0 (whole -b chunks, as llama-server) it waits
-    for the whole prompt."""
-    assert steps_during_a_long_prompt(model_path, tmp_path, "50") >= 5
-    assert steps_during_a_long_prompt(model_path, tmp_path, "0") <= 2
+    for the whole prompt: one gap of most of the prompt's time."""
+    pieces, gap, window = during_a_long_prompt(model_path, tmp_path, "50")
+    assert pieces >= 5 and gap < window / 2, (pieces, gap, window)
+    pieces, gap, window = during_a_long_prompt(model_path, tmp_path, "0")
+    assert gap >= window / 2, (pieces, gap, window)
 
 
 def test_streamed_and_whole_completions_agree(server):

@@ -20,7 +20,6 @@ holds `lock`, as every batch does: llama.cpp's contexts take one call at a time.
 from __future__ import annotations
 
 import threading
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol, Sequence
@@ -44,21 +43,12 @@ class Runner(Protocol):
         ...
 
 
-@dataclass
+@dataclass(eq=False)  # each call is itself: two alike are still two
 class _Call:
     runner: Runner
     part: Any
     result: Any = None
     done: bool = False
-
-
-@dataclass
-class Pass:
-    """One batch the gate ran: which model, how many calls (sequences) and tokens, how long."""
-    priority: int
-    n_calls: int
-    n_tokens: int
-    seconds: float
 
 
 class Gate:
@@ -70,7 +60,6 @@ class Gate:
         self._running = False
         self._closed = False
         self._checks: dict[int, Callable[[], object]] = {}  # member thread -> should it stop?
-        self.last_pass: Pass | None = None
 
     @property
     def members(self) -> int:
@@ -144,7 +133,6 @@ class Gate:
             self._waiting.remove(call)
         self._running = True
         self._cv.release()
-        t0 = time.perf_counter()
         try:
             with self.lock:
                 results = runner.run([call.part for call in calls])
@@ -153,7 +141,6 @@ class Gate:
         finally:
             self._cv.acquire()
             self._running = False
-        self.last_pass = Pass(runner.priority, len(calls), n_tokens, time.perf_counter() - t0)
         for call, result in zip(calls, results):
             call.result, call.done = result, True
         self._cv.notify_all()

@@ -3,7 +3,8 @@
 The models are loaded once, with N slots of sequences (llamacpp/slots.py); each slot has an
 engine of its own (Engine.view: its caches and drafters over its sequences), and a request
 runs on a slot's engine, on a thread of its own, exactly as a lone request runs on an engine.
-Their decodes meet in the gate (decoding/gate.py), one batch per step for all of them.
+Their decodes meet in the gate (decoding/gate.py), one batch per step for all of them. One
+slot is the engine itself.
 
 A request takes the slot llama-server would give it: the free slot whose cache holds the
 longest part of its prompt, when that is more than `similarity` of it (-sps), else the one

@@ -29,6 +29,8 @@ from speculative.llamacpp.model import LlamaModel
 FIRST_CHUNK = 32  # prompt tokens in a batch with others before their cost is known
 LEAST_CHUNK = 4   # however tight the budget, a prompt moves on by at least this much per batch
 LEARN_FROM = 8    # batches of this many tokens or more say what a prompt token costs
+BUDGET_SHARE = 0.8  # of the budget, what a chunk's decode may take: the rest of the step (sampling,
+                    # the other requests' own work) and a dearer batch than the last fit in the rest
 
 
 class SharedModel:
@@ -75,8 +77,9 @@ class SharedModel:
 
     def _learn(self, n_tokens: int, seconds: float) -> None:
         if n_tokens >= LEARN_FROM:  # mostly a prompt's chunk: what a prompt token costs now
-            cost = seconds / n_tokens
-            self._token_seconds = cost if self._token_seconds is None else 0.5 * (self._token_seconds + cost)
+            cost, known = seconds / n_tokens, self._token_seconds
+            # dearer at once, cheaper slowly: a chunk must not overrun the budget
+            self._token_seconds = cost if known is None or cost > known else known + 0.25 * (cost - known)
 
     def prefill_chunk(self) -> int:
         """The prompt tokens one request may put in the next batch."""
@@ -84,7 +87,7 @@ class SharedModel:
             return self.capacity  # nobody else waits on it
         if self._token_seconds is None:
             return FIRST_CHUNK
-        return max(LEAST_CHUNK, min(self.capacity, int(self.prefill_budget / self._token_seconds)))
+        return max(LEAST_CHUNK, min(self.capacity, int(BUDGET_SHARE * self.prefill_budget / self._token_seconds)))
 
     def slot(self, index: int) -> "SlotModel":
         return SlotModel(self, index)
