@@ -297,6 +297,34 @@ def replay(data) -> list[str]:
     return lines
 
 
+def parallel(data) -> list[str]:
+    """bench_parallel.py's table: per configuration, throughput (median, min-max), its ratio to
+    batch -np 1 none, latency, memory, and answers unlike -np 1's."""
+    def opt(value, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    lines = header("config", "N", "tokens/s, median (min-max)", "vs batch -np 1 none", "p50 s", "p95 s",
+                   "peak RSS MiB", "KV MiB", f"answers unlike -np 1's (of {len(data['meta']['requests'])})")
+    for r in data["rows"]:
+        lines.append(row(f"`{r['config']}`", r["n"], f"{r['throughput']:.2f} ({r['min']:.2f}-{r['max']:.2f})",
+                         f"{r['ratio']:.2f}x" if r["ratio"] else "-", f"{r['p50_s']:.1f}", f"{r['p95_s']:.1f}",
+                         opt(r["rss_mib"], ".0f"), opt(r["kv_mib"], ".0f"), opt(r["differ"], "d")))
+    return lines
+
+
+def prefill_gap(data) -> list[str]:
+    """bench_prefill_gap.py's table: a running stream's largest gap while a long prompt goes in,
+    per --prefill-budget, against 2 x its normal step + the budget."""
+    lines = header("--prefill-budget", "stream's normal step", "the prompt's prefill", "stream's pieces meanwhile",
+                   "stream's largest gap", "bound: 2 x step + budget")
+    for r in data["runs"]:
+        bound = f"{r['bound_ms']:.0f} ms ({'within' if r['within'] else 'over'})" if r["budget_ms"] else "none"
+        lines.append(row(f"{r['budget_ms']:.0f} ms" if r["budget_ms"] else "0 (whole -b chunks)",
+                         f"{r['normal_step_ms']:.0f} ms", f"{r['prefill_s']:.1f} s", r["a_pieces_during"],
+                         f"{r['max_gap_ms']:.0f} ms", bound))
+    return lines
+
+
 TABLES = {t.name: t for t in [
     Table("recurrent", ("recurrent.json",), "python scripts/bench_recurrent.py -o docs/results/recurrent.json",
           recurrent),
@@ -326,6 +354,8 @@ TABLES = {t.name: t for t in [
     Table("rpc-100ms", ("rpc-100ms.json",),
           "python scripts/bench_rpc.py -n 48 --delays 100 --category complete --limit 3 -C auto,ngram-simple "
           "-C auto,ngram-simple,draft -C draft -o docs/results/rpc-100ms.json", rpc),
+    Table("prefill-gap", ("prefill-gap.json",),
+          "python scripts/bench_prefill_gap.py -o docs/results/prefill-gap.json (the stock build)", prefill_gap),
     Table("builds", ("builds.json",),
           "python scripts/compare_builds.py .venv .venv-test --env-b GGML_CPU_TILED_MM=0 -o docs/results/builds.json",
           builds),
