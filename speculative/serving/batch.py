@@ -18,7 +18,6 @@ goes on.
 from __future__ import annotations
 
 import json
-import math
 import os
 import queue
 import sys
@@ -32,6 +31,7 @@ from speculative.decoding.gate import Stopped
 from speculative.decoding.settings import SamplerSettings, SpecSettings
 from speculative.engine.chat import prompt_or_messages
 from speculative.engine.stream import complete
+from speculative.serving.generation import is_int, is_number
 from speculative.errors import SpeculateError, UsageError
 from speculative.llamacpp import interrupt
 
@@ -53,16 +53,6 @@ MAX_DEPTH = 64
 RECORD_START = b'{"id": '
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v) -> bool:
-    """A finite number that becomes a float as it is: an integer past 2**53 is refused, not
-    rounded (and math.isfinite(10**400) would overflow)."""
-    return (_is_int(v) and abs(v) < 2**53) or (isinstance(v, float) and math.isfinite(v))
-
-
 def _is_stop(v) -> bool:
     return (isinstance(v, str) and v != "") or (
         isinstance(v, list) and all(isinstance(s, str) and s != "" for s in v))
@@ -70,10 +60,10 @@ def _is_stop(v) -> bool:
 
 # Per-request settings over the command line's defaults: (valid?, what it must be).
 SETTINGS: dict[str, tuple[Callable[[object], bool], str]] = {
-    "n_predict": (lambda v: _is_int(v) and v >= -1, "an integer >= -1"),
-    "temperature": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
-    "top_p": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
-    "seed": (lambda v: _is_int(v) and -1 <= v < 2**32, "an integer in [-1, 2^32)"),
+    "n_predict": (lambda v: is_int(v) and v >= -1, "an integer >= -1"),
+    "temperature": (lambda v: is_number(v) and v >= 0, "a number >= 0"),
+    "top_p": (lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "seed": (lambda v: is_int(v) and -1 <= v < 2**32, "an integer in [-1, 2^32)"),
     "stop": (_is_stop, "a non-empty string or a list of them"),
 }
 FIELDS = ("id", "prompt", "messages", *SETTINGS)
@@ -176,7 +166,7 @@ def _parse(number: int, raw: bytes | None, sampling: SamplerSettings, spec: Spec
     if not _utf8(obj):  # JSON's \ud800 escapes decode to text that has no UTF-8 form
         return Rejected(number, None, "not valid UTF-8 (a lone surrogate escape)")
     request_id = obj.get("id")
-    if not ((isinstance(request_id, str) and request_id) or _is_int(request_id)):
+    if not ((isinstance(request_id, str) and request_id) or is_int(request_id)):
         return Rejected(number, None, "needs an `id`: a non-empty string or an integer")
     error = _check(obj)
     if error:
@@ -323,7 +313,7 @@ def _record(line: bytes) -> dict | None:
         record = json.loads(line)
     except (ValueError, RecursionError, UnicodeDecodeError):
         return None
-    ok = isinstance(record, dict) and _is_int(record.get("line")) and "id" in record
+    ok = isinstance(record, dict) and is_int(record.get("line")) and "id" in record
     return record if ok else None
 
 

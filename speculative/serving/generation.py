@@ -70,9 +70,9 @@ class Generation:
 # field, valid?, what it must be). Its value overrides the server's (and auto's choice of
 # length) for this request's sequence only.
 SPECULATION = {
-    "speculative.n_max": ("draft_max", lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
-    "speculative.n_min": ("draft_min", lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
-    "speculative.p_min": ("draft_p_min", lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "speculative.n_max": ("draft_max", lambda v: is_int(v) and v >= 1, "an integer >= 1"),
+    "speculative.n_min": ("draft_min", lambda v: is_int(v) and v >= 0, "an integer >= 0"),
+    "speculative.p_min": ("draft_p_min", lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "speculative.type": ("types", lambda v: isinstance(v, str) and v != "" or
                          isinstance(v, list) and v and all(isinstance(t, str) for t in v),
                          "a speculative type, or a list of them"),
@@ -96,12 +96,15 @@ def speculation(data: dict) -> dict:
     return chosen
 
 
-def _is_int(v) -> bool:
+def is_int(v) -> bool:
+    """A JSON integer (not a boolean)."""
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_number(v) -> bool:
-    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+def is_number(v) -> bool:
+    """A finite number that becomes a float as it is: an integer past 2**53 is refused, not
+    rounded (and math.isfinite(10**400) would overflow)."""
+    return (is_int(v) and abs(v) < 2**53) or (isinstance(v, float) and math.isfinite(v))
 
 
 def refuse_unsupported(data: dict, neutral: Mapping[str, tuple], strict_types: bool) -> None:
