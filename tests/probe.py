@@ -72,9 +72,8 @@ if os.environ.get("PROBE_DECODE"):
 
     def _poll(_data=None) -> bool:
         """interrupt.poll; but the first time llama.cpp itself polls it, from inside a decode,
-        it waits there for the test's signal. All in this frame: the signal's handler runs here
-        and, seeing llama.cpp's callback, only notes the request (an exception raised inside a
-        ctypes callback would be lost)."""
+        it waits there for the test's signal (on llama.cpp's thread: the main thread waits for
+        the decode, so the signal's handler only notes the request)."""
         if _state["decoding"] and not _state["announced"]:
             _state["announced"] = True
             os.write(2, b"probe: llama.cpp is decoding\n")
@@ -93,7 +92,7 @@ if os.environ.get("PROBE_DECODE"):
         say(f"llama_decode of {batch.n_tokens} tokens returned {ret}")
         return ret
 
-    interrupt.poll = _poll  # what llamacpp registers as the callback, and what the handler recognises
+    interrupt.poll = _poll  # what llamacpp registers as the callback
     llama_cpp.llama_decode = _reported_decode
 
 if os.environ.get("PROBE_PIECES"):

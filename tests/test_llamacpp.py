@@ -92,3 +92,28 @@ def test_doctor_measures_batch_invariance(model_path, batch_invariant):
     assert any(line.startswith("positions after 300 cached tokens") and "differs in batches" in line
                for line in lines)
     assert lines[-1].startswith("verdict: not batch-invariant")
+
+
+def test_every_decode_runs_on_one_thread_whichever_thread_asks(model_path, monkeypatch):
+    """OpenMP keeps a team of worker threads per thread that runs a graph, and more of them than
+    cores makes every barrier sleep: so every llama_decode runs on one thread of the process's,
+    whether the main thread or the threads of requests at once ask for it."""
+    import threading
+
+    import llama_cpp
+
+    ran_on, decode = set(), llama_cpp.llama_decode
+
+    def recorded(ctx, batch):
+        ran_on.add(threading.get_ident())
+        return decode(ctx, batch)
+
+    monkeypatch.setattr(llama_cpp, "llama_decode", recorded)
+    with LlamaModel(ModelSpec(model_path(SMOL), name=SMOL, n_ctx=256, n_threads=1)) as model:
+        model.decode([1, 2, 3], 0, "last")
+        asked = [threading.Thread(target=model.decode, args=([4 + i], 3 + i, "last")) for i in range(2)]
+        for thread in asked:  # one after the other: the model is one sequence
+            thread.start()
+            thread.join()
+        assert len(model.decode([9], 5, "last")[0]) == model.n_vocab
+    assert len(ran_on) == 1 and threading.get_ident() not in ran_on and all(t.ident not in ran_on for t in asked)

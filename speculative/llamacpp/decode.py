@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import queue
+import threading
 import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -27,6 +29,50 @@ _no_abort = ll.ggml_abort_callback()  # NULL
 # only batches this large (prompt chunks, seconds to minutes on a CPU) are made abortable.
 # A draft step, at most a few hundred ms, finishes before the signal is handled.
 ABORTABLE_FROM = 64
+
+
+_jobs: queue.SimpleQueue = queue.SimpleQueue()
+_decoder: threading.Thread | None = None
+_decoder_started = threading.Lock()
+
+
+def _serve_decodes() -> None:
+    while True:
+        ctx, raw, box, done = _jobs.get()
+        try:
+            box.append(ll.llama_decode(ctx, raw))
+            ll.llama_synchronize(ctx)  # GPU backends return early; count the real work
+        except BaseException as e:  # a ctypes error: the caller raises it
+            box.append(e)
+        done.release()
+
+
+def decode_on_one_thread(ctx, raw) -> int:
+    """llama_decode(ctx, raw) on the one thread that runs every decode of this process. llama.cpp's
+    CPU backend runs a graph on an OpenMP team of the calling thread's; each calling thread keeps
+    a team of its own, and once the process holds more of their workers than there are cores,
+    libgomp stops spinning at a graph's barriers and sleeps instead: a decode from the requests'
+    threads of `batch` and `serve`, or from a thread after the main one had decoded, took 50 ms a
+    token against 36 (the 1.5B target, 2 cores). Handing the call over costs tens of microseconds.
+    The caller waits; a signal meanwhile only asks llama.cpp to stop (interrupt.waiting)."""
+    global _decoder
+    if _decoder is None:
+        with _decoder_started:
+            if _decoder is None:
+                _decoder = threading.Thread(target=_serve_decodes, name="llama_decode", daemon=True)
+                _decoder.start()
+    done, box = threading.Lock(), []
+    done.acquire()
+    with interrupt.waiting():  # from before the decode starts
+        _jobs.put((ctx, raw, box, done))
+        try:
+            done.acquire()
+        except BaseException:  # a handler of someone else's: the context must outlive its decode
+            done.acquire()
+            raise
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]
 
 
 def flash_attn_type(mode: str, on_gpu: bool) -> int:
@@ -146,11 +192,12 @@ class Batch:
             self._abortable = n >= ABORTABLE_FROM
             ll.llama_set_abort_callback(self._ctx, _abort if self._abortable else _no_abort, None)
         t0 = time.perf_counter()
-        ret = ll.llama_decode(self._ctx, self._raw)
-        if self._interruptible and (ret == 2 or interrupt.poll()):  # aborted, or the signal came at the last node
-            interrupt.stop()
-        ll.llama_synchronize(self._ctx)  # GPU backends return early; count the real work
+        ret = decode_on_one_thread(self._ctx, self._raw)
         self.busy_seconds += time.perf_counter() - t0
+        # aborted, or the signal came at the last node; a small batch is not abortable, and a
+        # signal that came meanwhile stops the run now
+        if ret == 2 or (interrupt.poll() if self._interruptible else interrupt.signalled()):
+            interrupt.stop()
         return ret
 
     def logits(self, i: int) -> np.ndarray:

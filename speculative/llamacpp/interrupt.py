@@ -2,10 +2,12 @@
 
 Python runs a signal handler only between bytecodes, so a signal that arrives while
 llama_decode works through a long prompt (minutes on a CPU) would otherwise wait for
-it. llama.cpp polls `poll` as its abort callback, on the thread that called it (the
-main thread for the command line, where the handlers below run): there they only note the request, llama.cpp stops within
-a graph node, and the backend calls `stop`, which raises KeyboardInterrupt. Anywhere
-else the handlers raise KeyboardInterrupt straight away, as Python's Ctrl-C does.
+it. Every llama_decode runs on one thread of its own (decode.decode_on_one_thread), and
+llama.cpp polls `poll` as its abort callback there. While the main thread waits for a
+decode (`waiting()`, the command line's case), the handlers below only note the request:
+llama.cpp stops within a graph node, and the backend calls `stop`, which raises
+KeyboardInterrupt. Anywhere else the handlers raise KeyboardInterrupt straight away, as
+Python's Ctrl-C does.
 
 A few steps must not be cut in two, such as writing a batch result and counting it:
 within `deferred()`, a signal waits for the end of the block.
@@ -18,6 +20,7 @@ the middle of a long prompt) is stopped the same way: `cancel_when(check)` makes
 from __future__ import annotations
 
 import signal
+import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator, NoReturn
 
@@ -25,6 +28,7 @@ _pending = False
 _cancel: Callable[[], bool] | None = None
 _deferring = False
 _deferred = False  # a signal came during `deferred()`
+_waiting = False  # the main thread waits for a decode on llama.cpp's thread
 
 
 class Cancelled(Exception):
@@ -42,6 +46,26 @@ def poll(_data=None) -> bool:
     """llama.cpp's abort callback: true once a signal asked to stop, or the check of
     `cancel_when` says so."""
     return _pending or (_cancel is not None and _cancel())
+
+
+def signalled() -> bool:
+    """Whether a signal asked to stop (and `stop` has not raised it yet)."""
+    return _pending
+
+
+@contextmanager
+def waiting() -> Iterator[None]:
+    """The calling thread waits for llama.cpp within the block: on the main thread, a signal
+    meanwhile sets the request `poll` reports instead of raising in the middle of the wait."""
+    global _waiting
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _waiting = True
+    try:
+        yield
+    finally:
+        _waiting = False
 
 
 def stop() -> NoReturn:
@@ -82,8 +106,8 @@ def deferred() -> Iterator[None]:
 
 def _handler(signum, frame) -> None:
     global _pending, _deferred
-    if frame is not None and frame.f_code is poll.__code__:
-        _pending = True  # inside llama.cpp's callback, where an exception would be lost
+    if _waiting:
+        _pending = True  # llama.cpp's thread works for this one: its callback stops it
         return
     if _deferring:
         _deferred = True
