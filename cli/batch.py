@@ -24,7 +24,8 @@ PLAIN_EVERY = 10.0  # seconds between progress lines when stderr is not a termin
 
 
 @options.with_options(options.MODELS, options.SAMPLING, options.SPECULATION.but(
-    branches=(int, options.DRAFT_BRANCHES)), options.POOL, options.SLOTS)
+    branches=(int, options.DRAFT_BRANCHES)), options.POOL,
+    options.SLOTS.only("parallel", "kv_unified", "slot_prompt_similarity"))
 def batch_command(
     models: options.ModelOptions,
     sampling: SamplerSettings,

@@ -493,8 +493,8 @@ KV_UNIFIED = typer.Option(
          "left ends with finish_reason length). --no-kv-unified: -c / N cells each, no draft trees.")
 PREFILL_BUDGET = typer.Option(
     500.0, "--prefill-budget", rich_help_panel=R, metavar="MS",
-    help="While other requests generate, a prompt goes in chunks of about this many milliseconds, one per "
-         "step, so they keep going (0: whole -b chunks, as llama-server).")
+    help="While another request streams its answer, a prompt goes in chunks of about this many milliseconds, "
+         "one per step, so the stream keeps going (0: whole -b chunks, as llama-server, as when nothing streams).")
 SLOT_SIMILARITY = typer.Option(
     0.1, "-sps", "--slot-prompt-similarity", rich_help_panel=R, metavar="SIMILARITY",
     help="A request takes the free slot whose cache holds more than this share of its prompt, else the "

@@ -28,10 +28,11 @@ TARGET, DRAFT = 1, 0  # the gate's priorities: a step drafts before it verifies
 class Parallel:
     def __init__(self, engine: Engine, n_slots: int, prefill_budget: float = 0.0, similarity: float = 0.1):
         """`engine`'s models must have been loaded with n_slots (ModelSpec.n_slots);
-        `prefill_budget`: seconds of prompt a batch may carry while other requests run."""
+        `prefill_budget`: seconds of prompt a batch may carry while another request streams."""
         self.engine = engine
         self.gate = Gate()
         self.similarity = similarity
+        self._streaming: set[int] = set()  # slots whose requests stream their answers
         self.engines = [engine] if n_slots == 1 else self._views(engine, n_slots, prefill_budget)
         self._free = set(range(n_slots))
         self._last_used = [0.0] * n_slots
@@ -44,8 +45,8 @@ class Parallel:
         for model in (engine.target, engine.draft):
             if model is not None:
                 model.clear()
-        target = SharedModel(engine.target, self.gate, TARGET, prefill_budget)
-        draft = SharedModel(engine.draft, self.gate, DRAFT, prefill_budget) if engine.draft else None
+        target = SharedModel(engine.target, self.gate, TARGET, prefill_budget, self._streaming)
+        draft = SharedModel(engine.draft, self.gate, DRAFT, prefill_budget, self._streaming) if engine.draft else None
         return [engine.view(target.slot(i), draft.slot(i) if draft else None) for i in range(n_slots)]
 
     @property
@@ -58,20 +59,25 @@ class Parallel:
             return self.n_slots - len(self._free)
 
     @contextmanager
-    def slot(self, prompt: Sequence[int], should_stop: Callable[[], object] | None = None) -> Iterator[Engine]:
+    def slot(self, prompt: Sequence[int], should_stop: Callable[[], object] | None = None,
+             streaming: bool = False) -> Iterator[Engine]:
         """The engine of a free slot for this prompt (waiting for one), its request a member of
-        the gate within the block (gate.Stopped once `should_stop()` is true)."""
+        the gate within the block (gate.Stopped once `should_stop()` is true); `streaming`: its
+        answer goes out piece by piece, so others' prompts keep to the prefill budget."""
         with self._cv:
             while not self._free:
                 self._cv.wait()
             index = self._choose(prompt)
             self._free.discard(index)
+            if streaming:
+                self._streaming.add(index)
         try:
             with self.gate.member(should_stop):
                 yield self.engines[index]
         finally:
             with self._cv:
                 self._free.add(index)
+                self._streaming.discard(index)
                 self._last_used[index] = time.monotonic()
                 self._cv.notify()
 

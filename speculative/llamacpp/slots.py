@@ -9,9 +9,12 @@ it: it puts the waiting parts in one batch, and when the cache has no cell left 
 (a unified pool of cells, shared by every request), the part that asks for the most ends
 its request (ContextFull) and the rest run.
 
-A prompt is decoded a chunk per batch, each no longer than the prefill budget allows (while
-other requests run), so a long prompt does not stall the others' steps: the budget is in
-seconds and becomes tokens by what prompt tokens have cost so far.
+A prompt is decoded a chunk per batch, each no longer than the prefill budget allows while
+another request streams its answer, so a long prompt does not stall a stream's steps: the
+budget is in seconds and becomes tokens by what prompt tokens have cost so far. With no
+stream to keep going (batch, or answers sent whole) a prompt goes in whole -b chunks, as in
+llama-server: smaller chunks cost more per token (a chunk of 40 tokens about twice as much,
+among four requests, on a 2-core CPU), and nobody sees the gaps.
 """
 
 from __future__ import annotations
@@ -36,14 +39,17 @@ BUDGET_SHARE = 0.8  # of the budget, what a chunk's decode may take: the rest of
 class SharedModel:
     """A LlamaModel as the gate runs it (decoding.gate.Runner)."""
 
-    def __init__(self, model: LlamaModel, gate: Gate, priority: int, prefill_budget: float):
+    def __init__(self, model: LlamaModel, gate: Gate, priority: int, prefill_budget: float,
+                 streaming: set[int] | None = None):
         """`priority`: 0 for a draft model, which runs before the target; `prefill_budget`: the
-        seconds of prompt a batch may carry while other requests run (0: no limit)."""
+        seconds of prompt a batch may carry while another request streams (0: no limit);
+        `streaming`: the slots whose requests stream now (their owner keeps it)."""
         self.model = model
         self.gate = gate
         self.priority = priority
         self.capacity = model.n_batch
         self.prefill_budget = prefill_budget
+        self.streaming = streaming if streaming is not None else set()
         self._token_seconds: float | None = None  # what a prompt token in a batch has cost
         self.last_batch: dict[int, tuple[int, bool]] = {}  # slot -> (its tokens, whether it gets a token)
 
@@ -81,10 +87,10 @@ class SharedModel:
             # dearer at once, cheaper slowly: a chunk must not overrun the budget
             self._token_seconds = cost if known is None or cost > known else known + 0.25 * (cost - known)
 
-    def prefill_chunk(self) -> int:
-        """The prompt tokens one request may put in the next batch."""
-        if self.gate.members <= 1 or self.prefill_budget <= 0:
-            return self.capacity  # nobody else waits on it
+    def prefill_chunk(self, slot: int) -> int:
+        """The prompt tokens slot's request may put in the next batch."""
+        if self.gate.members <= 1 or self.prefill_budget <= 0 or not self.streaming - {slot}:
+            return self.capacity  # no stream waits on it
         if self._token_seconds is None:
             return FIRST_CHUNK
         return max(LEAST_CHUNK, min(self.capacity, int(BUDGET_SHARE * self.prefill_budget / self._token_seconds)))
@@ -111,7 +117,7 @@ class SlotModel:
             return self._submit(tokens, range(pos, pos + len(tokens)), [(self._base,)] * len(tokens), "all")
         rows, start = [], 0
         while start < len(tokens):  # a prompt: a chunk per batch
-            end = min(len(tokens), start + self.shared.prefill_chunk())
+            end = min(len(tokens), start + self.shared.prefill_chunk(self.slot))
             rows = self._submit(tokens[start:end], range(pos + start, pos + end), [(self._base,)] * (end - start),
                                 outputs if end == len(tokens) else "none")
             start = end
@@ -126,9 +132,10 @@ class SlotModel:
             raise GenerationError(f"batch of {len(tokens)} tokens exceeds -b/--batch-size {self._model.n_batch}")
         return self.shared.gate.submit(self.shared, Part(list(tokens), list(positions), seqs, outputs, self.slot))
 
-    def load(self) -> tuple[int, int]:
+    def load(self, plain: bool = False) -> tuple[int, int]:
         others = [part for slot, part in self.shared.last_batch.items() if slot != self.slot]
-        return sum(n for n, _ in others), sum(scored for _, scored in others)
+        scored = sum(scored for _, scored in others)
+        return (scored if plain else sum(n for n, _ in others)), scored
 
     def trim(self, n_keep: int) -> None:
         with self.shared.gate.lock:

@@ -253,7 +253,8 @@ class Worker:
                 job.post(Failed(Busy("the server is shutting down" if self._draining.is_set() else "cancelled")))
                 return
             tokens = prompt_tokens(self.engine, job.generation)
-            with self.parallel.slot(tokens, lambda: job.should_stop() is not None) as engine:
+            with self.parallel.slot(tokens, lambda: job.should_stop() is not None,
+                                    streaming=job.generation.stream) as engine:
                 for output in generate(engine, job.generation, tokens, self.spec, job.should_stop):
                     if isinstance(output, Final):  # in the log and /metrics before its client has it
                         _log(job.generation, output, len(tokens))
