@@ -57,7 +57,7 @@ class FakeBackend:
         self.undoable = 0  # with a rollback_limit: tokens of the latest decode a trim may drop
         self.checkpoints = {"saved": 0, "restored": 0}
 
-    def load(self) -> tuple[int, int]:
+    def load(self, plain: bool = False) -> tuple[int, int]:
         return 0, 0
 
     def tokenize(self, text: str, add_special: bool) -> list[int]:

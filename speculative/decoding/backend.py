@@ -76,10 +76,11 @@ class Backend(Protocol):
         everything else."""
         ...
 
-    def load(self) -> tuple[int, int]:
+    def load(self, plain: bool = False) -> tuple[int, int]:
         """What other requests put in the latest batch this model ran with ours (requests at once,
         llamacpp/slots.py): their tokens, and how many of them get a token from it; (0, 0) for
-        a model of its own."""
+        a model of its own. `plain`: as if each of them took a plain step, one token (no draft, no
+        prompt: auto's steady state of the batch)."""
         ...
 
     def save_state(self, partial: bool = False) -> bytes:

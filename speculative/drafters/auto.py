@@ -199,8 +199,14 @@ class Auto(Drafter):
         return self.calibrated * self.speed_factor * np.interp(np.arange(len(self.shape)), sizes, self.shape[sizes])
 
     def prefill(self, prompt: Sequence[int]) -> None:
+        """Every drafter's prefill, but a model's that could not pay here even at its best (it
+        catches up, priced, if that changes: fewer requests in the pass, a faster machine): on a
+        CPU a draft model's prompt costs about a third of the target's."""
+        others, scored = self.load() if self.load is not None else (0, 0)
+        verify = self._pass_costs(others)
         for d in self.drafters:
-            d.prefill(prompt)
+            if d.free or not self._hopeless(d, self.k_max, verify, scored):
+                d.prefill(prompt)
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
         t0, self._t_drafters = time.perf_counter(), 0.0
@@ -262,19 +268,25 @@ class Auto(Drafter):
     def _plan_model(self, d: Drafter, context: Sequence[int], k: int, verify: np.ndarray,
                     others: float = 0.0) -> tuple[int, float]:
         cost = self.draft_cost[d.name]
-        if not d.can_draft(context):
+        if not d.can_draft(context) or self._hopeless(d, k, verify, others):
             return 0, 0.0
-        ceiling = best_plan(np.full(k, MODEL_ACCEPTANCE_CEILING), verify, cost, k, rewind=self.rewind, others=others)
-        if ceiling[1] <= (1.0 + others) / verify[1]:
-            self.declined[d.name] = (f"slower than the target alone on this hardware even at "
-                                     f"{MODEL_ACCEPTANCE_CEILING:.0%} acceptance")
-            return 0, 0.0
-        self.declined.pop(d.name, None)
         # Unused, its estimates fade back to the prior, so it is tried again in time.
         self._catchup = self.catchup_cost[d.name] * d.behind(context)
         plan = best_plan(self.estimates(d).rates(), verify, cost, k, self._catchup, self.rewind, others)
         self.best_ratio[d.name] = max(self.best_ratio.get(d.name, 0.0), plan[1] * verify[1] / (1.0 + others))
         return plan
+
+    def _hopeless(self, d: Drafter, k: int, verify: np.ndarray, others: float) -> bool:
+        """Whether model drafter d could not beat plain decoding even at MODEL_ACCEPTANCE_CEILING
+        acceptance, with this pass (noted in `declined` while it holds)."""
+        ceiling = best_plan(np.full(k, MODEL_ACCEPTANCE_CEILING), verify, self.draft_cost[d.name], k,
+                            rewind=self.rewind, others=others)
+        if ceiling[1] <= (1.0 + others) / verify[1]:
+            self.declined[d.name] = (f"slower than the target alone on this hardware even at "
+                                     f"{MODEL_ACCEPTANCE_CEILING:.0%} acceptance")
+            return True
+        self.declined.pop(d.name, None)
+        return False
 
     def _score_pending(self, context: Sequence[int]) -> None:
         """Score free proposals, token by token, against what really followed them."""

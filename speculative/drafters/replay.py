@@ -72,7 +72,7 @@ class ReplayBackend:
         self.held: list[int] = []
         self._on = 0  # leading tokens held that are the sequence's
 
-    def load(self) -> tuple[int, int]:
+    def load(self, plain: bool = False) -> tuple[int, int]:
         return 0, 0  # a replay runs alone
 
     def tokenize(self, text: str, add_special: bool) -> list[int]:

@@ -64,10 +64,14 @@ class DrafterFactory:
                 costs = self.costs(role, CATCHUP_BATCH)
                 draft_costs[name], catchup_costs[name] = costs[0], costs[-1] / len(costs)
         k_max = min(draft_max, self.target_batch - 1)
-        # requests at once: the pass carries every slot's step, and each plans for all of it
+        # requests at once: the pass carries every slot's step, and each plans for all of it, with
+        # the others' steps as if plain: priced against their drafts (or a prompt's chunk, gone
+        # by the next pass), a request's draft would make the pass look cheaper per token to the
+        # next, and drafts would grow together
         slots = getattr(self.target, "n_slots", 1)
+        target = self.target
         return Auto(drafters, self.costs("target", (k_max + 1) * slots), k_max, draft_costs, catchup_costs,
-                    rewind(self.caches["target"], k_max), self.target.load if slots > 1 else None)
+                    rewind(self.caches["target"], k_max), (lambda: target.load(plain=True)) if slots > 1 else None)
 
     def view(self, caches: dict[str, Cache]) -> "DrafterFactory":
         """The factory of another request's caches on the same models (parallel.py), sharing

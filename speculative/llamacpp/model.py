@@ -217,7 +217,7 @@ class LlamaModel(Sequences, Tokenizer):
             raise GenerationError(f"llama_decode failed on {self.name} (code {ret})")
         return [[batch.logits(i) for i in rows] for rows in wanted]
 
-    def load(self) -> tuple[int, int]:
+    def load(self, plain: bool = False) -> tuple[int, int]:
         return 0, 0  # its batches are its own (a slot's are not: slots.SlotModel)
 
     def _run(self, n: int, pos: int) -> None:
