@@ -22,6 +22,10 @@ each repeat runs every configuration once, in the same order, so drift hits all 
 takes the next request when its answer is in (POST /v1/completions for a prompt,
 /v1/chat/completions for messages, max_tokens -n, temperature 0).
 
+First, once: the ceiling (scripts/batch_ceiling.py, with the speculate build's Python): what one
+llama_decode of a token of each of N sequences gains over N single decodes on this machine, for
+every N run, the most batching can gain on the steps (a prompt gains next to nothing).
+
 Measured per run: throughput, generated tokens over the seconds from the first request to the
 last answer (batch: its --summary's `seconds`, from its first request on: model load left out;
 servers: from the first send, after /health answered); each request's latency (batch: its
@@ -264,6 +268,22 @@ def run_served(cfg: Config, bench: argparse.Namespace, requests: list[dict], wor
             "calibrated": "calibrating" in log.read_text(errors="replace")}
 
 
+def measure_ceiling(bench: argparse.Namespace, ns: list[int]) -> dict:
+    """scripts/batch_ceiling.py with the speculate build's Python: what one batch of a token of
+    each of N sequences gains over N single decodes on this machine, per N (the most -np N can
+    gain on the steps; prompts gain next to nothing)."""
+    python = Path(bench.speculate).parent / "python"
+    cmd = [str(python), str(ROOT / "scripts" / "batch_ceiling.py"), bench.target_file, "-t", str(bench.threads),
+           "--ns", ",".join(map(str, ns))]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=bench.env)
+    if proc.returncode:
+        sys.exit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    ceiling = json.loads(proc.stdout)
+    print("ceiling, one batch of N tokens against N decodes: " + ", ".join(
+        f"N={n} {statistics.median(g):.2f}x" for n, g in ceiling["n"].items()), file=sys.stderr, flush=True)
+    return ceiling
+
+
 def calibrate(bench: argparse.Namespace, n: int, requests: list[dict], work: Path) -> None:
     """auto's cost curves, untimed, for batches of up to n requests at once (n x 17 tokens): a batch
     -np n of n short requests, which measures them now if this machine has not cached them yet."""
@@ -295,8 +315,8 @@ def count_differing(runs: list[dict]) -> None:
         r["differ"] = None if reference is None else sorted(i for i, t in r["texts"].items() if reference.get(i) != t)
 
 
-def summarise(runs: list[dict], configs: list[Config]) -> list[dict]:
-    """One row per configuration: medians over its repeats."""
+def summarise(runs: list[dict], configs: list[Config], ceiling: dict) -> list[dict]:
+    """One row per configuration: medians over its repeats, and the ceiling at its N."""
     base = [r["throughput"] for r in runs if r["config"] == BASELINE]
     rows = []
     for cfg in configs:
@@ -310,7 +330,8 @@ def summarise(runs: list[dict], configs: list[Config]) -> list[dict]:
                      "p95_s": statistics.median(r["p95_s"] for r in mine),
                      "rss_mib": max((r["rss_mib"] for r in mine if r["rss_mib"]), default=None),
                      "kv_mib": max((r["kv_mib"] for r in mine if r["kv_mib"]), default=None),
-                     "differ": max(differ) if differ else None})
+                     "differ": max(differ) if differ else None,
+                     "ceiling": statistics.median(ceiling["n"][str(cfg.n)])})
     return rows
 
 
@@ -320,12 +341,13 @@ def print_table(rows: list[dict], requests: int, n_predict: int, repeats: int) -
 
     print(f"{requests} requests, {n_predict} greedy tokens each, {repeats} repeat(s); throughput: median "
           f"(min-max) generated tokens/s over the run; latency: medians of the runs' p50 and p95")
-    print(f"| config | N | tokens/s | vs {BASELINE} | p50 s | p95 s | peak RSS MiB | KV MiB "
+    print(f"| config | N | tokens/s | vs {BASELINE} | ceiling at N | p50 s | p95 s | peak RSS MiB | KV MiB "
           f"| differ from -np 1 (of {requests}) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
         print(f"| {row['config']} | {row['n']} | {row['throughput']:.2f} ({row['min']:.2f}-{row['max']:.2f}) | "
-              f"{opt(row['ratio'], '.2f')}{'x' if row['ratio'] else ''} | {row['p50_s']:.2f} | {row['p95_s']:.2f} | "
+              f"{opt(row['ratio'], '.2f')}{'x' if row['ratio'] else ''} | {row['ceiling']:.2f}x | "
+              f"{row['p50_s']:.2f} | {row['p95_s']:.2f} | "
               f"{opt(row['rss_mib'], '.0f')} | {opt(row['kv_mib'], '.1f')} | {opt(row['differ'], 'd')} |")
 
 
@@ -357,8 +379,10 @@ def main() -> int:
     if not os.access(bench.speculate, os.X_OK):
         sys.exit(f"{bench.speculate}: not an executable (--speculate)")
     bench.env = dict(os.environ)
+    bench.target_file = model_file(bench.speculate, bench.model)
     if any(c.tool == "llama-server" for c in configs):
-        bench.llama_server, bench.target_file = llama_server_binary(), model_file(bench.speculate, bench.model)
+        bench.llama_server = llama_server_binary()
+    ceiling = measure_ceiling(bench, sorted({c.n for c in configs}))
     requests = make_requests(bench.requests, bench.n_predict)
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench-parallel-") as tmp:
@@ -368,7 +392,7 @@ def main() -> int:
             for cfg in configs:
                 runs.append(measure(cfg, bench, requests, Path(tmp), repeat))
     count_differing(runs)
-    rows = summarise(runs, configs)
+    rows = summarise(runs, configs, ceiling)
     print_table(rows, len(requests), bench.n_predict, bench.repeats)
     if bench.output:
         bench.output.write_text(json.dumps({
@@ -376,7 +400,7 @@ def main() -> int:
                          ctx=CTX, requests=[r["id"] for r in requests], n_predict=bench.n_predict,
                          repeats=bench.repeats, llama_server=str(getattr(bench, "llama_server", "")) or None,
                          cmake_flags=CMAKE_FLAGS, GGML_CPU_TILED_MM=os.environ.get("GGML_CPU_TILED_MM")),
-            "rows": rows, "runs": runs}, indent=1))
+            "ceiling": ceiling, "rows": rows, "runs": runs}, indent=1))
     return 0
 
 

@@ -303,11 +303,13 @@ def parallel(data) -> list[str]:
     def opt(value, fmt: str) -> str:
         return "-" if value is None else format(value, fmt)
 
-    lines = header("config", "N", "tokens/s, median (min-max)", "vs batch -np 1 none", "p50 s", "p95 s",
+    lines = header("config", "N", "tokens/s, median (min-max)", "vs batch -np 1 none",
+                   "ceiling: N tokens in one batch vs N decodes", "p50 s", "p95 s",
                    "peak RSS MiB", "KV MiB", f"answers unlike -np 1's (of {len(data['meta']['requests'])})")
     for r in data["rows"]:
         lines.append(row(f"`{r['config']}`", r["n"], f"{r['throughput']:.2f} ({r['min']:.2f}-{r['max']:.2f})",
-                         f"{r['ratio']:.2f}x" if r["ratio"] else "-", f"{r['p50_s']:.1f}", f"{r['p95_s']:.1f}",
+                         f"{r['ratio']:.2f}x" if r["ratio"] else "-", opt(r.get("ceiling"), ".2f") + "x"
+                         if r.get("ceiling") else "-", f"{r['p50_s']:.1f}", f"{r['p95_s']:.1f}",
                          opt(r["rss_mib"], ".0f"), opt(r["kv_mib"], ".0f"), opt(r["differ"], "d")))
     return lines
 
