@@ -481,9 +481,12 @@ def during_a_long_prompt(model_path, tmp_path, budget: str) -> tuple[int, float,
         arrivals: list[float] = []
 
         def read() -> None:
-            for line in running:
-                if line.startswith(b"data: "):
-                    arrivals.append(time.monotonic())
+            try:
+                for line in running:
+                    if line.startswith(b"data: "):
+                        arrivals.append(time.monotonic())
+            except (OSError, ValueError, AttributeError):  # the test closed the connection under it
+                pass
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()

@@ -3,7 +3,8 @@
 A context's parameters as speculate sets them, and one llama_batch per context reused for
 every call: its arrays filled through numpy views, run with llama_decode (the time inside
 counted), and the logits read as zero-copy numpy views of llama.cpp's own buffer. Both are
-a Context: a llama.cpp context and its Batch.
+a Context: a llama.cpp context and its Batch. Every llama_decode of the process runs on one
+thread (decode_on_one_thread).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import queue
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -37,6 +39,11 @@ _decoder_started = threading.Lock()
 
 
 def _serve_decodes() -> None:
+    if hasattr(signal, "pthread_sigmask"):  # POSIX: Ctrl-C and SIGTERM go to a thread that handles them
+        # (Python's handlers run on the main thread, and a signal the kernel gives this thread, or
+        # the OpenMP workers it starts, which inherit the mask, would leave a waiting main thread
+        # asleep)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     while True:
         ctx, raw, box, done = _jobs.get()
         try:
