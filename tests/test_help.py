@@ -6,7 +6,6 @@ the click app itself, so a command or a flag added later is checked too."""
 from __future__ import annotations
 
 import pytest
-import typer
 from typer.main import get_command
 from typer.testing import CliRunner
 

@@ -30,9 +30,7 @@ from speculative.decoding.drafter import Draft, Drafter
 from speculative.decoding.events import Step, Token
 from speculative.decoding.loop import generate
 from speculative.decoding.sampling import Sampler
-from speculative.decoding.settings import ModelSpec
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
-from speculative.drafters import NgramSimple
 from speculative.engine.engine import Engine
 from speculative.llamacpp.doctor import batch_invariance, probe_tokens
 from speculative.llamacpp.model import LlamaModel

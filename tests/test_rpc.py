@@ -13,7 +13,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from contextlib import contextmanager
