@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import ctypes
 import os
-import queue
 import signal
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -33,25 +32,21 @@ _no_abort = ll.ggml_abort_callback()  # NULL
 ABORTABLE_FROM = 64
 
 
-_jobs: queue.SimpleQueue = queue.SimpleQueue()
-_decoder: threading.Thread | None = None
-_decoder_started = threading.Lock()
-
-
-def _serve_decodes() -> None:
+def _block_signals() -> None:
     if hasattr(signal, "pthread_sigmask"):  # POSIX: Ctrl-C and SIGTERM go to a thread that handles them
-        # (Python's handlers run on the main thread, and a signal the kernel gives this thread, or
-        # the OpenMP workers it starts, which inherit the mask, would leave a waiting main thread
-        # asleep)
+        # (Python's handlers run on the main thread, and a signal the kernel gives the decoding
+        # thread, or the OpenMP workers it starts, which inherit the mask, would leave a waiting
+        # main thread asleep)
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    while True:
-        ctx, raw, box, done = _jobs.get()
-        try:
-            box.append(ll.llama_decode(ctx, raw))
-            ll.llama_synchronize(ctx)  # GPU backends return early; count the real work
-        except BaseException as e:  # a ctypes error: the caller raises it
-            box.append(e)
-        done.release()
+
+
+_decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama_decode", initializer=_block_signals)
+
+
+def _decode(ctx, raw) -> int:
+    ret = ll.llama_decode(ctx, raw)
+    ll.llama_synchronize(ctx)  # GPU backends return early; count the real work
+    return ret
 
 
 def decode_on_one_thread(ctx, raw) -> int:
@@ -62,24 +57,13 @@ def decode_on_one_thread(ctx, raw) -> int:
     threads of `batch` and `serve`, or from a thread after the main one had decoded, took 50 ms a
     token against 36 (the 1.5B target, 2 cores). Handing the call over costs tens of microseconds.
     The caller waits; a signal meanwhile only asks llama.cpp to stop (interrupt.waiting)."""
-    global _decoder
-    if _decoder is None:
-        with _decoder_started:
-            if _decoder is None:
-                _decoder = threading.Thread(target=_serve_decodes, name="llama_decode", daemon=True)
-                _decoder.start()
-    done, box = threading.Lock(), []
-    done.acquire()
     with interrupt.waiting():  # from before the decode starts
-        _jobs.put((ctx, raw, box, done))
+        job = _decoder.submit(_decode, ctx, raw)
         try:
-            done.acquire()
+            return job.result()
         except BaseException:  # a handler of someone else's: the context must outlive its decode
-            done.acquire()
+            wait([job])
             raise
-    if isinstance(box[0], BaseException):
-        raise box[0]
-    return box[0]
 
 
 def flash_attn_type(mode: str, on_gpu: bool) -> int:

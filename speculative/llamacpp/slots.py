@@ -39,8 +39,7 @@ BUDGET_SHARE = 0.8  # of the budget, what a chunk's decode may take: the rest of
 class SharedModel:
     """A LlamaModel as the gate runs it (decoding.gate.Runner)."""
 
-    def __init__(self, model: LlamaModel, gate: Gate, priority: int, prefill_budget: float,
-                 streaming: set[int] | None = None):
+    def __init__(self, model: LlamaModel, gate: Gate, priority: int, prefill_budget: float, streaming: set[int]):
         """`priority`: 0 for a draft model, which runs before the target; `prefill_budget`: the
         seconds of prompt a batch may carry while another request streams (0: no limit);
         `streaming`: the slots whose requests stream now (their owner keeps it)."""
@@ -49,7 +48,7 @@ class SharedModel:
         self.priority = priority
         self.capacity = model.n_batch
         self.prefill_budget = prefill_budget
-        self.streaming = streaming if streaming is not None else set()
+        self.streaming = streaming
         self._token_seconds: float | None = None  # what a prompt token in a batch has cost
         self.last_batch: dict[int, tuple[int, bool]] = {}  # slot -> (its tokens, whether it gets a token)
 
@@ -134,8 +133,8 @@ class SlotModel:
 
     def load(self, plain: bool = False) -> tuple[int, int]:
         others = [part for slot, part in self.shared.last_batch.items() if slot != self.slot]
-        scored = sum(scored for _, scored in others)
-        return (scored if plain else sum(n for n, _ in others)), scored
+        n_scored = sum(scored for _, scored in others)
+        return (n_scored if plain else sum(n for n, _ in others)), n_scored
 
     def trim(self, n_keep: int) -> None:
         with self.shared.gate.lock:
