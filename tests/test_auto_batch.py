@@ -52,8 +52,10 @@ def run(load: tuple[int, int] | None, n: int = 80) -> list[int]:
     with pytest.MonkeyPatch.context() as patch:
         for module in ("decoding.loop", "drafters.auto"):
             patch.setattr(f"speculative.{module}.time", clock)
-        costs = [pass_cost(b) for b in range(1, SLOTS * (K_MAX + 1) + 1)]
-        auto = Auto([NgramSimple(n=2, m=K_MAX)], costs, K_MAX, load=None if load is None else (lambda: load))
+        costs = [pass_cost(b) for b in range(1, K_MAX + 2)]
+        shared = [[pass_cost(o + b) for b in range(1, K_MAX + 2)] for o in range(1, SLOTS)]
+        auto = Auto([NgramSimple(n=2, m=K_MAX)], costs, K_MAX, load=None if load is None else (lambda: load),
+                    shared_costs=shared)
         events = list(generate(cache, [1, 2, 3], Sampler(GREEDY, 0), SpecSettings(n_predict=n, draft_max=K_MAX),
                                auto))
     assert [e.id for e in events if isinstance(e, Token)] == plain_decode(model, [1, 2, 3], n, Sampler(GREEDY, 0))
@@ -62,10 +64,25 @@ def run(load: tuple[int, int] | None, n: int = 80) -> list[int]:
 
 def test_speculation_shrinks_as_the_batch_fills():
     """Other requests decoding plainly, 1 to 27 of them: auto's drafts per step shrink as their
-    tokens fill the pass, down to none; alone it drafts as a lone engine does."""
+    tokens fill the pass, down to none; alone it drafts as a lone engine does. Passes with more
+    than the SLOTS - 1 others calibrated are priced as growing by what the last one added."""
     means = []
     for load in (None, (1, 1), (3, 3), (7, 7), (15, 15), (27, 27)):
         drafted = run(load)
         means.append(sum(drafted) / len(drafted))
     assert means == sorted(means, reverse=True) and len(set(means)) == len(means)
     assert means[0] > 3 and means[-1] == 0
+
+
+def test_a_pass_sliced_per_sequence_is_priced_as_what_runs():
+    """With a KV stream per sequence or a recurrent state, llama.cpp runs a pass of b tokens of one
+    request and one of each other's in equal slices per sequence: the first slice carries a token
+    of each, the rest of the draft goes alone, a pass each. Calibrated as such, a draft that pays
+    alone (80% acceptance, the first plan of the test above) does not among 3 others."""
+    rates = np.full(K_MAX, 0.8)
+    sliced = [[pass_cost(o + 1) + (b - 1) * pass_cost(1) for b in range(1, K_MAX + 2)] for o in range(1, SLOTS)]
+    alone = [pass_cost(b) for b in range(1, K_MAX + 2)]
+    auto = Auto([NgramSimple(n=2, m=K_MAX)], alone, K_MAX, load=lambda: (3, 3), shared_costs=sliced)
+    assert best_plan(rates, auto._pass_costs(0), 0.0, K_MAX)[0] == 4
+    k, speed = best_plan(rates, auto._pass_costs(3), 0.0, K_MAX, others=3)
+    assert speed < 4 / auto._pass_costs(3)[1]  # below plain decoding's, at every k

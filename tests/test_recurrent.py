@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import gguf
+import llama_cpp as ll
 
 from speculative.cli.main import app
 from scripts.tiny_model import ARCH_INFO, write_model
@@ -32,6 +33,7 @@ from speculative.decoding.loop import generate
 from speculative.decoding.sampling import Sampler
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.engine.engine import Engine
+from speculative.engine.parallel import Parallel
 from speculative.llamacpp.doctor import batch_invariance, probe_tokens
 from speculative.llamacpp.model import LlamaModel
 
@@ -357,3 +359,28 @@ def test_requests_at_once_keep_a_recurrent_state_each(tiny, tmp_path, arch, batc
         drafted = sum(r["stats"]["n_drafted"] for r in records)
         assert 0 < sum(r["stats"]["n_accept"] for r in records) < drafted
     assert texts["3"] == texts["1"]
+
+
+@real
+@pytest.mark.parametrize("arch, unified", [("llama", True), ("llama", False), ("lfm2", True), ("mamba", True)],
+                         ids=["attention unified", "attention streams", "hybrid", "recurrent"])
+def test_auto_times_the_pass_of_several_requests_for_each_memory(tiny, arch, unified, tmp_path, monkeypatch):
+    """-np 3: auto's costs of a pass with one request's b tokens and one token of each of 1 and 2
+    others, measured on the model's own sequences (what llama.cpp runs for them depends on the
+    memory: split_equal slices per sequence with streams or a recurrent state), kept under a key
+    of the sequences and the layout, every sequence empty after; once the slots run requests,
+    nothing more is measured (it would decode into their sequences)."""
+    monkeypatch.setenv("SPECULATE_HOME", str(tmp_path))
+    spec = ModelSpec(tiny(arch), arch, n_ctx=512, n_threads=THREADS, n_rs_seq=4, n_slots=3, kv_unified=unified)
+    with Engine(spec) as engine:
+        auto = engine.factory.make(SpecSettings(types=("auto",), draft_max=4))
+        assert [len(row) for row in auto.shared] == [6, 6]  # v_o(b) at index b, b = 1..5
+        assert all((row[1:] > 0).all() for row in auto.shared)
+        stored = json.loads((tmp_path / "calibration.json").read_text())
+        layouts = sorted((e["identity"].get("sequences", 1), e["identity"].get("kv_unified")) for e in stored.values())
+        assert layouts == [(1, None), (2, unified), (3, unified)]
+        model = engine.target
+        assert all(ll.llama_memory_seq_pos_max(model._mem, s) == -1 for s in range(model.n_slots * model.n_seq))
+        Parallel(engine, 3)
+        assert len(engine.costs("target", 9, 3)) == 5  # what was measured: none decoded now
+    assert (tmp_path / "calibration.json").read_text() == json.dumps(stored, indent=1)

@@ -419,6 +419,19 @@ def test_a_requests_own_speculation_overrides_the_servers(server):
         assert status == 400 and message in answer["error"]["message"], answer
 
 
+def test_auto_asked_by_a_request_of_a_server_started_without_it_is_a_400(model_path, tmp_path):
+    """With slots running, auto's costs cannot be measured (it would decode into their
+    sequences): a request's own auto on a server that did not calibrate at start is refused."""
+    server = start_server(model_path, tmp_path, "-np", "2", "--spec-type", "none", "-c", "1024")
+    try:
+        body = {"prompt": "Once upon a time", "max_tokens": 4, "speculative.type": "auto"}
+        status, _, answer = server.request("POST", "/v1/completions", body)
+        assert status == 400 and "start with --spec-type auto" in answer["error"]["message"], answer
+        assert completion(server, **{**body, "speculative.type": "ngram-simple"})["choices"][0]["text"]
+    finally:
+        stop_server(server)
+
+
 def server_rss(server: Server) -> int:
     """The server process's resident memory, in bytes."""
     status = Path(f"/proc/{server.proc.pid}/status").read_text()

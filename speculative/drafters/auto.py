@@ -132,6 +132,15 @@ class Rewind:
         return extra
 
 
+def _padded(costs: np.ndarray, n: int) -> np.ndarray:
+    """costs[0..n-1]: beyond the sizes measured, growing as the last few did."""
+    if len(costs) >= n:
+        return costs[:n]
+    last = len(costs) - 1
+    slope = (costs[last] - costs[max(1, last - 4)]) / max(1, last - max(1, last - 4))
+    return np.concatenate([costs, costs[last] + max(slope, 0.0) * np.arange(1, n - last)])
+
+
 def best_plan(rates: np.ndarray, verify: np.ndarray, draft_cost: float, k_max: int,
               fixed_cost: float = 0.0, rewind: Rewind | None = None, others: float = 0.0) -> tuple[int, float]:
     """(k, tokens per second) maximising (others + E(k)) / T(k) over k = 1..k_max; verify[b] is
@@ -156,11 +165,16 @@ class Auto(Drafter):
 
     def __init__(self, drafters: list[Drafter], verify_costs: Sequence[float], k_max: int,
                  draft_costs: dict[str, float] | None = None, catchup_costs: dict[str, float] | None = None,
-                 rewind: Rewind | None = None, load: Callable[[], tuple[int, int]] | None = None):
+                 rewind: Rewind | None = None, load: Callable[[], tuple[int, int]] | None = None,
+                 shared_costs: Sequence[Sequence[float]] = ()):
         """`load`: what other requests put in the target's passes (Backend.load), when several run
-        at once: each step then plans for the whole pass, whose cost verify_costs must cover."""
+        at once: each step then plans for the whole pass; shared_costs[o - 1][b - 1] is its
+        calibrated cost with b tokens of this request and one of each of o others."""
         self.drafters = drafters
         self.load = load
+        if load is not None and not shared_costs:
+            raise ValueError("auto among other requests needs the costs of their passes (shared_costs)")
+        self.shared = [np.array([np.inf, *row], dtype=float) for row in shared_costs]  # v_o(b) at index b
         self._others = 0  # tokens other requests put in this step's pass, as planned
         self.rewind = rewind  # what drafting costs a target that cannot undo every draft
         self.k_max = k_max
@@ -195,8 +209,7 @@ class Auto(Drafter):
         """v(b) as it is now: the calibration, scaled by the machine's speed, and by what drafts of
         each size really cost (sizes not timed yet: as the nearest that were, so that one dear
         draft makes its neighbours dear too, not one more bet each)."""
-        sizes = np.flatnonzero(self._shaped)
-        return self.calibrated * self.speed_factor * np.interp(np.arange(len(self.shape)), sizes, self.shape[sizes])
+        return self.calibrated * self.speed_factor * self._correction()
 
     def prefill(self, prompt: Sequence[int]) -> None:
         """Every drafter's prefill, but a model's that could not pay here even at its best (it
@@ -241,16 +254,24 @@ class Auto(Drafter):
         return draft
 
     def _pass_costs(self, others: int) -> np.ndarray:
-        """w(b) = v(others + b): what the target's pass costs with b tokens of this request and
-        `others` of other requests; beyond the sizes measured, as the last ones grow."""
+        """w(b): what the target's pass costs with b tokens of this request and one of each of
+        `others` requests, as calibrated for that pass (scaled as `verify` scales v); beyond the
+        requests calibrated, each more adds what the last one did."""
         verify = self.verify
         if not others:
             return verify
-        sizes = np.arange(others, others + self.k_max + 2, dtype=float)
-        last = len(verify) - 1
-        slope = (verify[last] - verify[max(1, last - 4)]) / max(1, last - max(1, last - 4))
-        inside = np.interp(np.minimum(sizes, last), np.arange(1, last + 1), verify[1:])
-        return inside + np.maximum(sizes - last, 0) * max(slope, 0.0)
+        rows = self.shared
+        o = min(others, len(rows))
+        last = _padded(rows[o - 1], len(verify))
+        before = _padded(rows[o - 2], len(verify)) if o > 1 else self.calibrated
+        grown = last.copy()
+        grown[1:] += (others - o) * np.maximum(last[1:] - before[1:], 0.0)
+        return grown * self.speed_factor * self._correction()
+
+    def _correction(self) -> np.ndarray:
+        """What drafts of each size have really cost, against their calibration (`verify`'s shape)."""
+        sizes = np.flatnonzero(self._shaped)
+        return np.interp(np.arange(len(self.shape)), sizes, self.shape[sizes])
 
     def _plan_free(self, d: Drafter, context: Sequence[int], k: int, verify: np.ndarray,
                    others: float = 0.0) -> tuple[int, float]:

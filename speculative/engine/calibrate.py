@@ -6,6 +6,13 @@ batch size), and the draft's time per token. They are measured on the loaded
 model, then cached in $SPECULATE_HOME/calibration.json under a key of everything
 that changes them: the model file, threads, GPU layers, batch sizes, the
 llama.cpp build and its devices.
+
+With several requests at once (-np N) a step's pass carries the others' tokens too, and
+what llama.cpp runs for it depends on the memory: in one unified pool of KV cells, one
+batch; with a KV stream per sequence, or a recurrent state, slices of equal length per
+sequence (split_equal), so a pass of one request's b tokens and one token of each other
+costs what no single-sequence batch shows. `measure_shared` times exactly that pass, for
+each number of requests, under a key that adds the sequences and the memory's layout.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import numpy as np
 
 from speculative.decoding.cache import Cache, MtpCache
 from speculative.files import locked, write_atomic
+from speculative.llamacpp.decode import Part
 from speculative.models.registry import home
 
 FILLER_TOKENS = 32   # the batches are scored after a short context, like a real step
@@ -35,7 +43,7 @@ def cache_path() -> Path:
 def batch_costs(cache: Cache | MtpCache, max_batch: int, identity: dict, notify: Callable[[str], None] | None = None,
                 path: Path | None = None, measured_by: Callable[..., list[float]] | None = None) -> list[float]:
     """v(1..max_batch) in seconds, from the cache or measured now (and cached) by
-    `measured_by`: `measure` (the default) or `measure_mtp`."""
+    `measured_by`: `measure` (the default), `measure_shared` or `measure_mtp`."""
     path = path or cache_path()
     key = _key(identity)
     stored = _load(path)
@@ -43,8 +51,10 @@ def batch_costs(cache: Cache | MtpCache, max_batch: int, identity: dict, notify:
     if len(known) >= max_batch:
         return known[:max_batch]
     if notify:
+        others = identity.get("sequences", 1) - 1
+        beside = f" beside a token of {others} other request{'s' * (others > 1)}" if others else ""
         notify(f"calibrating {identity.get('name', 'the model')}: verify cost of batches of 1-{max_batch} "
-               f"tokens (once for this model, threads and build; cached in {path})")
+               f"tokens{beside} (once for this model, threads and build; cached in {path})")
     t0 = time.perf_counter()
     costs = (measured_by or measure)(cache, max_batch)
     if notify:
@@ -75,6 +85,43 @@ def measure(cache: Cache, max_batch: int) -> list[float]:
     costs = _timed(max_batch, model.n_vocab, lambda batch: cache.extend(batch, "all"), lambda: cache.rollback(n_fill))
     cache.forget()
     return costs
+
+
+def measure_shared(cache: Cache, max_batch: int, n_seqs: int) -> list[float]:
+    """v_n(1..max_batch): one pass with b tokens of one request and one token of each of
+    n_seqs - 1 others (each slot's first sequence, after FILLER_TOKENS of its own), timed as
+    `measure` times one sequence's batches: what a step costs a request planning its draft
+    among n_seqs - 1 others that decode plainly (drafters/auto.py). Every sequence of the
+    model must be free (it runs before the slots take requests); all are left empty."""
+    model = cache.model
+    cache.forget()
+    n_fill = max(0, min(FILLER_TOKENS, model.n_ctx - max_batch, model.n_batch // n_seqs))
+    slots = range(n_seqs)
+    fill = [Part(_tokens(1000 + 97 * s, n_fill, model.n_vocab), range(n_fill), [(s * model.n_seq,)] * n_fill,
+                 "none", s) for s in slots]
+
+    def filled() -> None:
+        if n_fill:
+            model.decode_parts(fill)
+
+    def undo() -> None:
+        if model.rollback_limit is None:  # attention caches drop the pass's cells
+            for s in slots:
+                model.trim(n_fill, s)
+        else:  # a recurrent state rolls back once, and only so far: start again from the filler
+            model.clear()
+            filled()
+
+    def decode(batch: list[int]) -> None:
+        model.decode_parts([Part(batch, range(n_fill, n_fill + len(batch)), [(0,)] * len(batch), "all", 0),
+                            *(Part([(3000 + s) % model.n_vocab], [n_fill], [(s * model.n_seq,)], "all", s)
+                              for s in slots[1:])])
+
+    filled()
+    try:
+        return _timed(max_batch, model.n_vocab, decode, undo)
+    finally:
+        model.clear()
 
 
 def measure_mtp(mtp: MtpCache, max_batch: int) -> list[float]:

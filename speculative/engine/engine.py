@@ -86,6 +86,9 @@ class Engine:
         self.factory = DrafterFactory(self.caches, self.mtp, self.pool, self.costs, _largest_batch(self.target),
                                       notify)
         self._owner = True  # it loaded the models (a view does not: see view)
+        # False once slots run requests on its models (parallel.py): measuring costs then would
+        # decode into their sequences, so what was measured before is what there is
+        self.may_measure = True
 
     def _open_pool_file(self, path: Path | None, target_vocab: Callable[[], Vocab]) -> PoolFile | None:
         """--spec-pool FILE, read into the pool now (None without one)."""
@@ -164,8 +167,9 @@ class Engine:
         if self.drafter is not None:
             self.drafter.finish(context)
         if isinstance(self.drafter, Auto) and self.drafter.calibration_stale():
-            calibrate.forget(self.caches["target"].model.identity())
-            self._costs.pop("target", None)
+            calibrate.forget(self.caches["target"].model.identity())  # the next start measures it again,
+            if self.may_measure:                                       # and the next run where nothing else runs
+                self._costs.pop("target", None)
         if self.pool is not None and self.learn:
             self.pool.add(context[n_prompt:])
 
@@ -203,20 +207,27 @@ class Engine:
         """What auto itself spent planning and scoring in the latest run (0 for fixed drafters)."""
         return getattr(self.drafter, "t_plan", 0.0)
 
-    def costs(self, role: str, max_batch: int) -> list[float]:
+    def costs(self, role: str, max_batch: int, sequences: int = 1) -> list[float]:
         """The measured decode cost of a model ("target", "draft", or "mtp": the target's MTP
-        head) for batches of 1..max_batch tokens."""
+        head) for batches of 1..max_batch tokens; `sequences` > 1 (the target of several slots):
+        for passes of b tokens of one request and one of each of sequences - 1 others."""
+        key = role if sequences == 1 else f"{role} x{sequences}"
+        known = self._costs.get(key, [])
+        if len(known) >= max_batch or not self.may_measure:
+            return known[:max_batch]
         if role == "mtp":
             cache, model, measure = self.mtp, self.mtp.head, calibrate.measure_mtp
             identity = {**self.target.identity(), "name": model.name, "mtp": model.file or True}
         else:
             cache, measure = self.caches[role], calibrate.measure
             model, identity = cache.model, cache.model.identity()
-        max_batch = min(max_batch, _largest_batch(model))
-        known = self._costs.get(role, [])
+        if sequences > 1:
+            identity = {**identity, "sequences": sequences, "kv_unified": model.kv_unified}
+            measure = functools.partial(calibrate.measure_shared, n_seqs=sequences)
+        max_batch = min(max_batch, _largest_batch(model) - (sequences - 1))
         if len(known) < max_batch:
-            known = self._costs[role] = calibrate.batch_costs(cache, max_batch, identity, self.notify,
-                                                              measured_by=measure)
+            known = self._costs[key] = calibrate.batch_costs(cache, max_batch, identity, self.notify,
+                                                             measured_by=measure)
         return known[:max_batch]
 
     def busy_seconds(self) -> float:

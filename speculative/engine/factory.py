@@ -26,7 +26,7 @@ from speculative.errors import UsageError
 
 CATCHUP_BATCH = 16  # a draft model catching up decodes about this many tokens at once
 
-Costs = Callable[[str, int], list[float]]  # (role, max_batch) -> measured decode costs (Engine.costs)
+Costs = Callable[..., list[float]]  # (role, max_batch[, sequences]) -> measured decode costs (Engine.costs)
 
 
 class DrafterFactory:
@@ -58,20 +58,26 @@ class DrafterFactory:
 
     def _auto(self, names: tuple[str, ...], drafters: list[Drafter], draft_max: int) -> Auto:
         """auto over `drafters`, with what the models' steps cost as measured (calibrate.py)."""
-        draft_costs, catchup_costs = {}, {}
-        for name, role in (("draft", "draft"), ("draft-mtp", "mtp")):
-            if name in names:  # a token alone, and a token within a batch of CATCHUP_BATCH
-                costs = self.costs(role, CATCHUP_BATCH)
-                draft_costs[name], catchup_costs[name] = costs[0], costs[-1] / len(costs)
         k_max = min(draft_max, self.target_batch - 1)
-        # requests at once: the pass carries every slot's step, and each plans for all of it, with
-        # the others' steps as if plain: priced against their drafts (or a prompt's chunk, gone
-        # by the next pass), a request's draft would make the pass look cheaper per token to the
-        # next, and drafts would grow together
         slots = getattr(self.target, "n_slots", 1)
+        verify = self.costs("target", k_max + 1)
+        # requests at once: the pass carries every slot's step, and each plans for all of it, with
+        # the others' steps as if plain (their passes calibrated as such): priced against their
+        # drafts (or a prompt's chunk, gone by the next pass), a request's draft would make the
+        # pass look cheaper per token to the next, and drafts would grow together
+        shared = [self.costs("target", k_max + 1, n) for n in range(2, slots + 1)]
+        drafting = {name: self.costs(role, CATCHUP_BATCH)
+                    for name, role in (("draft", "draft"), ("draft-mtp", "mtp")) if name in names}
+        if not all([verify, *shared, *drafting.values()]):  # a request's own auto on a server without it
+            raise UsageError("auto: the models' costs were not measured before the requests started: "
+                             "start with --spec-type auto")
+        # a draft token alone, and one within a batch of CATCHUP_BATCH
+        draft_costs = {name: costs[0] for name, costs in drafting.items()}
+        catchup_costs = {name: costs[-1] / len(costs) for name, costs in drafting.items()}
         target = self.target
-        return Auto(drafters, self.costs("target", (k_max + 1) * slots), k_max, draft_costs, catchup_costs,
-                    rewind(self.caches["target"], k_max), (lambda: target.load(plain=True)) if slots > 1 else None)
+        return Auto(drafters, verify, k_max, draft_costs, catchup_costs,
+                    rewind(self.caches["target"], k_max), (lambda: target.load(plain=True)) if slots > 1 else None,
+                    shared)
 
     def view(self, caches: dict[str, Cache]) -> "DrafterFactory":
         """The factory of another request's caches on the same models (parallel.py), sharing

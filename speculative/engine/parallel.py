@@ -42,6 +42,7 @@ class Parallel:
         """An engine per slot over the shared models (one slot is the engine itself: nothing to
         share, and its MTP head and prompt cache file go on working as for a lone request)."""
         engine.forget()  # its caches are slot 0's sequences: from now on they are the slots'
+        engine.may_measure = False
         for model in (engine.target, engine.draft):
             if model is not None:
                 model.clear()

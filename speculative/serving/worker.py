@@ -263,6 +263,8 @@ class Worker:
                     job.post(output)
         except ApiError as e:
             job.post(Failed(e))
+        except UsageError as e:  # what the request's own speculation asks cannot run here (factory.py)
+            job.post(Failed(ApiError(400, f"speculative.type: {e}", param="speculative.type")))
         except Exception as e:  # a decode failure or a bug: this request fails, the server stays up
             log.exception("generation failed")
             job.post(Failed(e))
