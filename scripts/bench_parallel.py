@@ -36,11 +36,13 @@ buffer size" lines of llama.cpp's load log summed (SPECULATE_LLAMA_LOG=1 for spe
 for llama-server; target, draft and every slot's contexts); and each answer, compared with the
 same request's answer from the -np 1 run of the same tool, spec type and repeat (greedy, but on
 a batch-variant build such as the stock one a near-tie may go the other way in a batch of
-several sequences).
+several sequences); for each that differs, where the two part and the target's top-2 logit
+margin there, scored alone (scripts/divergence.py, after the runs: a near-tie, or a bug).
 
 The table: per configuration the median throughput over the repeats (min-max), its ratio to the
 median of `batch -np 1 none` in this same run, the medians of the runs' p50 and p95 latencies,
-peak RSS and KV MiB, and the most answers of one repeat that differ from -np 1. -o writes it
+peak RSS and KV MiB, the most answers of one repeat that differ from -np 1, and the largest
+margin where any of them parts. -o writes it
 all (meta, every run's figures, latencies and texts) as JSON.
 
 llama-server is built once from the sdist scripts/test.sh keeps (.cache/sdist), Release, static,
@@ -315,6 +317,30 @@ def count_differing(runs: list[dict]) -> None:
         r["differ"] = None if reference is None else sorted(i for i, t in r["texts"].items() if reference.get(i) != t)
 
 
+def attach_margins(runs: list[dict], bench: argparse.Namespace, requests: list[dict]) -> None:
+    """Each run's `margins`: for every answer unlike -np 1's, where the two part and the target's
+    top-2 logit margin there (scripts/divergence.py, with the speculate build's Python)."""
+    single = {(r["tool"], r["spec"], r["repeat"]): r["texts"] for r in runs if r["n"] == 1}
+    body = {r["id"]: {k: r[k] for k in ("prompt", "messages") if k in r} for r in requests}
+    pairs: dict[tuple, int] = {}  # (request, reference, other) -> its index in the script's input
+    for r in runs:
+        for i in r["differ"] or []:
+            pairs.setdefault((i, single[(r["tool"], r["spec"], r["repeat"])][i], r["texts"][i]), len(pairs))
+    if not pairs:
+        return
+    python = Path(bench.speculate).parent / "python"
+    cmd = [str(python), str(ROOT / "scripts" / "divergence.py"), bench.target_file, "-t", str(bench.threads),
+           "-c", str(CTX)]
+    given = [{**body[i], "reference": ref, "other": other} for i, ref, other in pairs]  # in index order
+    proc = subprocess.run(cmd, input=json.dumps(given), capture_output=True, text=True, env=bench.env)
+    if proc.returncode:
+        sys.exit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    found = json.loads(proc.stdout)
+    for r in runs:
+        r["margins"] = {i: found[pairs[(i, single[(r["tool"], r["spec"], r["repeat"])][i], r["texts"][i])]]
+                        for i in r["differ"] or []}
+
+
 def summarise(runs: list[dict], configs: list[Config], ceiling: dict) -> list[dict]:
     """One row per configuration: medians over its repeats, and the ceiling at its N."""
     base = [r["throughput"] for r in runs if r["config"] == BASELINE]
@@ -331,6 +357,8 @@ def summarise(runs: list[dict], configs: list[Config], ceiling: dict) -> list[di
                      "rss_mib": max((r["rss_mib"] for r in mine if r["rss_mib"]), default=None),
                      "kv_mib": max((r["kv_mib"] for r in mine if r["kv_mib"]), default=None),
                      "differ": max(differ) if differ else None,
+                     "largest_margin": max((m["top2_margin"] for r in mine for m in r.get("margins", {}).values()),
+                                           default=None),
                      "ceiling": statistics.median(ceiling["n"][str(cfg.n)])})
     return rows
 
@@ -342,13 +370,14 @@ def print_table(rows: list[dict], requests: int, n_predict: int, repeats: int) -
     print(f"{requests} requests, {n_predict} greedy tokens each, {repeats} repeat(s); throughput: median "
           f"(min-max) generated tokens/s over the run; latency: medians of the runs' p50 and p95")
     print(f"| config | N | tokens/s | vs {BASELINE} | ceiling at N | p50 s | p95 s | peak RSS MiB | KV MiB "
-          f"| differ from -np 1 (of {requests}) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          f"| differ from -np 1 (of {requests}) | largest top-2 margin where they part |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
         print(f"| {row['config']} | {row['n']} | {row['throughput']:.2f} ({row['min']:.2f}-{row['max']:.2f}) | "
               f"{opt(row['ratio'], '.2f')}{'x' if row['ratio'] else ''} | {row['ceiling']:.2f}x | "
               f"{row['p50_s']:.2f} | {row['p95_s']:.2f} | "
-              f"{opt(row['rss_mib'], '.0f')} | {opt(row['kv_mib'], '.1f')} | {opt(row['differ'], 'd')} |")
+              f"{opt(row['rss_mib'], '.0f')} | {opt(row['kv_mib'], '.1f')} | {opt(row['differ'], 'd')} | "
+              f"{opt(row['largest_margin'], '.3f')} |")
 
 
 def parse_args() -> argparse.Namespace:
@@ -392,6 +421,7 @@ def main() -> int:
             for cfg in configs:
                 runs.append(measure(cfg, bench, requests, Path(tmp), repeat))
     count_differing(runs)
+    attach_margins(runs, bench, requests)
     rows = summarise(runs, configs, ceiling)
     print_table(rows, len(requests), bench.n_predict, bench.repeats)
     if bench.output:

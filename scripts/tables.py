@@ -299,18 +299,20 @@ def replay(data) -> list[str]:
 
 def parallel(data) -> list[str]:
     """bench_parallel.py's table: per configuration, throughput (median, min-max), its ratio to
-    batch -np 1 none, latency, memory, and answers unlike -np 1's."""
+    batch -np 1 none, latency, memory, answers unlike -np 1's and the largest margin where they part."""
     def opt(value, fmt: str) -> str:
         return "-" if value is None else format(value, fmt)
 
     lines = header("config", "N", "tokens/s, median (min-max)", "vs batch -np 1 none",
                    "ceiling: N tokens in one batch vs N decodes", "p50 s", "p95 s",
-                   "peak RSS MiB", "KV MiB", f"answers unlike -np 1's (of {len(data['meta']['requests'])})")
+                   "peak RSS MiB", "KV MiB", f"answers unlike -np 1's (of {len(data['meta']['requests'])})",
+                   "largest top-2 margin where they part")
     for r in data["rows"]:
         lines.append(row(f"`{r['config']}`", r["n"], f"{r['throughput']:.2f} ({r['min']:.2f}-{r['max']:.2f})",
                          f"{r['ratio']:.2f}x" if r["ratio"] else "-", opt(r.get("ceiling"), ".2f") + "x"
                          if r.get("ceiling") else "-", f"{r['p50_s']:.1f}", f"{r['p95_s']:.1f}",
-                         opt(r["rss_mib"], ".0f"), opt(r["kv_mib"], ".0f"), opt(r["differ"], "d")))
+                         opt(r["rss_mib"], ".0f"), opt(r["kv_mib"], ".0f"), opt(r["differ"], "d"),
+                         opt(r.get("largest_margin"), ".2f")))
     return lines
 
 

@@ -1,11 +1,19 @@
-"""The pure parts of the benchmark scripts whose output backs the README's figures: how
-bench_mtp reads llama.cpp's log and auto's steps, and how bench_flash_attn cuts its prompts.
-No model: fast."""
+"""The parts of the benchmark scripts whose output backs the README's figures: how bench_mtp
+reads llama.cpp's log and auto's steps, and how bench_flash_attn cuts its prompts (no model:
+fast); where two answers part and the margin there (divergence.py, on SmolLM2)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
 from scripts.bench_flash_attn import leading_lines
 from scripts.bench_mtp import MARK, buffers, mtp_trail, sections
+from tests.conftest import SMOL
 
 # As llama.cpp (the pinned build) logs a model load and a context (SPECULATE_LLAMA_LOG=1).
 LOAD_LOG = """\
@@ -52,3 +60,19 @@ def test_leading_lines_comes_nearest_the_tokens_asked():
     assert leading_lines(lines, count, 11) == 4  # 12 is nearer than 9
     assert leading_lines(lines, count, 1) == 1  # never no text
     assert leading_lines(lines, count, 1000) == 10  # not enough text: all of it
+
+
+@pytest.mark.real
+def test_divergence_finds_where_two_answers_part_and_the_margin_there(model_path):
+    """Answers that part at their second token (" Paris" then "." or ","), and one that goes on
+    after the other ends: the position is where their tokens part, with the target's top-2
+    margin there and the gap between the two tokens' logits (None when one answer ended)."""
+    script = Path(__file__).resolve().parent.parent / "scripts" / "divergence.py"
+    pairs = [{"prompt": "The capital of France is", "reference": " Paris. It is", "other": " Paris, which"},
+             {"messages": [{"role": "user", "content": "Name a colour."}], "reference": "Blue", "other": "Blue."}]
+    proc = subprocess.run([sys.executable, str(script), str(model_path(SMOL)), "-t", "1", "-c", "256"],
+                          input=json.dumps(pairs), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    parted, ended = json.loads(proc.stdout)
+    assert parted["position"] == 1 and parted["top2_margin"] >= 0 and parted["gap"] >= 0
+    assert ended["position"] == 1 and ended["gap"] is None and ended["top2_margin"] >= 0
