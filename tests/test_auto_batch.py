@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from speculative.decoding.cache import Cache
+from speculative.decoding.drafter import Drafter
 from speculative.decoding.events import Step, Token
 from speculative.decoding.loop import generate
 from speculative.decoding.sampling import Sampler
@@ -86,3 +87,31 @@ def test_a_pass_sliced_per_sequence_is_priced_as_what_runs():
     assert best_plan(rates, auto._pass_costs(0), 0.0, K_MAX)[0] == 4
     k, speed = best_plan(rates, auto._pass_costs(3), 0.0, K_MAX, others=3)
     assert speed < 4 / auto._pass_costs(3)[1]  # below plain decoding's, at every k
+
+
+class Fed(Drafter):
+    """A draft model that only records the prompts it is fed."""
+    name = "draft"
+
+    def __init__(self):
+        self.fed = 0
+
+    def prefill(self, prompt) -> None:
+        self.fed += 1
+
+
+@pytest.mark.parametrize("draft_cost, others, fed", [(0.5e-3, 0, True), (0.5e-3, 3, False), (4e-3, 0, False)],
+                         ids=["pays alone", "not among 3 others", "too dear alone"])
+def test_a_draft_model_is_fed_the_prompt_only_where_auto_would_draft_with_it(draft_cost, others, fed):
+    """At its prior estimates (70%, then 85% a token), a draft model of 0.5 ms a token pays
+    alone on the curve of 5 ms and 1 ms a token, and not with three others in the pass: it
+    would beat plain decoding there only at 95% acceptance, which is not what auto expects of
+    it, so its prompt (a third of the target's on a CPU) is not paid for."""
+    alone = [pass_cost(b) for b in range(1, K_MAX + 2)]
+    shared = [[pass_cost(o + b) for b in range(1, K_MAX + 2)] for o in range(1, SLOTS)]
+    draft = Fed()
+    auto = Auto([draft], alone, K_MAX, {"draft": draft_cost}, load=lambda: (others, others), shared_costs=shared)
+    auto.prefill([1, 2, 3])
+    assert draft.fed == fed
+    if others:  # beyond its estimates, not beyond the 95% ceiling
+        assert "draft" not in auto.declined

@@ -212,13 +212,17 @@ class Auto(Drafter):
         return self.calibrated * self.speed_factor * self._correction()
 
     def prefill(self, prompt: Sequence[int]) -> None:
-        """Every drafter's prefill, but a model's that could not pay here even at its best (it
-        catches up, priced, if that changes: fewer requests in the pass, a faster machine): on a
-        CPU a draft model's prompt costs about a third of the target's."""
+        """Every drafter's prefill, but a model's that auto would not draft with now, at its
+        estimates and in this pass: on a CPU a draft model's prompt costs about a third of the
+        target's, which a model never drafted with wastes. It catches up, priced, if that
+        changes (fewer requests in the pass, a faster machine)."""
         others, scored = self.load() if self.load is not None else (0, 0)
         verify = self._pass_costs(others)
+        plain = (1.0 + scored) * (1.0 + MARGIN) / verify[1]
         for d in self.drafters:
-            if d.free or not self._hopeless(d, self.k_max, verify, scored):
+            if d.free or (not self._hopeless(d, self.k_max, verify, scored) and
+                          best_plan(self.estimates(d).rates(), verify, self.draft_cost[d.name], self.k_max,
+                                    rewind=self.rewind, others=scored)[1] > plain):
                 d.prefill(prompt)
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
