@@ -528,20 +528,12 @@ class SlotOptions:
                              f"{self.n_slots * spec.branches} sequences; llama.cpp has {MAX_SEQUENCES}")
         if not self.kv_unified and spec.branches > 1:
             raise UsageError("--no-kv-unified: draft trees (--draft-branches > 1) need the unified KV cache")
-        if self.n_slots > 1 and spec.mtp == "named":
-            raise UsageError(f"-np {self.n_slots}: draft-mtp runs one request at a time; use -np 1")
 
     def for_spec(self, spec: SpecSettings) -> "SlotOptions":
-        """-np as it runs with this speculation (auto: 1 slot for draft-mtp, which runs one request
-        at a time; else 4), checked (check)."""
-        parallel = 1 if self.parallel == -1 and spec.mtp == "named" else self.n_slots
-        slots = replace(self, parallel=parallel)
+        """-np as it runs (auto: PARALLEL_AUTO), checked with this speculation (check)."""
+        slots = replace(self, parallel=self.n_slots)
         slots.check(spec)
         return slots
-
-    def mtp(self, spec: SpecSettings) -> str | None:
-        """SpecSettings.mtp for ModelOptions.specs: auto leaves the MTP head out of several slots."""
-        return spec.mtp if self.n_slots == 1 else None
 
     def apply(self, spec: ModelSpec | None) -> ModelSpec | None:
         """A model spec loaded for these slots."""

@@ -108,7 +108,6 @@ def test_a_pool_without_cells_left_ends_the_request_that_cannot_get_one(model_pa
     (("--no-kv-unified", "--draft-branches", "2"), "--no-kv-unified: draft trees (--draft-branches > 1) need"),
     (("--prefill-budget", "-1"), "--prefill-budget must be a number of milliseconds >= 0"),
     (("-sps", "1.5"), "-sps/--slot-prompt-similarity must be in [0, 1]"),
-    (("-np", "2", "--spec-type", "draft-mtp"), "-np 2: draft-mtp runs one request at a time; use -np 1"),
 ])
 def test_what_cannot_run_together_is_refused_before_anything_loads(tmp_path, command, flags, message):
     if command == "batch" and flags[0] == "--prefill-budget":  # nothing streams there

@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from speculative.decoding.backend import Backend
+from speculative.decoding.backend import Backend, MtpBackend
 from speculative.decoding.cache import Cache, MtpCache
 from speculative.decoding.drafter import Drafter
 from speculative.decoding.events import Event, Prefilled, PromptCache, Token
@@ -173,16 +173,17 @@ class Engine:
         if self.pool is not None and self.learn:
             self.pool.add(context[n_prompt:])
 
-    def view(self, target: Backend, draft: Backend | None) -> "Engine":
-        """The engine of one of several requests that run at once (parallel.py), on `target`'s
-        and `draft`'s sequences of this engine's models (llamacpp.slots.SlotModel): caches and
-        drafters of its own; the pool, the measured costs, ngram-mod's tables and the RAM cache
-        shared. It closes nothing: the models are this engine's."""
+    def view(self, target: Backend, draft: Backend | None, head: MtpBackend | None) -> "Engine":
+        """The engine of one of several requests that run at once (parallel.py), on `target`'s,
+        `draft`'s and the MTP `head`'s sequences of this engine's models (llamacpp.slots):
+        caches and drafters of its own; the pool, the measured costs, ngram-mod's tables and the
+        RAM cache shared. It closes nothing: the models are this engine's."""
         view = copy.copy(self)
-        view.target, view.draft, view.mtp, view.drafter, view._whole_prompt = target, draft, None, None, False
+        view.target, view.draft, view.drafter, view._whole_prompt = target, draft, None, False
+        view.mtp = MtpCache(head) if head is not None else None
         view.caches = {"target": Cache(target), **({"draft": Cache(draft)} if draft else {})}
-        view.persist = self.persist.view(view.caches)
-        view.factory = self.factory.view(view.caches)
+        view.persist = self.persist.view(view.caches, view.mtp)
+        view.factory = self.factory.view(view.caches, view.mtp)
         view.pool_file, view._owner = None, False
         return view
 

@@ -79,10 +79,10 @@ class DrafterFactory:
                     rewind(self.caches["target"], k_max), (lambda: target.load(plain=True)) if slots > 1 else None,
                     shared)
 
-    def view(self, caches: dict[str, Cache]) -> "DrafterFactory":
+    def view(self, caches: dict[str, Cache], mtp: MtpCache | None) -> "DrafterFactory":
         """The factory of another request's caches on the same models (parallel.py), sharing
         ngram-mod's tables and ngram-cache's files with this one."""
-        view = DrafterFactory(caches, None, self.pool, self.costs, self.target_batch, self.notify)
+        view = DrafterFactory(caches, mtp, self.pool, self.costs, self.target_batch, self.notify)
         view._mod_tables, view._lookup_files = self._mod_tables, self._lookup_files
         return view
 

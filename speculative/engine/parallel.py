@@ -1,7 +1,8 @@
 """Many requests at once on one engine's models: serve's and batch's -np N.
 
-The models are loaded once, with N slots of sequences (llamacpp/slots.py); each slot has an
-engine of its own (Engine.view: its caches and drafters over its sequences), and a request
+The models (and the target's MTP head) are loaded once, with N slots of sequences
+(llamacpp/slots.py); each slot has an engine of its own (Engine.view: its caches and
+drafters over its sequences), and a request
 runs on a slot's engine, on a thread of its own, exactly as a lone request runs on an engine.
 Their decodes meet in the gate (decoding/gate.py), one batch per step for all of them. One
 slot is the engine itself.
@@ -20,7 +21,7 @@ from typing import Callable, Iterator, Sequence
 
 from speculative.decoding.gate import Gate
 from speculative.engine.engine import Engine
-from speculative.llamacpp.slots import SharedModel
+from speculative.llamacpp.slots import SharedHead, SharedModel
 
 TARGET, DRAFT = 1, 0  # the gate's priorities: a step drafts before it verifies
 
@@ -48,7 +49,9 @@ class Parallel:
                 model.clear()
         target = SharedModel(engine.target, self.gate, TARGET, prefill_budget, self._streaming)
         draft = SharedModel(engine.draft, self.gate, DRAFT, prefill_budget, self._streaming) if engine.draft else None
-        return [engine.view(target.slot(i), draft.slot(i) if draft else None) for i in range(n_slots)]
+        head = SharedHead(engine.mtp.head, self.gate, DRAFT) if engine.mtp else None
+        return [engine.view(target.slot(i), draft.slot(i) if draft else None, head.slot(i) if head else None)
+                for i in range(n_slots)]
 
     @property
     def n_slots(self) -> int:

@@ -41,10 +41,10 @@ class CachePersistence:
         ) if ram_mib else None
         self._ram_lock = threading.Lock()  # requests that run at once share the RAM cache
 
-    def view(self, caches: dict[str, Cache]) -> "CachePersistence":
+    def view(self, caches: dict[str, Cache], mtp: MtpCache | None) -> "CachePersistence":
         """The persistence of another request's caches on the same models (parallel.py): the
         same RAM cache, and no prompt cache file (a file holds one conversation)."""
-        view = CachePersistence(caches, None, self.notify)
+        view = CachePersistence(caches, mtp, self.notify)
         view.ram_cache, view._ram_lock = self.ram_cache, self._ram_lock
         return view
 

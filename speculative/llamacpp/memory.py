@@ -18,20 +18,21 @@ from speculative.llamacpp.nextn import NextnRows
 
 
 class Sequences(Context):
-    """Needs, besides Context's: n_seq (sequences per slot), recurrent, and _nextn (the NextN
-    rows kept for an MTP head, cut where the cache is)."""
+    """Needs, besides Context's: n_seq (sequences per slot), recurrent, and _nextn (each slot's
+    NextN rows kept for an MTP head, cut where its cache is)."""
 
     n_seq: int
     recurrent: bool
-    _nextn: NextnRows
+    _nextn: list[NextnRows]
 
     def clear(self) -> None:
         """Every sequence of every slot empty."""
-        self._nextn.cut(0)
+        for rows in self._nextn:
+            rows.cut(0)
         ll.llama_memory_clear(self._mem, True)
 
     def trim(self, n_keep: int, slot: int = 0) -> None:
-        self._nextn.cut(n_keep)
+        self._nextn[slot].cut(n_keep)
         for seq in self._slot_seqs(slot):
             self._roll_back(seq, n_keep)
 
@@ -41,7 +42,7 @@ class Sequences(Context):
         ll.llama_memory_seq_cp(self._mem, src, dst, -1, -1)  # shares the cells, copies nothing
 
     def keep_branch(self, seq: int, n_keep: int, slot: int = 0) -> None:
-        self._nextn.cut(n_keep)
+        self._nextn[slot].cut(n_keep)
         base = slot * self.n_seq
         for other in self._slot_seqs(slot):  # cells of other branches are freed
             if other != base + seq:
@@ -71,7 +72,7 @@ class Sequences(Context):
         any failure the cache is left empty and False returned. `partial`: the recurrent state
         of a checkpoint, over the attention cells kept up to n_tokens."""
         flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if partial else ll.LLAMA_STATE_SEQ_FLAGS_NONE
-        self._nextn.cut(n_tokens if partial else 0)  # a restored cache comes without its NextN rows
+        self._nextn[slot].cut(n_tokens if partial else 0)  # a restored cache comes without its NextN rows
         seq = slot * self.n_seq
         if not partial:
             self.trim(0, slot)

@@ -67,7 +67,8 @@ class LlamaModel(Sequences, Tokenizer):
         self._create_context(spec)
         self._apply_loras()
         Tokenizer.__init__(self, ll.llama_model_get_vocab(self._model))
-        self._nextn = NextnRows(ll.llama_model_n_embd(self._model))  # filled once an MTP head drafts
+        # each slot's NextN rows, filled once an MTP head drafts
+        self._nextn = [NextnRows(ll.llama_model_n_embd(self._model)) for _ in range(self.n_slots)]
         self._batch = Batch(self._ctx, self.n_batch, self.n_vocab, n_seq=self.n_seq, interruptible=True)
         self._warm_up()
 
@@ -169,7 +170,7 @@ class LlamaModel(Sequences, Tokenizer):
                 # processing would end in the first generated token's time
                 self._batch.out[n - 1] = 1
             self._run(n, pos + start)
-            self._keep_nextn(pos + start, n)
+            self._keep_nextn([(0, pos + start, n)])
         if outputs == "all":
             return [self._batch.logits(i) for i in range(len(tokens))]
         if outputs == "last" and tokens:
@@ -187,9 +188,9 @@ class LlamaModel(Sequences, Tokenizer):
         self._batch.set_seqs(seqs)
         self._run(n, min(positions, default=0))
         if all(len(ids) == 1 and ids[0] == 0 for ids in seqs):  # a chain: positions follow each other
-            self._keep_nextn(positions[0], n)
+            self._keep_nextn([(0, positions[0], n)])
         else:  # rows of other branches would sit at the same positions
-            self._nextn.cut(min(positions))
+            self._nextn[0].cut(min(positions))
         return [self._batch.logits(i) for i in range(n)]
 
     def decode_parts(self, parts: Sequence[Part]) -> list[list[np.ndarray]]:
@@ -199,9 +200,15 @@ class LlamaModel(Sequences, Tokenizer):
         n = sum(len(part.tokens) for part in parts)
         if n > self.n_batch:
             raise GenerationError(f"batch of {n} tokens exceeds -b/--batch-size {self.n_batch}")
-        batch, start, wanted = self._batch, 0, []
+        batch, start, wanted, spans = self._batch, 0, [], []
         for part in parts:
             end = start + len(part.tokens)
+            # its NextN rows kept for its slot's MTP head: a chain's; a draft tree's branches would
+            # sit at the same positions, so its slot keeps only what came before them
+            chain = all(tuple(ids) == (part.slot * self.n_seq,) for ids in part.seqs)
+            if not chain:
+                self._nextn[part.slot].cut(min(part.positions))
+            spans.append((part.slot if chain else None, part.positions[0] if part.tokens else 0, len(part.tokens)))
             batch.tok[start:end] = part.tokens
             batch.pos[start:end] = part.positions
             batch.out[start:end] = part.outputs == "all"
@@ -215,6 +222,7 @@ class LlamaModel(Sequences, Tokenizer):
             raise ContextFull(f"{self.name}: the KV cache has no room left for a batch of {n} tokens")
         if ret != 0:
             raise GenerationError(f"llama_decode failed on {self.name} (code {ret})")
+        self._keep_nextn(spans)
         return [[batch.logits(i) for i in rows] for rows in wanted]
 
     def load(self, plain: bool = False) -> tuple[int, int]:
@@ -226,12 +234,19 @@ class LlamaModel(Sequences, Tokenizer):
         if ret != 0:
             raise GenerationError(f"llama_decode failed on {self.name} (code {ret}) at position {pos}")
 
-    def _keep_nextn(self, pos: int, n: int) -> None:
+    def _keep_nextn(self, spans: Sequence[tuple[int | None, int, int]]) -> None:
         """Copy the latest decode's NextN rows while an MTP head drafts from them (llama.cpp
-        keeps them only until the next decode)."""
+        keeps them only until the next decode): (slot, first position, count) for each run of
+        the batch's tokens in order, a slot of None for rows not kept."""
         if self._mtp is not None:
-            rows = ll_ext.llama_get_embeddings_nextn(self._ctx)
-            self._nextn.put(pos, np.ctypeslib.as_array(rows, shape=(n, self._nextn.n_embd)))
+            n_embd = self._nextn[0].n_embd
+            rows = np.ctypeslib.as_array(ll_ext.llama_get_embeddings_nextn(self._ctx),
+                                         shape=(sum(n for _, _, n in spans), n_embd))
+            start = 0
+            for slot, pos, n in spans:
+                if slot is not None:
+                    self._nextn[slot].put(pos, rows[start : start + n])
+                start += n
 
     # -- drafting with its own NextN layers -------------------------------
 
@@ -245,19 +260,19 @@ class LlamaModel(Sequences, Tokenizer):
             ll_ext.llama_set_embeddings_nextn(self._ctx, True, False)  # unmasked: a row per token
         return self._mtp
 
-    def nextn_state(self, n_tokens: int) -> bytes | None:
-        """The NextN rows of positions 0..n_tokens-1, for the prompt cache file; None when not
-        all are known."""
-        rows = self._nextn.get(0, n_tokens) if self._mtp is not None else None
+    def nextn_state(self, n_tokens: int, slot: int = 0) -> bytes | None:
+        """The NextN rows of positions 0..n_tokens-1 of slot's cache, for the prompt cache file;
+        None when not all are known."""
+        rows = self._nextn[slot].get(0, n_tokens) if self._mtp is not None else None
         return None if rows is None else rows.tobytes()
 
-    def load_nextn_state(self, data: bytes, n_tokens: int) -> bool:
+    def load_nextn_state(self, data: bytes, n_tokens: int, slot: int = 0) -> bool:
         """Rows that nextn_state gave, for a cache that holds those n_tokens again (restored)."""
-        rows = np.frombuffer(data, dtype=np.float32)
-        if self._mtp is None or rows.size != n_tokens * self._nextn.n_embd:
+        rows, kept = np.frombuffer(data, dtype=np.float32), self._nextn[slot]
+        if self._mtp is None or rows.size != n_tokens * kept.n_embd:
             return False
-        self._nextn.cut(0)
-        self._nextn.put(0, rows.reshape(n_tokens, self._nextn.n_embd))
+        kept.cut(0)
+        kept.put(0, rows.reshape(n_tokens, kept.n_embd))
         return True
 
     # -- lifetime --------------------------------------------------------

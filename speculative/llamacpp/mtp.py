@@ -3,10 +3,15 @@
 A model loaded with its NextN layers (LlamaModel.mtp_head) runs them here, on its own weights;
 those layers may also come as a file of their own (an MTP head, `convert_hf_to_gguf.py --mtp`),
 given with -md: the head then runs on that file's weights.
+
+With several requests at once (slots.py) the head's context has a sequence per slot, as the
+target's has: slot s's entries are in sequence s, drafted from slot s's NextN rows, and the
+slots' entries of one step go in one decode (decode_parts).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -22,6 +27,16 @@ from speculative.llamacpp.nextn import NextnRows
 from speculative.models.gguf_meta import preflight
 
 
+@dataclass(frozen=True)
+class HeadPart:
+    """One slot's entries in a decode of several (MtpHead.decode_parts): tokens at positions pos,
+    pos+1, ... with their hidden rows."""
+    tokens: Sequence[int]
+    pos: int
+    rows: np.ndarray
+    slot: int
+
+
 class MtpHead(Context):
     """A model's NextN (MTP) layers in a context of their own (llama.cpp's
     LLAMA_CONTEXT_TYPE_MTP on the same weights, or on an MTP head file's: then loaded with
@@ -35,10 +50,10 @@ class MtpHead(Context):
     is its one owner.
     """
 
-    def __init__(self, target: LlamaModel, rows: NextnRows, sidecar: Path | None = None):
+    def __init__(self, target: LlamaModel, rows: Sequence[NextnRows], sidecar: Path | None = None):
         """The head that follows `target` (a model.LlamaModel, whose module imports this one) and
-        its rows, on the target's weights or the file `sidecar`'s."""
-        self.n_embd = rows.n_embd
+        its rows (one NextnRows per slot), on the target's weights or the file `sidecar`'s."""
+        self.n_embd = rows[0].n_embd
         self._rows = rows
         self.n_batch = target.n_batch
         self._own = None
@@ -71,7 +86,7 @@ class MtpHead(Context):
     def _create_context(self, model, target: LlamaModel, sidecar: Path | None) -> None:
         """The MTP context on `model`'s weights, beside the target's."""
         cparams = context_params(ll.llama_n_ctx(target._ctx), target.n_batch, target.n_threads,
-                                 target._flash_attn_type)
+                                 target._flash_attn_type, target.n_slots, target.kv_unified)
         cparams.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP
         cparams.ctx_other = target._ctx  # llama.cpp shares the target's memory where the architecture does
         self._ctx = ll.llama_init_from_model(model, cparams)
@@ -82,24 +97,49 @@ class MtpHead(Context):
         if sidecar is None:
             target._set_loras(self._ctx)  # the target's adapters change its NextN layers too
 
-    def target_rows(self, start: int, end: int) -> np.ndarray | None:
-        """The target's NextN rows for positions start..end-1 (-1: zeros), None where unknown."""
-        return self._rows.get(start, end)
+    def target_rows(self, start: int, end: int, slot: int = 0) -> np.ndarray | None:
+        """The target's NextN rows for positions start..end-1 of slot's cache (-1: zeros), None
+        where unknown."""
+        return self._rows[slot].get(start, end)
 
     def decode(self, tokens: Sequence[int], pos: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """Entries for tokens[i] with rows[i] at positions pos, pos+1, ... after the pos the
         cache holds: the last entry's logits and NextN row (views, valid until the next
         decode), or None when llama.cpp fails (the cache may then hold some of them)."""
+        self._batch.reset_seqs()
         for start, n in self._batch.chunks(tokens, pos):
             self._batch.embd[:n] = rows[start : start + n]
             self._batch.out[n - 1] = start + n == len(tokens)
             if self._batch.run(n) != 0:
                 return None
-        hidden = ll_ext.llama_get_embeddings_nextn_ith(self._ctx, n - 1)
-        return self._batch.logits(-1), np.ctypeslib.as_array(hidden, shape=(self.n_embd,))
+        return self._outputs(n - 1)
 
-    def trim(self, n_keep: int) -> None:
-        self._roll_back(0, n_keep)
+    def decode_parts(self, parts: Sequence[HeadPart]) -> list[tuple[np.ndarray, np.ndarray] | None]:
+        """Several slots' entries in one decode (together no more than n_batch): each part's
+        last entry's logits and NextN row, as `decode` gives them (None for every part when
+        llama.cpp fails)."""
+        batch, end = self._batch, 0
+        ends = []
+        for part in parts:
+            start, end = end, end + len(part.tokens)
+            batch.tok[start:end] = part.tokens
+            batch.pos[start:end] = np.arange(part.pos, part.pos + len(part.tokens))
+            batch.embd[start:end] = part.rows
+            batch.out[start:end] = 0
+            batch.out[end - 1] = 1
+            ends.append(end - 1)
+        batch.set_seqs([(part.slot,) for part in parts for _ in part.tokens])
+        if batch.run(end) != 0:
+            return [None] * len(parts)
+        return [self._outputs(i) for i in ends]
+
+    def _outputs(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """The logits and NextN row of the latest decode's entry i."""
+        hidden = ll_ext.llama_get_embeddings_nextn_ith(self._ctx, i)
+        return self._batch.logits(i), np.ctypeslib.as_array(hidden, shape=(self.n_embd,))
+
+    def trim(self, n_keep: int, slot: int = 0) -> None:
+        self._roll_back(slot, n_keep)
 
     def close(self) -> None:
         self._free_context()

@@ -9,6 +9,10 @@ it: it puts the waiting parts in one batch, and when the cache has no cell left 
 (a unified pool of cells, shared by every request), the part that asks for the most ends
 its request (ContextFull) and the rest run.
 
+The target's MTP head has a sequence per slot too (mtp.py): SharedHead runs the slots' head
+entries of a step in one decode, and SlotHead is one slot's MtpBackend, drafting from the
+NextN rows the target kept for that slot.
+
 A prompt is decoded a chunk per batch, each no longer than the prefill budget allows while
 another request streams its answer, so a long prompt does not stall a stream's steps: the
 budget is in seconds and becomes tokens by what prompt tokens have cost so far. With no
@@ -28,6 +32,7 @@ from speculative.decoding.gate import Gate
 from speculative.errors import ContextFull, GenerationError
 from speculative.llamacpp.decode import Part
 from speculative.llamacpp.model import LlamaModel
+from speculative.llamacpp.mtp import HeadPart, MtpHead
 
 FIRST_CHUNK = 32  # prompt tokens in a batch with others before their cost is known
 LEAST_CHUNK = 4   # however tight the budget, a prompt moves on by at least this much per batch
@@ -131,6 +136,12 @@ class SlotModel:
             raise GenerationError(f"batch of {len(tokens)} tokens exceeds -b/--batch-size {self._model.n_batch}")
         return self.shared.gate.submit(self.shared, Part(list(tokens), list(positions), seqs, outputs, self.slot))
 
+    def nextn_state(self, n_tokens: int) -> bytes | None:
+        return self._model.nextn_state(n_tokens, self.slot)
+
+    def load_nextn_state(self, data: bytes, n_tokens: int) -> bool:
+        return self._model.load_nextn_state(data, n_tokens, self.slot)
+
     def load(self, plain: bool = False) -> tuple[int, int]:
         others = [part for slot, part in self.shared.last_batch.items() if slot != self.slot]
         n_scored = sum(scored for _, scored in others)
@@ -158,3 +169,53 @@ class SlotModel:
 
     def close(self) -> None:
         """The shared model is its owner's to close."""
+
+
+class SharedHead:
+    """An MTP head as the gate runs it (decoding.gate.Runner): the slots' entries of a step in
+    one decode."""
+
+    def __init__(self, head: MtpHead, gate: Gate, priority: int):
+        self.head = head
+        self.gate = gate
+        self.priority = priority
+        self.capacity = head.n_batch
+
+    def size(self, part: HeadPart) -> int:
+        return len(part.tokens)
+
+    def run(self, parts: Sequence[HeadPart]) -> list:
+        return self.head.decode_parts(parts)
+
+    def slot(self, index: int) -> "SlotHead":
+        return SlotHead(self, index)
+
+
+class SlotHead:
+    """One slot's sequence of a shared MTP head: an MtpBackend whose entries decode in the gate's
+    batches, from the target's NextN rows of that slot."""
+
+    def __init__(self, shared: SharedHead, slot: int):
+        self.shared = shared
+        self.slot = slot
+        self._head = shared.head
+
+    def __getattr__(self, name: str):
+        return getattr(self._head, name)
+
+    def target_rows(self, start: int, end: int) -> np.ndarray | None:
+        return self._head.target_rows(start, end, self.slot)
+
+    def decode(self, tokens: Sequence[int], pos: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        out = None
+        for start in range(0, len(tokens), self.shared.capacity):  # a prompt's entries: a chunk per batch
+            end = min(len(tokens), start + self.shared.capacity)
+            out = self.shared.gate.submit(self.shared, HeadPart(tokens[start:end], pos + start, rows[start:end],
+                                                                self.slot))
+            if out is None:
+                return None
+        return out
+
+    def trim(self, n_keep: int) -> None:
+        with self.shared.gate.lock:
+            self._head.trim(n_keep, self.slot)
