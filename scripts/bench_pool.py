@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
               "identical": {names[0]: [a["text"] for a in results[names[0]]] == [b["text"] for b in results[names[1]]],
                             names[2]: [a["text"] for a in results[names[2]]] == [b["text"] for b in results[names[3]]]}}
     (args.out / "report.json").write_text(json.dumps(report, indent=1))
-    print(f"| way | tokens | target passes | tokens per pass | pool steps | decode t/s | vs no pool |")
+    print("| way | tokens | target passes | tokens per pass | pool steps | decode t/s | vs no pool |")
     print("|---|---|---|---|---|---|---|")
     for i, name in enumerate(names):
         t = report["ways"][name]

@@ -97,7 +97,7 @@ class NgramMapK4v(Drafter):
 
     def _find(self, inp: Sequence[int], key: tuple[int, ...], cur_len: int) -> int:
         """An earlier position of the key (0: none; llama.cpp never finds position 0)."""
-        n, m, limit = self.n, self.m, cur_len - self.n - self.m - 1
+        n, limit = self.n, cur_len - self.n - self.m - 1
         at = int(self.key_map[_hash(key) % HASH_SLOTS])
         if at != 0 and at < limit and tuple(inp[at : at + n]) == key:
             return at
