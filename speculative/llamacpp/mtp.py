@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import llama_cpp as ll
 import numpy as np
@@ -35,6 +35,23 @@ class HeadPart:
     pos: int
     rows: np.ndarray
     slot: int
+
+
+HeadOutputs = tuple[np.ndarray, np.ndarray]  # an entry's logits and NextN row
+
+
+def decode_chunks(run: Callable[[HeadPart], HeadOutputs | None], tokens: Sequence[int], pos: int,
+                  rows: np.ndarray, slot: int, size: int) -> HeadOutputs | None:
+    """Entries for tokens[i] with rows[i] at positions pos, pos+1, ... in slot's sequence, a chunk
+    of at most `size` per `run` (a decode of its own, or a place in the gate's batch): the last
+    entry's outputs, or None at the first chunk that fails."""
+    out = None
+    for start in range(0, len(tokens), size):
+        end = min(len(tokens), start + size)
+        out = run(HeadPart(tokens[start:end], pos + start, rows[start:end], slot))
+        if out is None:
+            return None
+    return out
 
 
 class MtpHead(Context):
@@ -102,19 +119,13 @@ class MtpHead(Context):
         where unknown."""
         return self._rows[slot].get(start, end)
 
-    def decode(self, tokens: Sequence[int], pos: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    def decode(self, tokens: Sequence[int], pos: int, rows: np.ndarray) -> HeadOutputs | None:
         """Entries for tokens[i] with rows[i] at positions pos, pos+1, ... after the pos the
         cache holds: the last entry's logits and NextN row (views, valid until the next
         decode), or None when llama.cpp fails (the cache may then hold some of them)."""
-        self._batch.reset_seqs()
-        for start, n in self._batch.chunks(tokens, pos):
-            self._batch.embd[:n] = rows[start : start + n]
-            self._batch.out[n - 1] = start + n == len(tokens)
-            if self._batch.run(n) != 0:
-                return None
-        return self._outputs(n - 1)
+        return decode_chunks(lambda part: self.decode_parts([part])[0], tokens, pos, rows, 0, self.n_batch)
 
-    def decode_parts(self, parts: Sequence[HeadPart]) -> list[tuple[np.ndarray, np.ndarray] | None]:
+    def decode_parts(self, parts: Sequence[HeadPart]) -> list[HeadOutputs | None]:
         """Several slots' entries in one decode (together no more than n_batch): each part's
         last entry's logits and NextN row, as `decode` gives them (None for every part when
         llama.cpp fails)."""
@@ -133,7 +144,7 @@ class MtpHead(Context):
             return [None] * len(parts)
         return [self._outputs(i) for i in ends]
 
-    def _outputs(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+    def _outputs(self, i: int) -> HeadOutputs:
         """The logits and NextN row of the latest decode's entry i."""
         hidden = ll_ext.llama_get_embeddings_nextn_ith(self._ctx, i)
         return self._batch.logits(i), np.ctypeslib.as_array(hidden, shape=(self.n_embd,))

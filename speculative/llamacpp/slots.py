@@ -32,7 +32,7 @@ from speculative.decoding.gate import Gate
 from speculative.errors import ContextFull, GenerationError
 from speculative.llamacpp.decode import Part
 from speculative.llamacpp.model import LlamaModel
-from speculative.llamacpp.mtp import HeadPart, MtpHead
+from speculative.llamacpp.mtp import HeadOutputs, HeadPart, MtpHead, decode_chunks
 
 FIRST_CHUNK = 32  # prompt tokens in a batch with others before their cost is known
 LEAST_CHUNK = 4   # however tight the budget, a prompt moves on by at least this much per batch
@@ -206,15 +206,9 @@ class SlotHead:
     def target_rows(self, start: int, end: int) -> np.ndarray | None:
         return self._head.target_rows(start, end, self.slot)
 
-    def decode(self, tokens: Sequence[int], pos: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-        out = None
-        for start in range(0, len(tokens), self.shared.capacity):  # a prompt's entries: a chunk per batch
-            end = min(len(tokens), start + self.shared.capacity)
-            out = self.shared.gate.submit(self.shared, HeadPart(tokens[start:end], pos + start, rows[start:end],
-                                                                self.slot))
-            if out is None:
-                return None
-        return out
+    def decode(self, tokens: Sequence[int], pos: int, rows: np.ndarray) -> HeadOutputs | None:
+        return decode_chunks(lambda part: self.shared.gate.submit(self.shared, part), tokens, pos, rows, self.slot,
+                             self.shared.capacity)
 
     def trim(self, n_keep: int) -> None:
         with self.shared.gate.lock:
