@@ -48,7 +48,7 @@ def bench_command(
     per_prompt: bool = typer.Option(False, "--per-prompt", help="Also print one row per prompt."),
 ) -> None:
     """Measure speedup over target-only decoding per prompt and category, on this machine."""
-    drafter = "draft-mtp" if models.mtp_head_given else "draft"  # what -md drafts with
+    drafter = models.head_given or "draft"  # what -md drafts with
     configs_wanted = config or [*([drafter] if models.draft_available else []), "ngram-simple", "auto"]
     grid = bench.parse_sweeps(sweep or [])
     if n_predict < 1 or repeat < 1 or limit < 0:
@@ -62,10 +62,11 @@ def bench_command(
     sampling = SamplerSettings(temp=temp, seed=seed)
     sampling.validate()
 
-    mtp = {c.spec.mtp for c in configs}
+    mtp, eagle3 = {c.spec.mtp for c in configs}, {c.spec.eagle3 for c in configs}
     target, draft = models.specs(uses_draft, max(c.spec.branches for c in configs),
                                   max(c.spec.longest_draft for c in configs),
-                                  "named" if "named" in mtp else "auto" if "auto" in mtp else None)
+                                  *("named" if "named" in wanted else "auto" if "auto" in wanted else None
+                                    for wanted in (mtp, eagle3)))
     progress = _announce(len(prompts_), len(configs), repeat, n_predict)
 
     from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)

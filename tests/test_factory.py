@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from speculative.decoding.cache import Cache
-from speculative.decoding.settings import DRAFTER_TYPES, LLAMA_NGRAM_TYPES, SPEC_TYPES, UNAVAILABLE_TYPES, SpecSettings
+from speculative.decoding.settings import DRAFTER_TYPES, HEAD_TYPES, LLAMA_NGRAM_TYPES, SPEC_TYPES, UNAVAILABLE_TYPES, SpecSettings
 from speculative.drafters import Chain
 from speculative.drafters.auto import Auto
 from speculative.drafters.pool import Pool
@@ -27,22 +27,27 @@ def test_the_factory_builds_exactly_the_types_settings_knows():
     assert not set(UNAVAILABLE_TYPES) & set(SPEC_TYPES)
 
 
-def factory(draft: bool = True, mtp: bool = True, pool: bool = True) -> DrafterFactory:
+def factory(draft: bool = True, mtp: str | None = "draft-mtp", pool: bool = True) -> DrafterFactory:
+    """`mtp`: the kind of head loaded (settings.HEAD_TYPES), or None."""
     caches = {"target": Cache(FakeBackend(ToyModel())), **({"draft": Cache(FakeBackend(ToyModel()))} if draft else {})}
-    head = SimpleNamespace(n_ctx=256) if mtp else None  # enough of an MtpCache to build its drafter
+    # enough of an MtpCache to build its drafter
+    head = SimpleNamespace(n_ctx=256, head=SimpleNamespace(kind=mtp)) if mtp else None
     return DrafterFactory(caches, head, Pool(max_tokens=1000) if pool else None,
                           lambda role, max_batch: [1e-3 * (1 + b) for b in range(max_batch)], target_batch=64)
 
 
 @pytest.mark.parametrize("name", DRAFTER_TYPES)
 def test_each_type_builds_a_drafter_of_its_name(name):
-    drafter = factory().make(SpecSettings(types=(name,)))
+    drafter = factory(mtp=name if name in HEAD_TYPES else "draft-mtp").make(SpecSettings(types=(name,)))
     assert drafter.name == name
 
 
 @pytest.mark.parametrize("name, missing, message", [
     ("draft", {"draft": False}, "needs a draft model"),
-    ("draft-mtp", {"mtp": False}, "no NextN"),
+    ("draft-mtp", {"mtp": None}, "no NextN"),
+    ("draft-mtp", {"mtp": "draft-eagle3"}, "no NextN"),
+    ("draft-eagle3", {"mtp": None}, "needs an EAGLE-3 drafter"),
+    ("draft-eagle3", {"mtp": "draft-mtp"}, "needs an EAGLE-3 drafter"),
     ("ngram-pool", {"pool": False}, "the pool is off"),
 ])
 def test_a_type_without_what_it_drafts_with_is_refused(name, missing, message):

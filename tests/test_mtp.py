@@ -109,6 +109,7 @@ class FakeHead:
     follow them. Its logits: `draft`'s after the entry's token and the one before it."""
 
     name = "fake (MTP)"
+    kind = "draft-mtp"
     n_embd = N_EMBD
 
     def __init__(self, target: NextnTarget, draft: ToyModel):
@@ -261,7 +262,7 @@ def test_draft_mtp_settings():
     assert SpecSettings(types=("auto",)).mtp == "auto"
     assert SpecSettings(types=("auto", "ngram-simple")).mtp is None
     assert SpecSettings(types=("draft", "ngram-simple")).mtp is None
-    with pytest.raises(UsageError, match="draft-mtp draft chains only"):
+    with pytest.raises(UsageError, match="draft-mtp and draft-eagle3 draft chains only"):
         SpecSettings(types=("draft", "draft-mtp"), branches=2).validate()
 
 

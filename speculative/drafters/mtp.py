@@ -20,10 +20,11 @@ from speculative.drafters.model import pick
 
 
 class MtpDrafter(Drafter):
-    name = "draft-mtp"
+    """draft-mtp, or draft-eagle3: the head (cache.head) says which."""
 
     def __init__(self, cache: MtpCache, is_eog: Callable[[int], bool], p_min: float = 0.0,
                  sampler: Sampler | None = None):
+        self.name = cache.head.kind
         self.cache = cache
         self.is_eog = is_eog
         self.p_min = p_min

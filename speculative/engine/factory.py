@@ -16,7 +16,7 @@ from typing import Callable
 from speculative.decoding.cache import Cache, MtpCache
 from speculative.decoding.drafter import Drafter
 from speculative.decoding.sampling import Sampler
-from speculative.decoding.settings import NgramSettings, SpecSettings
+from speculative.decoding.settings import HEAD_TYPES, NgramSettings, SpecSettings
 from speculative.drafters import (Chain, LookupFiles, ModelDrafter, ModTable, MtpDrafter, NgramCache, NgramMapK, NgramMapK4v,
                                   NgramMod, NgramSimple)
 from speculative.drafters.auto import Auto, Rewind
@@ -48,7 +48,7 @@ class DrafterFactory:
         """The drafter --spec-type asks for: one, a chain, or auto over several.
         `draft_sampler`: the draft model samples with it (else it drafts greedily)."""
         names = spec.drafters or ("ngram-simple", *(("ngram-pool",) if self.pool else ()),
-                                  *(("draft",) if self.draft else ()), *(("draft-mtp",) if self.mtp else ()))
+                                  *(("draft",) if self.draft else ()), *((self.mtp.head.kind,) if self.mtp else ()))
         if not spec.auto and not spec.drafters:
             return None
         drafters = [BUILDERS[name](self, spec, draft_sampler) for name in names]
@@ -66,8 +66,8 @@ class DrafterFactory:
         # drafts (or a prompt's chunk, gone by the next pass), a request's draft would make the
         # pass look cheaper per token to the next, and drafts would grow together
         shared = [self.costs("target", k_max + 1, n) for n in range(2, slots + 1)]
-        drafting = {name: self.costs(role, CATCHUP_BATCH)
-                    for name, role in (("draft", "draft"), ("draft-mtp", "mtp")) if name in names}
+        drafting = {name: self.costs("draft" if name == "draft" else "mtp", CATCHUP_BATCH)
+                    for name in ("draft", *HEAD_TYPES) if name in names}
         if not all([verify, *shared, *drafting.values()]):  # a request's own auto on a server without it
             raise UsageError("auto: the models' costs were not measured before the requests started: "
                              "start with --spec-type auto")
@@ -119,6 +119,9 @@ def no_mtp_layers(name: str) -> str:
             "give its MTP head file with -md")
 
 
+NO_EAGLE3 = "--spec-type draft-eagle3 needs an EAGLE-3 drafter (a GGUF of architecture eagle3): give it with -md"
+
+
 Builder = Callable[[DrafterFactory, SpecSettings, "Sampler | None"], Drafter]
 
 
@@ -134,8 +137,14 @@ def _draft(factory: DrafterFactory, spec: SpecSettings, draft_sampler: Sampler |
 
 
 def _draft_mtp(factory: DrafterFactory, spec: SpecSettings, draft_sampler: Sampler | None) -> Drafter:
-    if factory.mtp is None:
+    if factory.mtp is None or factory.mtp.head.kind != "draft-mtp":
         raise UsageError(no_mtp_layers(factory.target.name))
+    return MtpDrafter(factory.mtp, factory.target.is_eog, p_min=spec.draft_p_min, sampler=draft_sampler)
+
+
+def _draft_eagle3(factory: DrafterFactory, spec: SpecSettings, draft_sampler: Sampler | None) -> Drafter:
+    if factory.mtp is None or factory.mtp.head.kind != "draft-eagle3":
+        raise UsageError(NO_EAGLE3)
     return MtpDrafter(factory.mtp, factory.target.is_eog, p_min=spec.draft_p_min, sampler=draft_sampler)
 
 
@@ -166,6 +175,7 @@ def _ngram_pool(factory: DrafterFactory, spec: SpecSettings, draft_sampler: Samp
 BUILDERS: dict[str, Builder] = {
     "draft": _draft,
     "draft-mtp": _draft_mtp,
+    "draft-eagle3": _draft_eagle3,
     "ngram-simple": _ngram(NgramSimple, attrgetter("ngram_simple")),
     "ngram-map-k": _ngram(NgramMapK, attrgetter("ngram_map_k")),
     "ngram-map-k4v": _ngram(NgramMapK4v, attrgetter("ngram_map_k4v")),

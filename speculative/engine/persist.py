@@ -140,7 +140,7 @@ class CachePersistence:
         """What produced each part the prompt cache file may hold (LlamaModel.cache_identity)."""
         identities = {role: cache.model.cache_identity() for role, cache in self.caches.items()}
         if self.mtp is not None:
-            identities[NEXTN_ROLE] = {**identities["target"], "nextn_rows": self.mtp.head.n_embd}
+            identities[NEXTN_ROLE] = {**identities["target"], "nextn_rows": self.mtp.head.rows_key}
         return identities
 
     def _load_state(self, role: str, tokens: tuple[int, ...], state: bytes,

@@ -43,22 +43,22 @@ def _block_signals() -> None:
 _decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama_decode", initializer=_block_signals)
 
 
-def _decode(ctx, raw) -> int:
-    ret = ll.llama_decode(ctx, raw)
+def _decode(ctx, raw, encode: bool = False) -> int:
+    ret = (ll.llama_encode if encode else ll.llama_decode)(ctx, raw)
     ll.llama_synchronize(ctx)  # GPU backends return early; count the real work
     return ret
 
 
-def decode_on_one_thread(ctx, raw) -> int:
-    """llama_decode(ctx, raw) on the one thread that runs every decode of this process. llama.cpp's
-    CPU backend runs a graph on an OpenMP team of the calling thread's; each calling thread keeps
+def decode_on_one_thread(ctx, raw, encode: bool = False) -> int:
+    """llama_decode(ctx, raw) (llama_encode with `encode`) on the one thread that runs every
+    decode of this process. llama.cpp's CPU backend runs a graph on an OpenMP team of the calling thread's; each calling thread keeps
     a team of its own, and once the process holds more of their workers than there are cores,
     libgomp stops spinning at a graph's barriers and sleeps instead: a decode from the requests'
     threads of `batch` and `serve`, or from a thread after the main one had decoded, took 50 ms a
     token against 36 (the 1.5B target, 2 cores). Handing the call over costs tens of microseconds.
     The caller waits; a signal meanwhile only asks llama.cpp to stop (interrupt.waiting)."""
     with interrupt.waiting():  # from before the decode starts
-        job = _decoder.submit(_decode, ctx, raw)
+        job = _decoder.submit(_decode, ctx, raw, encode)
         try:
             return job.result()
         except BaseException:  # a handler of someone else's: the context must outlive its decode
@@ -125,10 +125,12 @@ class Part:
 class Batch:
     """A context's llama_batch of `size` entries, each in sequence 0 until set_seqs says
     otherwise; tok, pos, out (and embd, for a batch of hidden rows) are numpy views of its arrays.
-    `interruptible`: Ctrl-C and SIGTERM stop its long decodes (llama.cpp's abort callback)."""
+    `interruptible`: Ctrl-C and SIGTERM stop its long decodes (llama.cpp's abort callback).
+    A batch of hidden rows carries tokens too (an MTP head's entries), unless `tokens` is False
+    (an encoder's input)."""
 
     def __init__(self, ctx, size: int, n_vocab: int, *, n_seq: int = 1, n_embd: int = 0,
-                 interruptible: bool = False):
+                 interruptible: bool = False, tokens: bool = True):
         self._ctx = ctx
         self.size = size
         self.n_vocab = n_vocab
@@ -138,13 +140,13 @@ class Batch:
         self._n_branched = 0  # leading entries whose sequence ids set_seqs changed
         self._raw = ll.llama_batch_init(size, n_embd, n_seq)
         self._tokens = None
-        if n_embd:  # an embeddings batch has no token array; the graph needs both
+        if n_embd and tokens:  # an embeddings batch has no token array; the graph needs both
             self._tokens = (ll.llama_token * size)()
             self._raw.token = self._tokens
         for i in range(size):
             self._raw.n_seq_id[i] = 1
             self._raw.seq_id[i][0] = 0
-        self.tok = np.ctypeslib.as_array(self._raw.token, shape=(size,))
+        self.tok = np.ctypeslib.as_array(self._raw.token, shape=(size,)) if self._raw.token else None
         self.pos = np.ctypeslib.as_array(self._raw.pos, shape=(size,))
         self.out = np.ctypeslib.as_array(self._raw.logits, shape=(size,))
         self.embd = np.ctypeslib.as_array(self._raw.embd, shape=(size, n_embd)) if n_embd else None
@@ -176,14 +178,14 @@ class Batch:
             self._raw.n_seq_id[i] = 1
             self._raw.seq_id[i][0] = 0
 
-    def run(self, n: int) -> int:
-        """llama_decode over the first n entries; its return code (0: done)."""
+    def run(self, n: int, encode: bool = False) -> int:
+        """llama_decode (llama_encode with `encode`) over the first n entries; its return code (0: done)."""
         self._raw.n_tokens = n
         if self._interruptible and (n >= ABORTABLE_FROM) != self._abortable:
             self._abortable = n >= ABORTABLE_FROM
             ll.llama_set_abort_callback(self._ctx, _abort if self._abortable else _no_abort, None)
         t0 = time.perf_counter()
-        ret = decode_on_one_thread(self._ctx, self._raw)
+        ret = decode_on_one_thread(self._ctx, self._raw, encode)
         self.busy_seconds += time.perf_counter() - t0
         # aborted, or the signal came at the last node; a small batch is not abortable, and a
         # signal that came meanwhile stops the run now

@@ -13,7 +13,7 @@ from speculative.errors import ModelError
 from speculative.models.gguf_meta import nextn_kind, preflight, preflight_adapter, read_metadata
 
 # Architectures whose GGUF is a drafting sidecar for another model, not a model on its own.
-SIDECARS = {"eagle3": "an EAGLE-3 drafter", "dflash": "a DFlash drafter"}
+SIDECARS = {"eagle3": "an EAGLE-3 drafter", "dflash": "a DFlash drafter", "gemma4-assistant": "a Gemma-4 MTP assistant"}
 
 
 def check_file(path: Path, loras: Sequence[tuple[Path, float]]) -> tuple[str, str, bool]:

@@ -16,7 +16,9 @@ A model with NextN (MTP) layers, loaded with ModelSpec.mtp, drafts for itself: `
 gives the MtpHead (mtp.py), a second context on the same weights that runs only those layers, and
 from then on the model copies its NextN hidden rows after every decode (nextn.py). Those
 layers may also come as a file of their own (an MTP head, `convert_hf_to_gguf.py --mtp`),
-given with -md: `mtp_head(path)` loads it and runs the head on its weights instead.
+given with -md: `mtp_head(path)` loads it and runs the head on its weights instead. An EAGLE-3
+drafter (eagle3.py) drafts from the inputs of three of its layers: `eagle3_head(path)`.
+Both live in heads.py.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from typing import Sequence
 
 import llama_cpp as ll
 import numpy as np
-from llama_cpp import llama_cpp_ext as ll_ext
 
 from speculative.decoding.backend import Outputs
 from speculative.decoding.settings import ModelSpec
@@ -38,12 +39,12 @@ from speculative.llamacpp.decode import (Batch, Part, context_kernels, context_p
 from speculative.llamacpp.devices import init_once, log_errors, model_params, placement
 from speculative.llamacpp.load import check_file, load_adapters, load_weights
 from speculative.llamacpp.memory import Sequences
-from speculative.llamacpp.mtp import MtpHead
+from speculative.llamacpp.heads import HeadRows
 from speculative.llamacpp.nextn import NextnRows
 from speculative.llamacpp.tokenizer import Tokenizer
 
 
-class LlamaModel(Sequences, Tokenizer):
+class LlamaModel(Sequences, HeadRows, Tokenizer):
     """A GGUF model with one context: sequence 0 is its cache, and n_seq - 1 more hold draft-tree
     branches within a step (see backend.Backend). Loaded as `spec` says (its mtp_sidecar is
     the engine's: see mtp_head)."""
@@ -57,7 +58,7 @@ class LlamaModel(Sequences, Tokenizer):
         self.path = Path(spec.path)
         self.loras = tuple((Path(lora), float(scale)) for lora, scale in spec.loras)
         self._model = None
-        self._mtp: MtpHead | None = None
+        self._mtp = None  # the head that drafts from its hidden states (heads.py)
         self._adapters = None  # the LoRA adapters and their scales, as llama.cpp takes them
         self.devices = None if spec.devices is None else tuple(spec.devices)  # None: llama.cpp's choice
         self.n_gpu_layers = spec.n_gpu_layers
@@ -67,7 +68,7 @@ class LlamaModel(Sequences, Tokenizer):
         self._create_context(spec)
         self._apply_loras()
         Tokenizer.__init__(self, ll.llama_model_get_vocab(self._model))
-        # each slot's NextN rows, filled once an MTP head drafts
+        # each slot's NextN rows, filled once an MTP head drafts (an EAGLE-3 head's: its layers' inputs)
         self._nextn = [NextnRows(ll.llama_model_n_embd(self._model)) for _ in range(self.n_slots)]
         self._batch = Batch(self._ctx, self.n_batch, self.n_vocab, n_seq=self.n_seq, interruptible=True)
         self._warm_up()
@@ -233,47 +234,6 @@ class LlamaModel(Sequences, Tokenizer):
         ret = self._batch.run(n)
         if ret != 0:
             raise GenerationError(f"llama_decode failed on {self.name} (code {ret}) at position {pos}")
-
-    def _keep_nextn(self, spans: Sequence[tuple[int | None, int, int]]) -> None:
-        """Copy the latest decode's NextN rows while an MTP head drafts from them (llama.cpp
-        keeps them only until the next decode): (slot, first position, count) for each run of
-        the batch's tokens in order, a slot of None for rows not kept."""
-        if self._mtp is not None:
-            n_embd = self._nextn[0].n_embd
-            rows = np.ctypeslib.as_array(ll_ext.llama_get_embeddings_nextn(self._ctx),
-                                         shape=(sum(n for _, _, n in spans), n_embd))
-            start = 0
-            for slot, pos, n in spans:
-                if slot is not None:
-                    self._nextn[slot].put(pos, rows[start : start + n])
-                start += n
-
-    # -- drafting with its own NextN layers -------------------------------
-
-    def mtp_head(self, sidecar: Path | None = None) -> "MtpHead":
-        """The MTP head on this model's NextN layers, or on those of the MTP head file
-        `sidecar` (made on the first call; this model then keeps its NextN rows for it)."""
-        if self._mtp is None:
-            if sidecar is None and not self.nextn_layers:
-                raise ModelError(f"{self.path}: no NextN (MTP) layers loaded")
-            self._mtp = MtpHead(self, self._nextn, sidecar)
-            ll_ext.llama_set_embeddings_nextn(self._ctx, True, False)  # unmasked: a row per token
-        return self._mtp
-
-    def nextn_state(self, n_tokens: int, slot: int = 0) -> bytes | None:
-        """The NextN rows of positions 0..n_tokens-1 of slot's cache, for the prompt cache file;
-        None when not all are known."""
-        rows = self._nextn[slot].get(0, n_tokens) if self._mtp is not None else None
-        return None if rows is None else rows.tobytes()
-
-    def load_nextn_state(self, data: bytes, n_tokens: int, slot: int = 0) -> bool:
-        """Rows that nextn_state gave, for a cache that holds those n_tokens again (restored)."""
-        rows, kept = np.frombuffer(data, dtype=np.float32), self._nextn[slot]
-        if self._mtp is None or rows.size != n_tokens * kept.n_embd:
-            return False
-        kept.cut(0)
-        kept.put(0, rows.reshape(n_tokens, kept.n_embd))
-        return True
 
     # -- lifetime --------------------------------------------------------
 

@@ -17,9 +17,9 @@ from typing import Callable, Sequence
 
 import llama_cpp as ll
 import numpy as np
-from llama_cpp import llama_cpp_ext as ll_ext
 
 from speculative.errors import ModelError
+from speculative.llamacpp import ext
 from speculative.llamacpp.decode import Batch, Context, context_params
 from speculative.llamacpp.devices import model_params
 from speculative.llamacpp.identity import file_identity
@@ -67,11 +67,14 @@ class MtpHead(Context):
     is its one owner.
     """
 
+    kind = "draft-mtp"  # the --spec-type it drafts for
+
     def __init__(self, target: LlamaModel, rows: Sequence[NextnRows], sidecar: Path | None = None):
         """The head that follows `target` (a model.LlamaModel, whose module imports this one) and
         its rows (one NextnRows per slot), on the target's weights or the file `sidecar`'s."""
         self.n_embd = rows[0].n_embd
         self._rows = rows
+        self.rows_key = self.n_embd  # what the target's kept rows are (the prompt cache's identity)
         self.n_batch = target.n_batch
         self._own = None
         self.file = None if sidecar is None else file_identity(sidecar)  # what it runs, for calibration
@@ -110,7 +113,7 @@ class MtpHead(Context):
         if not self._ctx:
             self.close()
             raise ModelError(f"{sidecar or target.path}: llama.cpp could not create an MTP context")
-        ll_ext.llama_set_embeddings_nextn(self._ctx, True, False)  # unmasked: rows by batch index
+        ext.set_embeddings_nextn(self._ctx, True, False)  # unmasked: rows by batch index
         if sidecar is None:
             target._set_loras(self._ctx)  # the target's adapters change its NextN layers too
 
@@ -146,7 +149,7 @@ class MtpHead(Context):
 
     def _outputs(self, i: int) -> HeadOutputs:
         """The logits and NextN row of the latest decode's entry i."""
-        hidden = ll_ext.llama_get_embeddings_nextn_ith(self._ctx, i)
+        hidden = ext.get_embeddings_nextn_ith(self._ctx, i)
         return self._batch.logits(i), np.ctypeslib.as_array(hidden, shape=(self.n_embd,))
 
     def trim(self, n_keep: int, slot: int = 0) -> None:

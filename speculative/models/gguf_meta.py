@@ -217,6 +217,11 @@ def is_mtp_head(path: Path) -> bool:
     return nextn_kind(path) == "head"
 
 
+def is_eagle3(path: Path) -> bool:
+    """An EAGLE-3 drafter (architecture eagle3), which drafts from its target's hidden states."""
+    return read_metadata(path, ["general.architecture"]).get("general.architecture") == "eagle3"
+
+
 def _mapped(path: Path, kind: str, walk):
     """`walk(cursor)` over a memory map of the GGUF file at `path`; a path that is not
     a readable, non-empty regular file is a one-line ModelError (a FIFO is never opened)."""

@@ -1,0 +1,180 @@
+"""The EAGLE-3 drafter (llama.cpp's draft-eagle3): a one-layer decoder of its own file that drafts
+from the target's hidden states, as common/speculative.cpp's driver runs it.
+
+An EAGLE-3 GGUF (architecture `eagle3`) names three of the target's layers
+(`eagle3.target_layers`); the target hands out the inputs of those layers for every token it
+decodes (llama_set_embeddings_layer_inp; a layer id equal to the target's layer count is its
+last hidden state, the NextN row), and the target model copies them after each decode as it
+copies NextN rows for an MTP head (nextn.NextnRows, here three layers wide). The draft's encoder
+(`fc`) turns a position's three rows into one row g; its decoder entry at KV position P is the
+pair (token at P + 1, g at P), and predicts the token at P + 2.
+
+Numbered by the token it carries, that is the MTP head's entry at p = P + 1 (the token at p
+with the row of p - 1), so EagleHead is an MtpHead with two differences: `target_rows` runs the
+encoder over the target's rows, and entry p sits at KV position p - 1 (the token at position 0
+has no entry: nothing comes before it). cache.MtpCache owns it as it owns an MTP head. Drafted
+entries carry the decoder's own pre-norm row of the entry before (llama.cpp's "prenorm"), as a
+drafted MTP entry carries the head's NextN row.
+
+A draft without token embeddings or an output projection of its own uses the target's, through
+the context's `ctx_other` (llama.cpp makes every draft context so). A draft with a `d2t` map (a
+reduced vocabulary) scatters its logits to the target's token ids inside its graph: its logits
+are over the target's vocabulary, -inf where it has no row.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import gguf
+import llama_cpp as ll
+import numpy as np
+
+from speculative.errors import GenerationError, ModelError
+from speculative.llamacpp import ext
+from speculative.llamacpp.decode import Batch, context_params
+from speculative.llamacpp.devices import model_params
+from speculative.llamacpp.identity import file_identity
+from speculative.llamacpp.mtp import HeadOutputs, HeadPart, MtpHead
+from speculative.llamacpp.nextn import NextnRows
+from speculative.models.gguf_meta import preflight, read_metadata
+
+ARCH = "eagle3"
+# The target architectures whose llama.cpp graphs hand out layer inputs (res->t_layer_inp in
+# src/models/*.cpp); with any other, llama.cpp aborts the process at the first decode.
+LAYER_INPUTS = frozenset({"bailingmoe3", "deepseek4", "gemma4", "gpt-oss", "hunyuan_vl", "lfm2", "llama", "mimo2",
+                          "minimax-01", "minimax-m2", "muse-glimmer", "nanbeige", "nemotron_h", "qwen3", "qwen35",
+                          "qwen35moe", "qwen3moe", "qwen3next", "qwen4exp"})
+
+
+def target_layers(path: Path, target_name: str, target_arch: str, n_layer: int, n_embd: int,
+                  n_vocab: int) -> tuple[int, ...]:
+    """The target layers an EAGLE-3 draft at `path` reads, checked against its target before
+    either is used: where llama.cpp would abort the process (GGML_ABORT) or fail late, a
+    ModelError (exit 3) in one line."""
+    preflight(path)
+    keys = [f"{ARCH}.target_layers", f"{ARCH}.target_hidden_size", "general.architecture"]
+    meta = read_metadata(path, keys)
+    if meta.get("general.architecture") != ARCH:
+        raise ModelError(f"{path}: not an EAGLE-3 drafter (architecture {meta.get('general.architecture')!r})")
+    layers = meta.get(keys[0])
+    if not isinstance(layers, list) or len(layers) != 3 or not all(isinstance(i, int) for i in layers):
+        raise ModelError(f"{path}: an EAGLE-3 drafter names three target layers in {keys[0]}; it has {layers!r}")
+    bad = [i for i in layers if not 0 <= i <= n_layer]
+    if bad:
+        raise ModelError(f"{path}: drafts from layer {bad[0]} of its target, but {target_name} has {n_layer} layers "
+                         f"(0-{n_layer - 1}, and {n_layer} for its last hidden state)")
+    if target_arch not in LAYER_INPUTS:
+        raise ModelError(f"{path}: an EAGLE-3 drafter reads its target's layer inputs, which llama.cpp hands out "
+                         f"for {', '.join(sorted(LAYER_INPUTS))}, not for {target_name} ({target_arch})")
+    width = meta.get(keys[1])
+    if width != n_embd:
+        raise ModelError(f"{path}: drafts from hidden states of width {width} ({keys[1]}), but {target_name}'s "
+                         f"have {n_embd}")
+    _check_d2t(path, target_name, n_vocab)
+    return tuple(layers)
+
+
+def _check_d2t(path: Path, target_name: str, n_vocab: int) -> None:
+    """A reduced vocabulary's map (tensor d2t: each draft row's target token id) must name
+    tokens of the target: llama.cpp writes the logits there unchecked."""
+    reader = gguf.GGUFReader(str(path))  # preflight has checked the file's layout
+    d2t = next((t for t in reader.tensors if t.name == "d2t"), None)
+    if d2t is None:
+        return
+    ids = np.asarray(d2t.data).reshape(-1)
+    if d2t.tensor_type != gguf.GGMLQuantizationType.I64:
+        raise ModelError(f"{path}: its d2t map is {d2t.tensor_type.name}, not I64 as llama.cpp reads it")
+    outside = ids[(ids < 0) | (ids >= n_vocab)]
+    if outside.size:
+        raise ModelError(f"{path}: its d2t map names token {int(outside[0])}, outside {target_name}'s vocabulary "
+                         f"of {n_vocab}")
+
+
+class EagleHead(MtpHead):
+    """An EAGLE-3 draft in a context of its own beside the target's (see the top): an MtpBackend
+    whose entry p, the token at p with a row g of p - 1, sits at KV position p - 1."""
+
+    kind = "draft-eagle3"
+
+    def __init__(self, target, features: Sequence[NextnRows], path: Path, layers: tuple[int, ...]):
+        """The drafter at `path` (checked by target_layers) for `target` (a model.LlamaModel), and
+        the target's rows of `layers` (one NextnRows per slot)."""
+        self._rows = features
+        self.layers = layers
+        self.rows_key = f"layers {list(layers)}"  # what the target's kept rows are (prompt cache)
+        self.n_batch = target.n_batch
+        self._own = self._ctx = None
+        self._batch = self._encoder = None
+        self.file = file_identity(path)
+        self.name = f"{path.name} (EAGLE-3)"
+        mparams, _devs = model_params(target.n_gpu_layers, target.devices)
+        self._own = ll.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._own:
+            raise ModelError(f"{path}: llama.cpp could not load this EAGLE-3 drafter")
+        self.n_embd = ll.llama_model_n_embd(self._own)
+        cparams = context_params(ll.llama_n_ctx(target._ctx), target.n_batch, target.n_threads,
+                                 target._flash_attn_type, target.n_slots, target.kv_unified)
+        cparams.ctx_other = target._ctx  # the target's embeddings and output where the draft has none
+        self._ctx = ll.llama_init_from_model(self._own, cparams)
+        if not self._ctx:
+            self.close()
+            raise ModelError(f"{path}: llama.cpp could not create a context for this EAGLE-3 drafter")
+        ext.set_embeddings_nextn(self._ctx, True, False)  # the encoder's g rows, the decoder's pre-norm rows
+        self._mem = ll.llama_get_memory(self._ctx)
+        self.n_ctx = target.n_ctx
+        self.n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(self._own))
+        self._batch = Batch(self._ctx, self.n_batch, self.n_vocab, n_embd=self.n_embd)
+        self._n_encode = ll.llama_n_ubatch(self._ctx)  # the encoder takes one ubatch at a time
+        self._encoder = Batch(self._ctx, self._n_encode, self.n_vocab, n_embd=features[0].n_embd, tokens=False)
+        self._encode(np.zeros((1, features[0].n_embd), dtype=np.float32))  # allocates the compute buffers
+        self.decode([0, 0], 0, np.zeros((2, self.n_embd), dtype=np.float32))
+        self.trim(0)
+
+    def target_rows(self, start: int, end: int, slot: int = 0) -> np.ndarray | None:
+        """The encoder's rows g for positions start..end-1 of slot's cache (-1: zeros, never
+        decoded), from the target's rows of the three layers; None where those are unknown."""
+        before = max(0, min(end, 0) - start)  # positions before 0
+        features = self._rows[slot].get(max(start, 0), end)
+        if features is None:
+            return None
+        return np.concatenate([np.zeros((before, self.n_embd), dtype=np.float32), self._encode(features)])
+
+    def _encode(self, features: np.ndarray) -> np.ndarray:
+        """The encoder's row g of each row of `features`, a ubatch at a time."""
+        g = np.empty((len(features), self.n_embd), dtype=np.float32)
+        enc = self._encoder
+        for i in range(0, len(features), self._n_encode):
+            n = min(self._n_encode, len(features) - i)
+            enc.embd[:n] = features[i : i + n]
+            # the encoder reads no positions, but llama.cpp wants them after its sequence 0's cells
+            enc.pos[:n] = ll.llama_memory_seq_pos_max(self._mem, 0) + 1 + np.arange(n)
+            enc.out[:n] = 1
+            if enc.run(n, encode=True) != 0:
+                raise GenerationError(f"{self.name}: llama.cpp's encoder failed on {n} rows")
+            g[i : i + n] = np.ctypeslib.as_array(ext.get_embeddings_nextn(self._ctx), shape=(n, self.n_embd))
+        return g
+
+    def decode_parts(self, parts: Sequence[HeadPart]) -> list[HeadOutputs | None]:
+        """As MtpHead's, with entry p at KV position p - 1; the entry of the token at position 0
+        is left out (its part gives None when nothing else is in it)."""
+        shifted = [HeadPart(p.tokens[1:], 0, p.rows[1:], p.slot) if p.pos == 0 else
+                   HeadPart(p.tokens, p.pos - 1, p.rows, p.slot) for p in parts]
+        run = [p for p in shifted if len(p.tokens)]
+        outputs = iter(super().decode_parts(run) if run else [])
+        # copies: another slot's encoder may run before this slot reads them (slots.SlotHead)
+        return [None if not len(p.tokens) else _copied(next(outputs)) for p in shifted]
+
+    def trim(self, n_keep: int, slot: int = 0) -> None:
+        self._roll_back(slot, max(0, n_keep - 1))
+
+    def close(self) -> None:
+        if self._encoder is not None:
+            self._encoder.free()
+            self._encoder = None
+        super().close()
+
+
+def _copied(out: HeadOutputs | None) -> HeadOutputs | None:
+    return None if out is None else (out[0].copy(), out[1].copy())
