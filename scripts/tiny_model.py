@@ -68,6 +68,8 @@ ARCH_INFO: dict[str, ArchInfo] = {
     "lfm2": ArchInfo(hybrid=True, rollback=True, n_layer=4),
     "qwen35": ArchInfo(hybrid=True, rollback=True, n_layer=4, mtp=True),
     "granitehybrid": ArchInfo(hybrid=True, n_layer=4),
+    "gemma4": ArchInfo(),  # sliding-window attention, the last layer full (a Gemma-4 assistant shares both)
+    "hy_v3": ArchInfo(mtp=True),  # dense Hunyuan-V3: llama.cpp chains several NextN blocks of it
     "bert": ArchInfo(generative=False),  # encoder only: embeddings, no causal LM head
     "dream": ArchInfo(generative=False, diffusion=True),  # non-causal attention
     "llada": ArchInfo(generative=False, diffusion=True),
@@ -79,6 +81,11 @@ LOGIT_STD = 3.0  # standard deviation of the (non-special) logits
 CHAIN = 1.5  # strength of the successor bias (see _Weights.embeddings); 0: none
 NEXTN_HIDDEN = 0.3  # how much of the trunk's hidden state the NextN projection mixes in
 RESIDUAL_GAIN = 1.0  # the scale of what each layer adds to the residual stream, times 1/sqrt(n_layer)
+GEMMA4_FULL_EVERY = 6  # Gemma 4: five sliding-window layers, then a full one (counted from the last)
+GEMMA4_SLIDING_WINDOW = 64
+GEMMA4_ROPE_BASE, GEMMA4_ROPE_BASE_SWA = 1e6, 1e4
+GEMMA4_SOFTCAP = 30.0  # final_logit_softcapping
+GEMMA4_POST_GAIN = 0.6  # Gemma's post-norms make each layer add exactly their weight: about half the greedy steps follow the chain
 
 # -- the tokenizer ---------------------------------------------------------------
 
@@ -205,21 +212,30 @@ class _Weights:
         """A norm's weight: about 1."""
         self.rand(name, (n,), 0.1, 1.0)
 
-    def embeddings(self, n_embd: int, n_vocab: int, n_special: int) -> None:
+    def embeddings(self, n_embd: int, n_vocab: int, n_special: int, embd_scale: float = 1.0) -> None:
+        """token_embd (N(0, embd_scale^2): an architecture that scales its embeddings up, as
+        Gemma's by sqrt(n_embd), takes them scaled down) and output (see below)."""
         embd = self.normal((n_embd, n_vocab), 1.0)
-        self.add("token_embd.weight", embd)
+        self.add("token_embd.weight", embd if embd_scale == 1.0 else embd * np.float32(embd_scale))
         out = self.normal((n_embd, n_vocab), LOGIT_STD / np.sqrt(n_embd))
         if CHAIN:
             # a bias towards successor(token): one cycle through every normal token, the same
             # for every seed, so greedy text does not settle into a short loop (see the top)
             n_normal = n_vocab - n_special
-            order = np.random.default_rng(1234).permutation(n_normal)
-            succ = np.empty(n_normal, dtype=np.int64)
-            succ[order] = np.roll(order, -1)
+            succ = successors(n_normal)
             unit = embd[:n_normal] / np.linalg.norm(embd[:n_normal], axis=1, keepdims=True)
             out[succ] += np.float32(CHAIN * 3 * LOGIT_STD / np.sqrt(n_embd)) * unit
         out[n_vocab - n_special:] = 0.0  # special tokens: logit 0, never the greedy choice
         self.add("output.weight", out)
+
+
+def successors(n_normal: int) -> np.ndarray:
+    """succ[t]: the successor of normal token t that every model's output projection favours
+    (one cycle through all n_normal tokens, the same for every seed and architecture)."""
+    order = np.random.default_rng(1234).permutation(n_normal)
+    succ = np.empty(n_normal, dtype=np.int64)
+    succ[order] = np.roll(order, -1)
+    return succ
 
 
 # -- architectures -----------------------------------------------------------------
@@ -515,6 +531,94 @@ def _qwen35_attention(t: _Weights, b: str, d: Dims) -> None:
     t.norm(b + "attn_k_norm.weight", d.head_dim)
 
 
+def _gemma4_swa_pattern(n_layer: int) -> list[bool]:
+    """Gemma 4's layer pattern, counted from the end: the last layer full attention, the five
+    before it sliding-window, and so on (a Gemma-4 assistant shares the KV of the last full
+    layer and of the sliding one before it)."""
+    return [(n_layer - 1 - i) % GEMMA4_FULL_EVERY != 0 for i in range(n_layer)]
+
+
+def _write_gemma4(w: gguf.GGUFWriter, t: _Weights, d: Dims, mtp: bool) -> None:
+    """Gemma 4's dense text model with no per-layer embeddings (embedding_length_per_layer_input
+    0), no shared-KV layers and no MoE: sliding-window and full attention layers (see
+    _gemma4_swa_pattern) with q/k norms, post-attention and post-FFN norms, GELU FFNs and
+    final-logit softcapping. Gemma scales its embeddings by sqrt(n_embd), so token_embd is
+    drawn scaled down by as much; its attention does not scale q.k (scale 1), so the q/k norms
+    are about 0.5; the post-norms' weights (about GEMMA4_POST_GAIN / sqrt(n_layer)) set what
+    each layer adds to the residual stream, as the projections' scale does for llama."""
+    if d.n_layer < 2:
+        raise ValueError("gemma4 needs at least 2 layers (llama.cpp's sliding-window cache wants one of each kind)")
+    pattern = _gemma4_swa_pattern(d.n_layer)
+    _attention_kv(w, d)
+    w.add_key_length(d.head_dim)
+    w.add_value_length(d.head_dim)
+    w.add_key_length_swa(d.head_dim)
+    w.add_value_length_swa(d.head_dim)
+    w.add_uint32("gemma4.rope.dimension_count_swa", d.head_dim)
+    w.add_rope_freq_base(GEMMA4_ROPE_BASE)
+    w.add_rope_freq_base_swa(GEMMA4_ROPE_BASE_SWA)
+    w.add_sliding_window(GEMMA4_SLIDING_WINDOW)
+    w.add_sliding_window_pattern(pattern)
+    w.add_embedding_length_per_layer_input(0)
+    w.add_final_logit_softcapping(GEMMA4_SOFTCAP)
+    t.embeddings(d.n_embd, d.n_vocab, len(SPECIALS), embd_scale=1 / np.sqrt(d.n_embd))
+    t.norm("output_norm.weight", d.n_embd)
+    t.const("rope_freqs.weight", (d.head_dim // 2,), 1.0)  # the full layers' (proportional rope) frequency factors
+    _gemma4_layers(t, d, pattern, kv=True)
+
+
+def _gemma4_layers(t: _Weights, d: Dims, pattern: list[bool], *, kv: bool, prefix: int = 0) -> None:
+    """Gemma 4's decoder layers (blk.prefix ...); without kv (a Gemma-4 assistant's) they have
+    queries only: the keys and values are the target's."""
+    gain = GEMMA4_POST_GAIN * t.residual_gain
+    for i in range(len(pattern)):
+        b = f"blk.{prefix + i}."
+        q = d.head_dim * d.n_head
+        t.norm(b + "attn_norm.weight", d.n_embd)
+        t.linear(b + "attn_q.weight", d.n_embd, q)
+        if kv:
+            t.linear(b + "attn_k.weight", d.n_embd, d.head_dim * d.n_head_kv)
+            t.linear(b + "attn_v.weight", d.n_embd, d.head_dim * d.n_head_kv)
+        t.out(b + "attn_output.weight", q, d.n_embd)
+        t.rand(b + "attn_q_norm.weight", (d.head_dim,), 0.05, 0.5)
+        if kv:
+            t.rand(b + "attn_k_norm.weight", (d.head_dim,), 0.05, 0.5)
+        t.rand(b + "post_attention_norm.weight", (d.n_embd,), 0.1 * gain, gain)
+        _ffn(t, b, d)
+        t.rand(b + "post_ffw_norm.weight", (d.n_embd,), 0.1 * gain, gain)
+
+
+def _write_hy_v3(w: gguf.GGUFWriter, t: _Weights, d: Dims, mtp: int) -> None:
+    """Hunyuan-V3 with dense FFNs only (no experts): llama blocks with q/k norms, and with mtp = N
+    NextN blocks after them (block_count = n_layer + N, nextn_predict_layers = N), each a full
+    block behind an eh_proj as qwen35's. llama.cpp's MTP graph runs block n_layer + offset
+    (llama_set_nextn_layer_offset), so its draft-mtp driver chains the N heads, one a step."""
+    n_nextn = int(mtp)
+    w.add_context_length(CONTEXT_LENGTH)
+    w.add_embedding_length(d.n_embd)
+    w.add_block_count(d.n_layer + n_nextn)
+    w.add_feed_forward_length(d.n_ff)
+    w.add_head_count(d.n_head)
+    w.add_head_count_kv(d.n_head_kv)
+    w.add_rope_dimension_count(d.head_dim)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_expert_feed_forward_length(d.n_ff)  # required by the loader; no experts use it
+    if n_nextn:
+        w.add_nextn_predict_layers(n_nextn)
+    t.embeddings(d.n_embd, d.n_vocab, len(SPECIALS))
+    t.norm("output_norm.weight", d.n_embd)
+    for i in range(d.n_layer + n_nextn):
+        b = f"blk.{i}."
+        _llama_block(t, b, d)
+        t.norm(b + "attn_q_norm.weight", d.head_dim)
+        t.norm(b + "attn_k_norm.weight", d.head_dim)
+        if i >= d.n_layer:
+            _nextn_projection(t, b, d)
+            t.norm(b + "nextn.enorm.weight", d.n_embd)
+            t.norm(b + "nextn.hnorm.weight", d.n_embd)
+            t.norm(b + "nextn.shared_head_norm.weight", d.n_embd)
+
+
 def _write_granitehybrid(w: gguf.GGUFWriter, t: _Weights, d: Dims, mtp: bool) -> None:
     """Mamba-2 layers with an attention layer every 4th (head_count_kv 0 marks Mamba-2)."""
     d_inner, d_conv, d_state, n_group = 2 * d.n_embd, 4, 16, 1  # llama.cpp: d_inner == 2 * n_embd
@@ -587,6 +691,8 @@ _WRITERS = {
     "lfm2": _write_lfm2,
     "qwen35": _write_qwen35,
     "granitehybrid": _write_granitehybrid,
+    "gemma4": _write_gemma4,
+    "hy_v3": _write_hy_v3,
     "bert": _write_bert,
     "dream": _write_llama_like("dream"),
     "llada": _write_llama_like("llada"),
@@ -639,8 +745,12 @@ def write_model(arch: str, path: str | Path, *, mtp: bool = False, mtp_only: boo
 
 
 def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from scripts.tiny_drafters import DRAFTERS, write_drafter  # which imports this module
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("arch", choices=ARCHS)
+    p.add_argument("arch", choices=ARCHS + DRAFTERS,
+                   help=f"a model, or a drafter ({', '.join(DRAFTERS)}: its target is written beside it as OUT.target.gguf)")
     p.add_argument("out", type=Path)
     p.add_argument("--mtp", action="store_true", help="add NextN/MTP layer(s) (qwen35)")
     p.add_argument("--mtp-only", action="store_true",
@@ -654,6 +764,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="write a split model, at most N tensors a part (OUT-00001-of-0000K.gguf, ...)")
     args = p.parse_args(argv)
     try:
+        if args.arch in DRAFTERS:
+            for path in write_drafter(args.arch, args.out, seed=args.seed):
+                print(f"{path} ({path.stat().st_size} bytes)")
+            return 0
         path = write_model(args.arch, args.out, mtp=args.mtp, mtp_only=args.mtp_only, n_embd=args.n_embd, n_layer=args.n_layer,
                            seed=args.seed, f16=args.f16, split_max_tensors=args.split_max_tensors)
     except ValueError as e:

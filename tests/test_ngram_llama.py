@@ -12,7 +12,6 @@ tiny real model, with greedy output identical to target-only output.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import os
@@ -40,6 +39,7 @@ from speculative.drafters.ngram_cache import Counts, draft
 from speculative.drafters.ngram_mod import MULTIPLIER, TABLE_SIZE
 from speculative.errors import UsageError
 from tests.conftest import speculate_here, vendored_tree
+from tests.driver_harness import compile_cxx, wheel_libs
 from tests.fakes import FakeBackend, ToyModel, plain_decode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -414,17 +414,6 @@ def llama_src(tmp_path_factory) -> Path:
                          "common/ngram-map.h", "common/ngram-map.cpp")
 
 
-def compile_cxx(*args: str | Path) -> None:
-    # $CXX, else what built llama-cpp-python here (CMake finds c++, g++ or clang++)
-    compiler = next(filter(None, map(shutil.which, [os.environ.get("CXX") or "g++", "c++", "clang++"])), None)
-    if compiler is None:
-        pytest.fail("no C++ compiler (g++, or $CXX): install one (apt-get install g++) to build the llama.cpp "
-                    "cross-check")
-    proc = subprocess.run([compiler, "-std=c++17", "-O1", *map(str, args)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.fail(f"building a llama.cpp harness failed:\n{proc.stderr[-4000:]}")
-
-
 def with_stubs(llama_src: Path, tmp_path_factory, name: str, *files: str) -> Path:
     """A folder of the sdist's common/FILES and the stub headers they compile against."""
     src = tmp_path_factory.mktemp(name)
@@ -450,16 +439,6 @@ def map_harness(llama_src, tmp_path_factory) -> Path:
     compile_cxx("-DNGRAM_MAP", "-I", src, ROOT / "tests" / "ngram_drafter_harness.cpp", src / "ngram-map.cpp",
                 "-o", src / "harness")
     return src / "harness"
-
-
-def wheel_libs() -> Path:
-    """The installed llama-cpp-python's lib/ (beside llama_cpp/ in site-packages), with libllama-common."""
-    spec = importlib.util.find_spec("llama_cpp")
-    libs = Path(spec.origin).resolve().parent.parent / "lib" if spec and spec.origin else None
-    if libs is None or not (libs / "libllama-common.so").is_file():
-        pytest.fail(f"no libllama-common.so in {libs}: the installed llama-cpp-python lacks it (the 0.3.36 build "
-                    "scripts/test.sh installs has it)")
-    return libs
 
 
 @pytest.fixture(scope="module")

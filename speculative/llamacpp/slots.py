@@ -204,7 +204,8 @@ class SlotHead:
         return getattr(self._head, name)
 
     def target_rows(self, start: int, end: int) -> np.ndarray | None:
-        return self._head.target_rows(start, end, self.slot)
+        with self.shared.gate.lock:  # an EAGLE-3 head's encoder decodes: not beside the gate's batches
+            return self._head.target_rows(start, end, self.slot)
 
     def decode(self, tokens: Sequence[int], pos: int, rows: np.ndarray) -> HeadOutputs | None:
         return decode_chunks(lambda part: self.shared.gate.submit(self.shared, part), tokens, pos, rows, self.slot,
