@@ -17,25 +17,17 @@ import numpy as np
 import pytest
 
 from scripts.tiny_drafters import write_drafter
-from speculative.decoding.events import Step, Token
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.engine.engine import Engine
 from speculative.errors import ModelError
 from speculative.llamacpp import ext
 from tests.conftest import speculate, speculate_json
+from tests.test_mtp import steps_of, tokens_of
 
 GREEDY = SamplerSettings(temp=0.0)
 PROMPT = "once upon a time there were a cat and a dog. once upon a time there were"
 N = 48
 real = pytest.mark.real
-
-
-def tokens_of(events) -> list[int]:
-    return [e.id for e in events if isinstance(e, Token)]
-
-
-def steps_of(events) -> list[Step]:
-    return [e for e in events if isinstance(e, Step)]
 
 
 # -- the bindings ---------------------------------------------------------------------
