@@ -10,7 +10,6 @@ only the installed llama.cpp.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import gguf
 import numpy as np
