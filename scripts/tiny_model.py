@@ -1,6 +1,6 @@
 """Tiny random-weight GGUF models of several architectures that the pinned llama.cpp loads.
 
-    python scripts/tiny_model.py ARCH OUT.gguf [--mtp | --mtp-only] [--n-embd N] [--n-layer N] [--seed S] [--f16]
+    python scripts/tiny_model.py ARCH OUT.gguf [--mtp | --mtp-only] [--mtp-heads N] [--n-embd N] [--n-layer N] [--seed S] [--f16]
 
 or, from Python, ``write_model(arch, path, mtp=False, mtp_only=False, n_embd=None, n_layer=None, seed=0)``.
 ``ARCHS`` lists the architectures and ``ARCH_INFO`` what llama.cpp says of each (recurrent,
@@ -32,7 +32,16 @@ model in two files: --mtp-only writes the head alone, as `convert_hf_to_gguf.py 
 only the NextN block, token_embd, output_norm and output), and the plain model is what
 `--no-nextn` writes (no NextN block, no nextn_predict_layers). The weights are drawn in the
 same order for all three, so with one seed the head file and the plain model hold exactly the
---mtp file's tensors: the pair drafts what the combined file drafts.
+--mtp file's tensors: the pair drafts what the combined file drafts. --mtp-heads N (mtp=N)
+writes N NextN blocks (block_count = n_layer + N, nextn_predict_layers = N, the first of them
+the one block of --mtp); llama.cpp loads and counts them (llama_model_n_layer_nextn), but
+its qwen35 MTP graph runs a single block only (GGML_ASSERT: an MTP context on such a file
+aborts the process). hy_v3 (a dense Hunyuan-V3) takes --mtp and --mtp-heads as qwen35 does,
+and its MTP graph runs block n_layer + llama_set_nextn_layer_offset, so llama.cpp's draft-mtp
+driver chains its N heads, one a draft step (ArchInfo.mtp_chain).
+
+gemma4 is Gemma 4's dense text model (sliding-window layers and a full one last, no per-layer
+embeddings), the target of scripts/tiny_drafters.py's Gemma-4 assistant.
 """
 
 from __future__ import annotations
@@ -58,6 +67,7 @@ class ArchInfo:
     n_layer: int = 2  # default block count
     n_embd: int = 64  # default width
     mtp: bool = False  # --mtp adds NextN layers
+    mtp_chain: bool = False  # llama.cpp's MTP graph runs any of several NextN blocks (llama_set_nextn_layer_offset)
 
 
 ARCH_INFO: dict[str, ArchInfo] = {
@@ -69,7 +79,7 @@ ARCH_INFO: dict[str, ArchInfo] = {
     "qwen35": ArchInfo(hybrid=True, rollback=True, n_layer=4, mtp=True),
     "granitehybrid": ArchInfo(hybrid=True, n_layer=4),
     "gemma4": ArchInfo(),  # sliding-window attention, the last layer full (a Gemma-4 assistant shares both)
-    "hy_v3": ArchInfo(mtp=True),  # dense Hunyuan-V3: llama.cpp chains several NextN blocks of it
+    "hy_v3": ArchInfo(mtp=True, mtp_chain=True),  # dense Hunyuan-V3: llama.cpp chains several NextN blocks of it
     "bert": ArchInfo(generative=False),  # encoder only: embeddings, no causal LM head
     "dream": ArchInfo(generative=False, diffusion=True),  # non-causal attention
     "llada": ArchInfo(generative=False, diffusion=True),
@@ -450,11 +460,12 @@ def _write_lfm2(w: gguf.GGUFWriter, t: _Weights, d: Dims, mtp: bool) -> None:
         _ffn(t, b, d)
 
 
-def _write_qwen35(w: gguf.GGUFWriter, t: _Weights, d: Dims, mtp: bool) -> None:
+def _write_qwen35(w: gguf.GGUFWriter, t: _Weights, d: Dims, mtp: int) -> None:
     """Gated delta-net layers with a full-attention layer every 4th (as Qwen3.5), and with
-    mtp one NextN block after them: block_count = n_layer + 1, nextn_predict_layers = 1."""
+    mtp = N NextN blocks after them: block_count = n_layer + N, nextn_predict_layers = N.
+    The blocks are drawn one after another, so the first of N is the one block of mtp = 1."""
     interval = 4 if d.n_layer >= 4 else 2
-    n_nextn = 1 if mtp else 0
+    n_nextn = int(mtp)
     d_state = d.head_dim  # linear attention head size (keys and values)
     n_v_heads = d.n_head
     n_k_heads = max(1, n_v_heads // 2)
@@ -706,18 +717,23 @@ def _in_mtp_file(n_layer: int) -> Callable[[str], bool]:
     return lambda name: not name.startswith("blk.") or int(name.split(".")[1]) >= n_layer
 
 
-def write_model(arch: str, path: str | Path, *, mtp: bool = False, mtp_only: bool = False,
+def write_model(arch: str, path: str | Path, *, mtp: bool | int = False, mtp_only: bool = False,
                 n_embd: int | None = None, n_layer: int | None = None, seed: int = 0, f16: bool = False,
                 split_max_tensors: int = 0) -> Path:
     """Write a tiny random-weight GGUF of architecture `arch` (one of ARCHS) to `path`.
 
     n_embd defaults to the architecture's ARCH_INFO default, 64 for most (a multiple of 16 up
     to 128, of 64 above; rwkv7's of 64) and n_layer to the
-    architecture's ARCH_INFO default; mtp (qwen35 only) adds one NextN block; mtp_only writes
-    that block alone, as llama.cpp's converter publishes an MTP head (see the top).
+    architecture's ARCH_INFO default; mtp (qwen35, hy_v3) adds NextN blocks: True or 1 one, an
+    int N that many (nextn_predict_layers = N); mtp_only writes them alone, as llama.cpp's
+    converter publishes an MTP head (see the top), one block unless mtp says more.
     split_max_tensors > 0 writes a split model as gguf-split does, `STEM-00001-of-0000N.gguf`
     and so on beside `path`, and returns the first part's path."""
-    mtp = mtp or mtp_only
+    if isinstance(mtp, bool) or mtp is None:
+        mtp = 1 if mtp else 0
+    if mtp < 0:
+        raise ValueError(f"mtp must be a number of NextN blocks >= 0, not {mtp}")
+    mtp = max(mtp, 1) if mtp_only else mtp
     if arch not in ARCH_INFO:
         raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(ARCHS)}")
     info = ARCH_INFO[arch]
@@ -731,7 +747,7 @@ def write_model(arch: str, path: str | Path, *, mtp: bool = False, mtp_only: boo
         raise ValueError(f"{arch} is hybrid: it needs at least 2 layers")
     path = Path(path)
     w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
-    w.add_name(f"tiny-{arch}{'-mtp' if mtp else ''}")
+    w.add_name(f"tiny-{arch}{'-mtp' if mtp else ''}{mtp if mtp > 1 else ''}")
     n_vocab = add_tokenizer(w)
     d = _dims(n_embd, n_layer, n_vocab)
     keep = _in_mtp_file(n_layer) if mtp_only else (lambda name: True)
@@ -752,9 +768,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("arch", choices=ARCHS + DRAFTERS,
                    help=f"a model, or a drafter ({', '.join(DRAFTERS)}: its target is written beside it as OUT.target.gguf)")
     p.add_argument("out", type=Path)
-    p.add_argument("--mtp", action="store_true", help="add NextN/MTP layer(s) (qwen35)")
+    p.add_argument("--mtp", action="store_true", help="add NextN/MTP layer(s) (qwen35, hy_v3)")
+    p.add_argument("--mtp-heads", type=int, default=None, metavar="N",
+                   help="how many NextN blocks --mtp / --mtp-only write (default 1; implies --mtp; "
+                        "nextn_predict_layers = N)")
     p.add_argument("--mtp-only", action="store_true",
-                   help="only the MTP head, as convert_hf_to_gguf.py --mtp writes it (qwen35; its model: "
+                   help="only the MTP head, as convert_hf_to_gguf.py --mtp writes it (qwen35, hy_v3; its model: "
                         "the same arguments without --mtp-only, which is what --no-nextn writes)")
     p.add_argument("--n-embd", type=int, default=None)
     p.add_argument("--n-layer", type=int, default=None)
@@ -763,12 +782,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split-max-tensors", type=int, default=0, metavar="N",
                    help="write a split model, at most N tensors a part (OUT-00001-of-0000K.gguf, ...)")
     args = p.parse_args(argv)
+    if args.mtp_heads is not None and args.mtp_heads < 1:
+        p.error("--mtp-heads must be at least 1")
+    mtp = args.mtp_heads if args.mtp_heads is not None else args.mtp
     try:
         if args.arch in DRAFTERS:
             for path in write_drafter(args.arch, args.out, seed=args.seed):
                 print(f"{path} ({path.stat().st_size} bytes)")
             return 0
-        path = write_model(args.arch, args.out, mtp=args.mtp, mtp_only=args.mtp_only, n_embd=args.n_embd, n_layer=args.n_layer,
+        path = write_model(args.arch, args.out, mtp=mtp, mtp_only=args.mtp_only, n_embd=args.n_embd, n_layer=args.n_layer,
                            seed=args.seed, f16=args.f16, split_max_tensors=args.split_max_tensors)
     except ValueError as e:
         p.error(str(e))

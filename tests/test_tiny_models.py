@@ -4,7 +4,8 @@ Every architecture of ARCHS is written to a temporary directory and driven throu
 llama-cpp-python's low-level bindings (as speculative/llamacpp/ does): it loads, llama.cpp
 classes it as the architecture should be (recurrent, hybrid, diffusion), and the generative
 ones decode greedily into varied, reproducible text. Qwen3.5's NextN (MTP) layer loads and
-runs in an MTP context. Hybrids that support it roll their recurrent state back (n_rs_seq),
+runs in an MTP context; several NextN blocks load and count, and hy_v3's run one by one
+(llama_set_nextn_layer_offset). Hybrids that support it roll their recurrent state back (n_rs_seq),
 and the greedy text after a rollback is the text of a fresh decode; a batch scores each
 position exactly as a lone token does.
 """
@@ -308,6 +309,98 @@ def test_qwen35_mtp_head_runs(model_file):
                 ll.llama_free(mtp)
 
 
+def _mtp_decode(model: Model, target: Context, offset: int) -> list[np.ndarray]:
+    """The target decodes the prompt (its NextN rows unmasked); an MTP context on the model
+    (ctx_other: the target's) runs NextN block n_layer + offset over (token p+1, row p) pairs;
+    each pair's logits."""
+    n_embd = ll.llama_model_n_embd(model.ptr)
+    prompt = model.tokenize(PROMPT)
+    ll_ext.llama_set_embeddings_nextn(target.ptr, True, False)
+    ll.llama_memory_clear(target.mem, True)
+    target.decode(prompt, 0, all_logits=True)
+    hidden = np.ctypeslib.as_array(ll_ext.llama_get_embeddings_nextn(target.ptr), shape=(len(prompt), n_embd)).copy()
+    params = ll.llama_context_default_params()
+    params.n_ctx, params.n_batch, params.n_ubatch = 256, 64, 64
+    params.n_threads = params.n_threads_batch = 1
+    params.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP
+    params.ctx_other = target.ptr
+    mtp = ll.llama_init_from_model(model.ptr, params)
+    assert mtp
+    batch = ll.llama_batch_init(64, n_embd, 1)
+    tokens = (ll.llama_token * 64)()
+    batch.token = tokens
+    try:
+        ll_ext.llama_set_nextn_layer_offset(mtp, offset)
+        embd = np.ctypeslib.as_array(batch.embd, shape=(64, n_embd))
+        n = len(prompt) - 1
+        for i in range(n):
+            tokens[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = prompt[i + 1], i, 1, 1
+            batch.seq_id[i][0] = 0
+            embd[i] = hidden[i]
+        batch.n_tokens = n
+        assert ll.llama_decode(mtp, batch) == 0
+        return [np.ctypeslib.as_array(ll.llama_get_logits_ith(mtp, i), shape=(model.n_vocab,)).copy() for i in range(n)]
+    finally:
+        batch.token = ctypes.POINTER(ll.llama_token)()
+        ll.llama_batch_free(batch)
+        ll.llama_free(mtp)
+
+
+def _tensors(path: Path) -> dict[str, np.ndarray]:
+    return {t.name: np.array(t.data) for t in gguf.GGUFReader(path).tensors}
+
+
+def test_several_nextn_blocks(tmp_path, model_file):
+    """mtp = N writes N NextN blocks (block_count n_layer + N, nextn_predict_layers N), the
+    first of them the one block of mtp = 1, the trunk the same; --mtp-only keeps all N.
+    llama.cpp loads and counts them. (Its qwen35 MTP graph runs one block only: an MTP context
+    on this file would abort the process, GGML_ASSERT(n_layer_nextn == 1); hy_v3's below runs.)"""
+    n_layer = ARCH_INFO["qwen35"].n_layer
+    path = write_model("qwen35", tmp_path / "q2.gguf", mtp=2)
+    reader = gguf.GGUFReader(path)
+    assert reader.fields["qwen35.nextn_predict_layers"].contents() == 2
+    assert reader.fields["qwen35.block_count"].contents() == n_layer + 2
+    two, one = _tensors(path), _tensors(model_file("qwen35", mtp=True))
+    assert set(two) - set(one) == {n for n in two if n.startswith(f"blk.{n_layer + 1}.")}
+    assert {f"blk.{n_layer + 1}.nextn.{x}.weight" for x in ("eh_proj", "enorm", "hnorm", "shared_head_norm")} <= set(two)
+    assert all(np.array_equal(one[n], two[n]) for n in one)  # the first block, the trunk, the embeddings
+    assert any(not np.array_equal(two[f"blk.{n_layer}.{x}"], two[f"blk.{n_layer + 1}.{x}"])
+               for x in ("attn_q.weight", "ffn_up.weight"))  # the second block drawn anew
+    with Model(path, load_mtp=True) as model:
+        assert ll.llama_model_n_layer_nextn(model.ptr) == 2
+        assert ll.llama_model_n_layer(model.ptr) == n_layer
+        with model.context() as ctx:
+            trunk = ctx.generate(model.tokenize(PROMPT), 16)
+    with Model(model_file("qwen35")) as model, model.context() as ctx:
+        assert ctx.generate(model.tokenize(PROMPT), 16) == trunk
+    head = write_model("qwen35", tmp_path / "q2-head.gguf", mtp=2, mtp_only=True)
+    kept = _tensors(head)
+    assert {n for n in two if n.startswith("blk.") and int(n.split(".")[1]) >= n_layer} <= set(kept)
+    assert not any(n.startswith("blk.") and int(n.split(".")[1]) < n_layer for n in kept)
+    with Model(head, load_mtp=True) as model:
+        assert ll.llama_model_n_layer_nextn(model.ptr) == 2
+
+
+def test_hy_v3_chains_its_nextn_heads(tmp_path):
+    """hy_v3's MTP graph runs block n_layer + llama_set_nextn_layer_offset: each of its NextN
+    heads runs in the one MTP context, and they differ; its head-only file runs as well."""
+    assert ARCH_INFO["hy_v3"].mtp_chain and not ARCH_INFO["qwen35"].mtp_chain
+    path = write_model("hy_v3", tmp_path / "hy.gguf", mtp=2)
+    with Model(path, load_mtp=True) as model:
+        assert ll.llama_model_n_layer_nextn(model.ptr) == 2
+        assert ll.llama_model_n_layer(model.ptr) == ARCH_INFO["hy_v3"].n_layer
+        with model.context() as target:
+            heads = [_mtp_decode(model, target, offset) for offset in (0, 1)]
+    for rows in heads:
+        assert all(np.isfinite(row).all() for row in rows)
+        assert len({int(np.argmax(row)) for row in rows}) >= 4
+    assert max(float(np.abs(a - b).max()) for a, b in zip(*heads)) > 0.1
+    head = write_model("hy_v3", tmp_path / "hy-head.gguf", mtp=2, mtp_only=True)
+    with Model(path) as trunk, Model(head, load_mtp=True) as model, trunk.context() as target:
+        alone = _mtp_decode(model, target, 1)  # the head file on the plain model: the same drafts
+    assert max(float(np.abs(a - b).max()) for a, b in zip(alone, heads[1])) < 1e-3
+
+
 # -- what the non-generative ones look like -------------------------------------------
 
 
@@ -402,3 +495,11 @@ def test_command_line(tmp_path):
     bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "tiny_model.py"), "llama", str(tmp_path / "x.gguf"),
                           "--mtp"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "MTP" in bad.stderr
+    heads = tmp_path / "heads.gguf"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "tiny_model.py"), "qwen35", str(heads),
+                           "--mtp-heads", "2"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert heads.read_bytes() == write_model("qwen35", tmp_path / "heads-api.gguf", mtp=2).read_bytes()
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "tiny_model.py"), "qwen35", str(tmp_path / "x.gguf"),
+                          "--mtp-heads", "0"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--mtp-heads" in bad.stderr
