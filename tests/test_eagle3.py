@@ -10,6 +10,7 @@ only the installed llama.cpp.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -20,7 +21,9 @@ from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettin
 from speculative.engine.engine import Engine
 from speculative.errors import ModelError
 from speculative.llamacpp import ext
+from speculative.drafters import MtpDrafter
 from tests.conftest import speculate, speculate_json
+from tests.driver_harness import build_driver_harness, run_driver_harness
 from tests.test_mtp import steps_of, tokens_of
 
 GREEDY = SamplerSettings(temp=0.0)
@@ -171,10 +174,10 @@ def test_an_eagle3_file_is_no_model_and_no_draft_model(tiny):
 
 
 @real
-def test_each_slot_drafts_for_its_own_request(tiny, tmp_path, batch_invariant):
+def test_each_slot_drafts_as_it_would_alone(tiny, tmp_path, batch_invariant):
     """batch -np 3 with draft-eagle3 (each slot's features and entries in its own sequences, the
-    slots' entries decoded together): each request's text is as alone (-np 1), drafted and
-    accepted. (What each drafts is not always what it drafts alone: docs/drafters.md.)"""
+    slots' entries decoded together, the encoder between): each request's text, and what it
+    drafted and had accepted, are as alone (-np 1)."""
     requests = tmp_path / "requests.jsonl"
     prompts = [PROMPT, "the dog and the cat", "once upon a time", "a cat, a dog, a cat, a dog,", "there were"]
     requests.write_text("".join(json.dumps({"id": i, "prompt": p, "n_predict": 12 + 9 * i}) + "\n"
@@ -188,9 +191,9 @@ def test_each_slot_drafts_for_its_own_request(tiny, tmp_path, batch_invariant):
         assert proc.returncode == 0, proc.stderr
         results[n] = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert {i: r["text"] for i, r in results[3].items()} == {i: r["text"] for i, r in results[1].items()}
-    drafts = {i: (r["stats"]["n_drafted"], r["stats"]["n_accept"]) for i, r in results[3].items()}
-    assert all(d > 0 for d, _ in drafts.values())
-    assert 0 < sum(a for _, a in drafts.values()) < sum(d for d, _ in drafts.values())
+    drafts = {n: {i: (r["stats"]["n_drafted"], r["stats"]["n_accept"]) for i, r in results[n].items()} for n in (1, 3)}
+    assert drafts[3] == drafts[1]
+    assert 0 < sum(a for _, a in drafts[3].values()) < sum(d for d, _ in drafts[3].values())
 
 
 @real
@@ -202,3 +205,35 @@ def test_the_prompt_cache_brings_the_features_along(tiny, tmp_path, batch_invari
     assert second["n_restored"] > 0 and second["tokens"] == first["tokens"]
     assert (second["n_drafted"], second["n_accept"]) == (first["n_drafted"], first["n_accept"]) and not second["notes"]
 
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory) -> Path:
+    return build_driver_harness(tmp_path_factory.mktemp("driver-harness"))
+
+
+@real
+@pytest.mark.parametrize("drafter", ["own", "d2t", "shared"])
+def test_its_drafts_are_llama_cpps_own(tiny, harness, batch_invariant, monkeypatch, drafter):
+    """llama.cpp's own draft-eagle3 driver (common/speculative.cpp through libllama-common: the
+    harness) and speculate's port draft the same token ids after every context both draft
+    after. Their loops cut steps differently (llama.cpp drafts first after its first generated
+    token, speculate after the prompt), so the contexts compared are those both reach."""
+    ours: dict[int, list[int]] = {}
+    propose = MtpDrafter.propose
+
+    def recorded(self, context, k):
+        draft = propose(self, context, k)
+        ours[len(context)] = draft.tokens
+        return draft
+
+    monkeypatch.setattr(MtpDrafter, "propose", recorded)
+    with Engine(target(tiny, drafter)) as engine:
+        prompt = engine.prompt_tokens(PROMPT)
+        list(engine.run(prompt, GREEDY, spec(("draft-eagle3",), 4, n=64), 1))
+    theirs, n = {}, len(prompt) + 1
+    for step in run_driver_harness(harness, "draft-eagle3", tiny["target"], tiny[drafter], 4, 24, prompt):
+        theirs[n] = step["draft"]
+        n += step["accepted"] + 1
+    both = sorted(set(ours) & set(theirs))
+    assert len(both) >= 10, (sorted(ours), sorted(theirs))
+    assert [(c, ours[c]) for c in both] == [(c, theirs[c]) for c in both]

@@ -97,6 +97,10 @@ class EagleHead(MtpHead):
     whose entry p, the token at p with a row g of p - 1, sits at KV position p - 1."""
 
     kind = "draft-eagle3"
+    # llama.cpp's EAGLE-3 decoder graph computes logits and pre-norm rows for every entry and
+    # does not pick the outputs asked for: with only the last entry of several asked for, the
+    # first entry's row came back as the last's. Every entry is an output instead.
+    every_output = True
 
     def __init__(self, target, features: Sequence[NextnRows], path: Path, layers: tuple[int, ...]):
         """The drafter at `path` (checked by target_layers) for `target` (a model.LlamaModel), and
@@ -105,7 +109,7 @@ class EagleHead(MtpHead):
         self.layers = layers
         self.rows_key = f"layers {list(layers)}"  # what the target's kept rows are (prompt cache)
         self.n_batch = target.n_batch
-        self._own = self._ctx = self._enc_ctx = None
+        self._own = self._ctx = None
         self._batch = self._encoder = None
         self.file = file_identity(path)
         self.name = f"{path.name} (EAGLE-3)"
@@ -126,18 +130,8 @@ class EagleHead(MtpHead):
         self.n_ctx = target.n_ctx
         self.n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(self._own))
         self._batch = Batch(self._ctx, self.n_batch, self.n_vocab, n_embd=self.n_embd)
-        # The encoder runs in a context of its own: encoding in the decoder's context, as llama.cpp's
-        # driver does, changed later drafts of the sequences whose entries were decoded around it
-        # (several requests at once). It holds no cells, and takes one ubatch at a time.
-        self._n_encode = ll.llama_n_ubatch(self._ctx)
-        cparams.n_ctx = cparams.n_batch = self._n_encode
-        cparams.n_seq_max, cparams.kv_unified = 1, True
-        self._enc_ctx = ll.llama_init_from_model(self._own, cparams)
-        if not self._enc_ctx:
-            self.close()
-            raise ModelError(f"{path}: llama.cpp could not create a context for this EAGLE-3 drafter's encoder")
-        ext.set_embeddings_nextn(self._enc_ctx, True, False)
-        self._encoder = Batch(self._enc_ctx, self._n_encode, self.n_vocab, n_embd=features[0].n_embd, tokens=False)
+        self._n_encode = ll.llama_n_ubatch(self._ctx)  # the encoder takes one ubatch at a time
+        self._encoder = Batch(self._ctx, self._n_encode, self.n_vocab, n_embd=features[0].n_embd, tokens=False)
         self._encode(np.zeros((1, features[0].n_embd), dtype=np.float32))  # allocates the compute buffers
         self.decode([0, 0], 0, np.zeros((2, self.n_embd), dtype=np.float32))
         self.trim(0)
@@ -158,11 +152,12 @@ class EagleHead(MtpHead):
         for i in range(0, len(features), self._n_encode):
             n = min(self._n_encode, len(features) - i)
             enc.embd[:n] = features[i : i + n]
-            enc.pos[:n] = np.arange(n)  # the encoder reads no positions, and its context holds no cells
+            # the encoder reads no positions; llama.cpp wants them after its sequence 0's cells
+            enc.pos[:n] = ll.llama_memory_seq_pos_max(self._mem, 0) + 1 + np.arange(n)
             enc.out[:n] = 1
             if enc.run(n, encode=True) != 0:
                 raise GenerationError(f"{self.name}: llama.cpp's encoder failed on {n} rows")
-            g[i : i + n] = np.ctypeslib.as_array(ext.get_embeddings_nextn(self._enc_ctx), shape=(n, self.n_embd))
+            g[i : i + n] = np.ctypeslib.as_array(ext.get_embeddings_nextn(self._ctx), shape=(n, self.n_embd))
         return g
 
     def decode_parts(self, parts: Sequence[HeadPart]) -> list[HeadOutputs | None]:
@@ -182,9 +177,6 @@ class EagleHead(MtpHead):
         if self._encoder is not None:
             self._encoder.free()
             self._encoder = None
-        if self._enc_ctx:
-            ll.llama_free(self._enc_ctx)
-            self._enc_ctx = None
         super().close()
 
 

@@ -68,6 +68,7 @@ class MtpHead(Context):
     """
 
     kind = "draft-mtp"  # the --spec-type it drafts for
+    every_output = False  # whether a decode must ask for every entry's outputs to get the last one's
 
     def __init__(self, target: LlamaModel, rows: Sequence[NextnRows], sidecar: Path | None = None):
         """The head that follows `target` (a model.LlamaModel, whose module imports this one) and
@@ -139,7 +140,7 @@ class MtpHead(Context):
             batch.tok[start:end] = part.tokens
             batch.pos[start:end] = np.arange(part.pos, part.pos + len(part.tokens))
             batch.embd[start:end] = part.rows
-            batch.out[start:end] = 0
+            batch.out[start:end] = self.every_output
             batch.out[end - 1] = 1
             ends.append(end - 1)
         batch.set_seqs([(part.slot,) for part in parts for _ in part.tokens])
