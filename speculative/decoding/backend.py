@@ -104,16 +104,18 @@ class MtpBackend(Protocol):
     n_vocab: int
     n_ctx: int      # positions 0..n_ctx-1 exist
     n_batch: int
+    n_heads: int    # NextN layers chained, one per drafted token (1: one head drafts every token)
 
     def target_rows(self, start: int, end: int) -> np.ndarray | None:
         """The target's NextN hidden rows for positions start..end-1 of what its cache holds
         (-1: zeros), or None when any is not known (nextn.py)."""
         ...
 
-    def decode(self, tokens: Sequence[int], pos: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    def decode(self, tokens: Sequence[int], pos: int, rows: np.ndarray,
+               head: int | None = None) -> tuple[np.ndarray, np.ndarray] | None:
         """Entries for tokens[i] with rows[i] at positions pos, pos+1, ... (the cache holds
-        exactly 0..pos-1): the last one's logits and NextN row (views valid until the next
-        decode), or None when the decode failed."""
+        exactly 0..pos-1), in every head's layers or `head`'s alone: the last one's logits and
+        NextN row (views valid until the next decode), or None when the decode failed."""
         ...
 
     def trim(self, n_keep: int) -> None:

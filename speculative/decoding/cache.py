@@ -253,12 +253,19 @@ class MtpCache:
     cache came from a prompt cache file written without them, or was forked into draft
     branches), the head cannot follow the target exactly: it keeps what it has, and sync
     says so.
+
+    With chained heads (head.n_heads > 1) the i-th drafted token comes from head i, which
+    decodes the draft region again from the last exact entry (`draft`); that entry is then in
+    head i's layer only, so the next sync decodes it again in every head's.
     """
 
     def __init__(self, head: MtpBackend):
         self.head = head
         self._held: list[int] = []  # the token of each entry, from position 0
         self._exact = 0  # leading entries made from the target's rows
+        self._seed: tuple[int, np.ndarray] | None = None  # the last exact entry's token and row (chained heads),
+        self._seed_pos = 0                                  # and its position
+        self._drafted: list[tuple[int, np.ndarray]] = []  # since: each drafted token and the row before it
 
     def shared_prefix(self, tokens: Sequence[int]) -> int:
         """How many leading tokens of `tokens` it holds exact entries for."""
@@ -281,6 +288,27 @@ class MtpCache:
         out = self.extend(tokens[n:], rows)
         if out is not None:
             self._exact = len(self._held)
+            self._seed, self._seed_pos, self._drafted = (tokens[-1], rows[-1].copy()), len(self._held) - 1, []
+        return out
+
+    def draft(self, token: int, row: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """The entry of a drafted token after the last sync and the drafts since, with the head's
+        row of the entry before: its logits and NextN row, or None (nothing held) on failure.
+        Chained heads: the i-th drafted token's entry comes from head i, which decodes the last
+        exact entry and the drafted ones again."""
+        if self.head.n_heads == 1:
+            return self.extend([token], row[None])
+        self._drafted.append((token, row.copy()))
+        pos0 = self._seed_pos  # the last exact entry: only there does every head's layer hold it
+        self.rollback(pos0)
+        entries = [self._seed, *self._drafted]
+        out = self.head.decode([t for t, _ in entries], pos0, np.stack([r for _, r in entries]),
+                               head=len(self._drafted))
+        if out is None:
+            self.head.trim(0)
+            self._held, self._exact = [], 0
+            return None
+        self._held.extend(t for t, _ in entries)
         return out
 
     def _kept(self, tokens: Sequence[int], last: bool) -> int:

@@ -35,8 +35,8 @@ class MtpDrafter(Drafter):
         self.cache.sync(prompt[:-1], last=False)  # the target holds those, and its rows of them
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
-        # drafted entries go up to position len(context) + k - 2
-        k = min(k, self.cache.head.n_ctx - len(context) + 1)
+        # drafted entries go up to position len(context) + k - 2; chained heads draft a token each
+        k = min(k, self.cache.head.n_ctx - len(context) + 1, self.cache.head.max_draft or k)
         start = self.cache.sync(context) if k > 0 and self.can_draft(context) else None
         if start is None:
             return self.nothing()
@@ -48,7 +48,7 @@ class MtpDrafter(Drafter):
             q.append(picked[1])
             if len(tokens) == k or self.is_eog(tokens[-1]):
                 break
-            step = self.cache.extend(tokens[-1:], hidden[None])
+            step = self.cache.draft(tokens[-1], hidden)
             if step is None:
                 break
             logits, hidden = step

@@ -101,6 +101,7 @@ class EagleHead(MtpHead):
     # does not pick the outputs asked for: with only the last entry of several asked for, the
     # first entry's row came back as the last's. Every entry is an output instead.
     every_output = True
+    n_heads, max_draft = 1, None
 
     def __init__(self, target, features: Sequence[NextnRows], path: Path, layers: tuple[int, ...]):
         """The drafter at `path` (checked by target_layers) for `target` (a model.LlamaModel), and

@@ -7,6 +7,13 @@ given with -md: the head then runs on that file's weights.
 With several requests at once (slots.py) the head's context has a sequence per slot, as the
 target's has: slot s's entries are in sequence s, drafted from slot s's NextN rows, and the
 slots' entries of one step go in one decode (decode_parts).
+
+A model may have several NextN layers, trained to predict 1, 2, ... tokens ahead (Step-3.5,
+MiMo-V2, Hunyuan-V3). llama.cpp chains them as its draft-mtp driver does: the entries that
+follow the target go into every head's layer (one decode per head, each writing its own
+layer's keys and values into the same cells), and the i-th drafted token comes from head i,
+which decodes the draft region again from the last entry that followed the target
+(llama_set_nextn_layer_offset). A draft is then at most as long as there are heads.
 """
 
 from __future__ import annotations
@@ -24,7 +31,11 @@ from speculative.llamacpp.decode import Batch, Context, context_params
 from speculative.llamacpp.devices import model_params
 from speculative.llamacpp.identity import file_identity
 from speculative.llamacpp.nextn import NextnRows
-from speculative.models.gguf_meta import preflight
+from speculative.models.gguf_meta import preflight, read_metadata
+
+# Architectures whose llama.cpp MTP graph runs any of several NextN layers (the others assert
+# that there is one: llama.cpp aborts the process on a file with more).
+CHAINED_HEADS = frozenset({"hy_v3", "mimo2", "step35"})
 
 
 @dataclass(frozen=True)
@@ -35,20 +46,21 @@ class HeadPart:
     pos: int
     rows: np.ndarray
     slot: int
+    head: int | None = None  # chained heads: the one head that decodes it; None: every head
 
 
 HeadOutputs = tuple[np.ndarray, np.ndarray]  # an entry's logits and NextN row
 
 
 def decode_chunks(run: Callable[[HeadPart], HeadOutputs | None], tokens: Sequence[int], pos: int,
-                  rows: np.ndarray, slot: int, size: int) -> HeadOutputs | None:
+                  rows: np.ndarray, slot: int, size: int, head: int | None = None) -> HeadOutputs | None:
     """Entries for tokens[i] with rows[i] at positions pos, pos+1, ... in slot's sequence, a chunk
     of at most `size` per `run` (a decode of its own, or a place in the gate's batch): the last
     entry's outputs, or None at the first chunk that fails."""
     out = None
     for start in range(0, len(tokens), size):
         end = min(len(tokens), start + size)
-        out = run(HeadPart(tokens[start:end], pos + start, rows[start:end], slot))
+        out = run(HeadPart(tokens[start:end], pos + start, rows[start:end], slot, head))
         if out is None:
             return None
     return out
@@ -81,6 +93,8 @@ class MtpHead(Context):
         self.file = None if sidecar is None else file_identity(sidecar)  # what it runs, for calibration
         self.name = f"{target.name if sidecar is None else sidecar.name} (MTP)"
         model = target._model if sidecar is None else self._load(sidecar, target)
+        self.n_heads = self._heads(model, target.arch if sidecar is None else None, sidecar)
+        self.max_draft = self.n_heads if self.n_heads > 1 else None  # chained: a token per head
         self._create_context(model, target, sidecar)
         self._mem = ll.llama_get_memory(self._ctx)
         self.n_ctx = target.n_ctx
@@ -88,6 +102,18 @@ class MtpHead(Context):
         self._batch = Batch(self._ctx, self.n_batch, self.n_vocab, n_embd=self.n_embd)
         self.decode([0], 0, np.zeros((1, self.n_embd), dtype=np.float32))  # allocates the compute buffers
         self.trim(0)
+
+    def _heads(self, model, arch: str | None, sidecar: Path | None) -> int:
+        """The NextN layers it chains (1: it drafts with one, however many tokens); refused
+        before llama.cpp would abort on them."""
+        n = ll.llama_model_n_layer_nextn(model)
+        if arch is None:
+            arch = read_metadata(sidecar, ["general.architecture"]).get("general.architecture")
+        if n > 1 and arch not in CHAINED_HEADS:
+            self.close()
+            raise ModelError(f"{sidecar or self.name}: {n} NextN (MTP) layers, but llama.cpp's {arch} graph "
+                             f"runs one (it chains several for {', '.join(sorted(CHAINED_HEADS))} only)")
+        return max(1, n)
 
     def _load(self, path: Path, target: LlamaModel):
         """An MTP head file's weights, its NextN layers loaded (its trunk is not in it)."""
@@ -123,16 +149,37 @@ class MtpHead(Context):
         where unknown."""
         return self._rows[slot].get(start, end)
 
-    def decode(self, tokens: Sequence[int], pos: int, rows: np.ndarray) -> HeadOutputs | None:
+    def decode(self, tokens: Sequence[int], pos: int, rows: np.ndarray, head: int | None = None) -> HeadOutputs | None:
         """Entries for tokens[i] with rows[i] at positions pos, pos+1, ... after the pos the
-        cache holds: the last entry's logits and NextN row (views, valid until the next
-        decode), or None when llama.cpp fails (the cache may then hold some of them)."""
-        return decode_chunks(lambda part: self.decode_parts([part])[0], tokens, pos, rows, 0, self.n_batch)
+        cache holds (with chained heads: in every head's layer, or in `head`'s alone): the last
+        entry's logits and NextN row (views, valid until the next decode; head 0's for every
+        head), or None when llama.cpp fails (the cache may then hold some of them)."""
+        return decode_chunks(lambda part: self.decode_parts([part])[0], tokens, pos, rows, 0, self.n_batch, head)
 
     def decode_parts(self, parts: Sequence[HeadPart]) -> list[HeadOutputs | None]:
-        """Several slots' entries in one decode (together no more than n_batch): each part's
-        last entry's logits and NextN row, as `decode` gives them (None for every part when
-        llama.cpp fails)."""
+        """Several slots' entries in one decode (together no more than n_batch; a decode per
+        head with chained heads): each part's last entry's logits and NextN row, as `decode`
+        gives them (None for every part when llama.cpp fails)."""
+        if self.n_heads == 1:
+            return self._decode_parts(parts)
+        outputs: list[HeadOutputs | None] = [None] * len(parts)
+        for head in dict.fromkeys(part.head for part in parts):
+            group = [i for i, part in enumerate(parts) if part.head == head]
+            # each head writes its layer into the cells of these positions, which it frees first;
+            # llama.cpp gives them the same cells again (as its driver relies on); head 0's last
+            for layer in ([head] if head is not None else [*range(1, self.n_heads), 0]):
+                for i in group:
+                    self._roll_back(parts[i].slot, parts[i].pos)
+                ext.set_nextn_layer_offset(self._ctx, layer)
+                try:
+                    done = self._decode_parts([parts[i] for i in group])
+                finally:
+                    ext.set_nextn_layer_offset(self._ctx, 0)
+            for i, out in zip(group, done):
+                outputs[i] = None if out is None else (out[0].copy(), out[1].copy())
+        return outputs
+
+    def _decode_parts(self, parts: Sequence[HeadPart]) -> list[HeadOutputs | None]:
         batch, end = self._batch, 0
         ends = []
         for part in parts:

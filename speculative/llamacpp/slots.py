@@ -207,9 +207,9 @@ class SlotHead:
         with self.shared.gate.lock:  # an EAGLE-3 head's encoder decodes: not beside the gate's batches
             return self._head.target_rows(start, end, self.slot)
 
-    def decode(self, tokens: Sequence[int], pos: int, rows: np.ndarray) -> HeadOutputs | None:
+    def decode(self, tokens: Sequence[int], pos: int, rows: np.ndarray, head: int | None = None) -> HeadOutputs | None:
         return decode_chunks(lambda part: self.shared.gate.submit(self.shared, part), tokens, pos, rows, self.slot,
-                             self.shared.capacity)
+                             self.shared.capacity, head)
 
     def trim(self, n_keep: int) -> None:
         with self.shared.gate.lock:
