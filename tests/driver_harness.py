@@ -74,3 +74,28 @@ def run_driver_harness(harness: Path, spec_type: str, target: Path, draft: Path 
     if proc.returncode != 0:
         pytest.fail(f"{' '.join(args[:6])} ...: exit status {proc.returncode}\n{proc.stderr[-4000:]}")
     return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+def harness_drafts(harness: Path, spec_type: str, target: Path, draft: Path | None, n_max: int,
+                   prompt: Sequence[int], n_steps: int = 24) -> dict[int, list[int]]:
+    """llama.cpp's drafts (run_driver_harness) by the length of the context each follows: its
+    first after the prompt and its first generated token, then after each step's tokens."""
+    drafts, n = {}, len(prompt) + 1
+    for step in run_driver_harness(harness, spec_type, target, draft, n_max, n_steps, prompt):
+        drafts[n] = step["draft"]
+        n += step["accepted"] + 1
+    return drafts
+
+
+def record_drafts(monkeypatch, drafter: type) -> dict[int, list[int]]:
+    """From now on, what `drafter`'s propose drafts, by the length of the context it follows."""
+    drafts: dict[int, list[int]] = {}
+    propose = drafter.propose
+
+    def recorded(self, context, k):
+        draft = propose(self, context, k)
+        drafts[len(context)] = draft.tokens
+        return draft
+
+    monkeypatch.setattr(drafter, "propose", recorded)
+    return drafts

@@ -23,7 +23,7 @@ from speculative.errors import ModelError
 from speculative.llamacpp import ext
 from speculative.drafters import MtpDrafter
 from tests.conftest import speculate, speculate_json
-from tests.driver_harness import build_driver_harness, run_driver_harness
+from tests.driver_harness import build_driver_harness, harness_drafts, record_drafts
 from tests.test_mtp import steps_of, tokens_of
 
 GREEDY = SamplerSettings(temp=0.0)
@@ -218,22 +218,11 @@ def test_its_drafts_are_llama_cpps_own(tiny, harness, batch_invariant, monkeypat
     harness) and speculate's port draft the same token ids after every context both draft
     after. Their loops cut steps differently (llama.cpp drafts first after its first generated
     token, speculate after the prompt), so the contexts compared are those both reach."""
-    ours: dict[int, list[int]] = {}
-    propose = MtpDrafter.propose
-
-    def recorded(self, context, k):
-        draft = propose(self, context, k)
-        ours[len(context)] = draft.tokens
-        return draft
-
-    monkeypatch.setattr(MtpDrafter, "propose", recorded)
+    ours = record_drafts(monkeypatch, MtpDrafter)
     with Engine(target(tiny, drafter)) as engine:
         prompt = engine.prompt_tokens(PROMPT)
         list(engine.run(prompt, GREEDY, spec(("draft-eagle3",), 4, n=64), 1))
-    theirs, n = {}, len(prompt) + 1
-    for step in run_driver_harness(harness, "draft-eagle3", tiny["target"], tiny[drafter], 4, 24, prompt):
-        theirs[n] = step["draft"]
-        n += step["accepted"] + 1
+    theirs = harness_drafts(harness, "draft-eagle3", tiny["target"], tiny[drafter], 4, prompt)
     both = sorted(set(ours) & set(theirs))
     assert len(both) >= 10, (sorted(ours), sorted(theirs))
     assert [(c, ours[c]) for c in both] == [(c, theirs[c]) for c in both]

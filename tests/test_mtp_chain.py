@@ -18,7 +18,7 @@ from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettin
 from speculative.drafters import MtpDrafter
 from speculative.engine.engine import Engine
 from tests.conftest import speculate
-from tests.driver_harness import build_driver_harness, run_driver_harness
+from tests.driver_harness import build_driver_harness, harness_drafts, record_drafts
 from tests.test_mtp import steps_of, tokens_of
 
 GREEDY = SamplerSettings(temp=0.0)
@@ -52,32 +52,14 @@ def spec(types: tuple[str, ...], draft_max: int, n: int = 48) -> SpecSettings:
     return SpecSettings(types=types, n_predict=n, draft_max=draft_max, ignore_eos=True)
 
 
-def drafts_by_context(path: Path, draft_max: int, monkeypatch) -> dict[int, list[int]]:
-    """What speculate's draft-mtp drafts after each context of a greedy run, by its length."""
-    drafts: dict[int, list[int]] = {}
-    propose = MtpDrafter.propose
-
-    def recorded(self, context, k):
-        draft = propose(self, context, k)
-        drafts[len(context)] = draft.tokens
-        return draft
-
-    monkeypatch.setattr(MtpDrafter, "propose", recorded)
+def drafts_by_context(path: Path, draft_max: int, monkeypatch) -> tuple[dict[int, list[int]], list[int]]:
+    """What speculate's draft-mtp drafts after each context of a greedy run, by its length; and the prompt."""
+    drafts = record_drafts(monkeypatch, MtpDrafter)
     with Engine(target(path)) as engine:
-        list(engine.run(engine.prompt_tokens(PROMPT), GREEDY, spec(("draft-mtp",), draft_max, n=64), 1))
         prompt = engine.prompt_tokens(PROMPT)
+        list(engine.run(prompt, GREEDY, spec(("draft-mtp",), draft_max, n=64), 1))
     monkeypatch.undo()
     return drafts, prompt
-
-
-def llama_cpp_drafts(harness: Path, path: Path, draft_max: int, prompt: list[int]) -> dict[int, list[int]]:
-    """llama.cpp's draft-mtp driver's drafts, by the length of the context each follows (its
-    first after the prompt and its first generated token)."""
-    drafts, n = {}, len(prompt) + 1
-    for step in run_driver_harness(harness, "draft-mtp", path, None, draft_max, 24, prompt):
-        drafts[n] = step["draft"]
-        n += step["accepted"] + 1
-    return drafts
 
 
 @real
@@ -90,7 +72,7 @@ def llama_cpp_drafts(harness: Path, path: Path, draft_max: int, prompt: list[int
 ])
 def test_its_drafts_are_llama_cpps_own(models, harness, batch_invariant, monkeypatch, model, draft_max, compared):
     ours, prompt = drafts_by_context(models[model], draft_max, monkeypatch)
-    theirs = llama_cpp_drafts(harness, models[model], draft_max, prompt)
+    theirs = harness_drafts(harness, "draft-mtp", models[model], None, draft_max, prompt)
     both = sorted(set(ours) & set(theirs))
     assert len(both) >= 10, (sorted(ours), sorted(theirs))
     assert [(c, ours[c][:compared]) for c in both] == [(c, theirs[c][:compared]) for c in both]
