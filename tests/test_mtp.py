@@ -110,7 +110,7 @@ class FakeHead:
 
     name = "fake (MTP)"
     kind = "draft-mtp"
-    n_heads, max_draft = 1, None
+    n_heads, max_draft, shared_memory = 1, None, False
     n_embd = N_EMBD
 
     def __init__(self, target: NextnTarget, draft: ToyModel):

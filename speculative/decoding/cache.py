@@ -268,18 +268,28 @@ class MtpCache:
         self._drafted: list[tuple[int, np.ndarray]] = []  # since: each drafted token and the row before it
 
     def shared_prefix(self, tokens: Sequence[int]) -> int:
-        """How many leading tokens of `tokens` it holds exact entries for."""
+        """How many leading tokens of `tokens` it holds exact entries for (a head that reads
+        the target's cache: all of them, having none of its own)."""
+        if self.head.shared_memory:
+            return len(tokens)
         return _common_prefix(self._held, tokens, min(self._exact, len(tokens)))
 
     def can_follow(self, tokens: Sequence[int]) -> bool:
         """Whether `sync(tokens)` has the target's rows it needs."""
+        if self.head.shared_memory:
+            return self.head.target_rows(len(tokens) - 2, len(tokens) - 1) is not None
         return self.head.target_rows(self._kept(tokens, True) - 1, len(tokens) - 1) is not None
 
     def sync(self, tokens: Sequence[int], last: bool = True) -> tuple[np.ndarray, np.ndarray] | None:
         """Hold exact entries for `tokens`, of which the target's cache holds all but the last,
         decoding those it lacks (with `last`, at least the last one, whose outputs are wanted):
         the last entry's logits and NextN row, or None when nothing was decoded or the target's
-        rows for them are not known."""
+        rows for them are not known. A head that reads the target's cache decodes the last
+        entry alone, at its position."""
+        if self.head.shared_memory:
+            rows = self.head.target_rows(len(tokens) - 2, len(tokens) - 1) if last else None
+            self._seed_pos = len(tokens) - 1
+            return None if rows is None else self.head.decode(tokens[-1:], self._seed_pos, rows)
         n = self._kept(tokens, last)
         self.rollback(n)
         rows = self.head.target_rows(n - 1, len(tokens) - 1)
@@ -296,6 +306,8 @@ class MtpCache:
         row of the entry before: its logits and NextN row, or None (nothing held) on failure.
         Chained heads: the i-th drafted token's entry comes from head i, which decodes the last
         exact entry and the drafted ones again."""
+        if self.head.shared_memory:  # at the last token's position, as llama.cpp's driver decodes it
+            return self.head.decode([token], self._seed_pos, row[None])
         if self.head.n_heads == 1:
             return self.extend([token], row[None])
         self._drafted.append((token, row.copy()))

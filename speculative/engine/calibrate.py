@@ -129,6 +129,10 @@ def measure_mtp(mtp: MtpCache, max_batch: int) -> list[float]:
     FILLER_TOKENS of its own, on rows of zeros (what a row holds does not change the cost).
     The head is left empty."""
     head = mtp.head
+    if head.shared_memory:  # no cache of its own: it only ever decodes one entry, b of them b times
+        row = np.zeros((1, head.n_embd), dtype=np.float32)
+        one = _timed(1, head.n_vocab, lambda batch: head.decode(batch[-1:], 0, row), lambda: None)[0]
+        return [one * b for b in range(1, max_batch + 1)]
     n_fill = max(0, min(FILLER_TOKENS, head.n_ctx - max_batch))
     rows = np.zeros((n_fill + max_batch, head.n_embd), dtype=np.float32)
     mtp.forget()

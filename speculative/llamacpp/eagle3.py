@@ -101,7 +101,7 @@ class EagleHead(MtpHead):
     # does not pick the outputs asked for: with only the last entry of several asked for, the
     # first entry's row came back as the last's. Every entry is an output instead.
     every_output = True
-    n_heads, max_draft = 1, None
+    n_heads, max_draft, shared_memory, _seqs_per_slot = 1, None, False, 1
 
     def __init__(self, target, features: Sequence[NextnRows], path: Path, layers: tuple[int, ...]):
         """The drafter at `path` (checked by target_layers) for `target` (a model.LlamaModel), and

@@ -14,6 +14,12 @@ follow the target go into every head's layer (one decode per head, each writing 
 layer's keys and values into the same cells), and the i-th drafted token comes from head i,
 which decodes the draft region again from the last entry that followed the target
 (llama_set_nextn_layer_offset). A draft is then at most as long as there are heads.
+
+A Gemma-4 MTP assistant (architecture gemma4-assistant, a file given with -md) has no keys and
+values of its own: its layers attend to the target's last two layers' cache, which its context
+mirrors (ctx_other), cells and sequences included. It is a head with `shared_memory`: each of
+its entries is decoded alone at the position of the context's last token (each drafted token at
+that same position too, as llama.cpp's driver does), nothing is held, and nothing rolls back.
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ from speculative.models.gguf_meta import preflight, read_metadata
 # Architectures whose llama.cpp MTP graph runs any of several NextN layers (the others assert
 # that there is one: llama.cpp aborts the process on a file with more).
 CHAINED_HEADS = frozenset({"hy_v3", "mimo2", "step35"})
+# Architectures of MTP heads that read the target's KV cache instead of keeping their own (one
+# graph runs all their layers).
+SHARED_MEMORY = frozenset({"gemma4-assistant"})
 
 
 @dataclass(frozen=True)
@@ -93,7 +102,11 @@ class MtpHead(Context):
         self.file = None if sidecar is None else file_identity(sidecar)  # what it runs, for calibration
         self.name = f"{target.name if sidecar is None else sidecar.name} (MTP)"
         model = target._model if sidecar is None else self._load(sidecar, target)
-        self.n_heads = self._heads(model, target.arch if sidecar is None else None, sidecar)
+        arch = target.arch if sidecar is None else read_metadata(sidecar, ["general.architecture"]).get(
+            "general.architecture")
+        self.shared_memory = arch in SHARED_MEMORY
+        self._seqs_per_slot = target.n_seq if self.shared_memory else 1  # its sequences are the target's
+        self.n_heads = self._heads(model, arch, sidecar)
         self.max_draft = self.n_heads if self.n_heads > 1 else None  # chained: a token per head
         self._create_context(model, target, sidecar)
         self._mem = ll.llama_get_memory(self._ctx)
@@ -104,11 +117,11 @@ class MtpHead(Context):
         self.trim(0)
 
     def _heads(self, model, arch: str | None, sidecar: Path | None) -> int:
-        """The NextN layers it chains (1: it drafts with one, however many tokens); refused
-        before llama.cpp would abort on them."""
+        """The NextN layers it chains (1: it drafts with one, however many tokens, or runs them
+        all in one graph); refused before llama.cpp would abort on them."""
         n = ll.llama_model_n_layer_nextn(model)
-        if arch is None:
-            arch = read_metadata(sidecar, ["general.architecture"]).get("general.architecture")
+        if self.shared_memory:
+            return 1
         if n > 1 and arch not in CHAINED_HEADS:
             self.close()
             raise ModelError(f"{sidecar or self.name}: {n} NextN (MTP) layers, but llama.cpp's {arch} graph "
@@ -123,7 +136,7 @@ class MtpHead(Context):
         self._own = ll.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._own:
             raise ModelError(f"{path}: llama.cpp could not load this MTP head")
-        width = ll.llama_model_n_embd(self._own)
+        width = ll.llama_model_n_embd_out(self._own)  # the rows it takes and gives
         if width != self.n_embd:  # llama.cpp asserts they match
             self.close()
             raise ModelError(f"{path}: an MTP head of width {width} cannot draft for {target.name}, whose "
@@ -133,7 +146,7 @@ class MtpHead(Context):
     def _create_context(self, model, target: LlamaModel, sidecar: Path | None) -> None:
         """The MTP context on `model`'s weights, beside the target's."""
         cparams = context_params(ll.llama_n_ctx(target._ctx), target.n_batch, target.n_threads,
-                                 target._flash_attn_type, target.n_slots, target.kv_unified)
+                                 target._flash_attn_type, target.n_slots * self._seqs_per_slot, target.kv_unified)
         cparams.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP
         cparams.ctx_other = target._ctx  # llama.cpp shares the target's memory where the architecture does
         self._ctx = ll.llama_init_from_model(model, cparams)
@@ -190,7 +203,7 @@ class MtpHead(Context):
             batch.out[start:end] = self.every_output
             batch.out[end - 1] = 1
             ends.append(end - 1)
-        batch.set_seqs([(part.slot,) for part in parts for _ in part.tokens])
+        batch.set_seqs([(part.slot * self._seqs_per_slot,) for part in parts for _ in part.tokens])
         if batch.run(end) != 0:
             return [None] * len(parts)
         return [self._outputs(i) for i in ends]
@@ -201,7 +214,8 @@ class MtpHead(Context):
         return self._batch.logits(i), np.ctypeslib.as_array(hidden, shape=(self.n_embd,))
 
     def trim(self, n_keep: int, slot: int = 0) -> None:
-        self._roll_back(slot, n_keep)
+        if not self.shared_memory:  # the target's cells are the target's to roll back
+            self._roll_back(slot, n_keep)
 
     def close(self) -> None:
         self._free_context()

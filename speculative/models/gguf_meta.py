@@ -201,6 +201,8 @@ def nextn_kind(path: Path) -> str:
     or "head", those layers without the trunk (no blk.0.attn_norm.weight, as llama.cpp's loaders
     tell), an MTP head as `convert_hf_to_gguf.py --mtp` publishes one to draft for its model."""
     arch = read_metadata(path, ["general.architecture"]).get("general.architecture")
+    if arch == "gemma4-assistant":  # an MTP assistant: NextN layers alone, reading the target's cache
+        return "head"
     count = read_metadata(path, [f"{arch}.block_count"]).get(f"{arch}.block_count") if isinstance(arch, str) else None
     if type(count) is not int or count < 1:
         return "none"
