@@ -56,7 +56,7 @@ def batch_command(
             from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
             from speculative.engine.parallel import Parallel
 
-            target, draft = models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft, spec.mtp, spec.eagle3)
+            target, draft = models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft, spec.mtp, spec.features)
             engine = Engine(slots.apply(target), slots.apply(draft), notify=_notice, **pool.engine_args())
             engine.factory.make(spec)  # auto measures its costs now, before requests share the models
             parallel = Parallel(engine, slots.n_slots, **slots.parallel_args())

@@ -62,11 +62,11 @@ def bench_command(
     sampling = SamplerSettings(temp=temp, seed=seed)
     sampling.validate()
 
-    mtp, eagle3 = {c.spec.mtp for c in configs}, {c.spec.eagle3 for c in configs}
+    mtp, features = {c.spec.mtp for c in configs}, {c.spec.features for c in configs} - {None}
     target, draft = models.specs(uses_draft, max(c.spec.branches for c in configs),
                                   max(c.spec.longest_draft for c in configs),
-                                  *("named" if "named" in wanted else "auto" if "auto" in wanted else None
-                                    for wanted in (mtp, eagle3)))
+                                  "named" if "named" in mtp else "auto" if "auto" in mtp else None,
+                                  next(iter(sorted(features - {"auto"})), "auto" if features else None))
     progress = _announce(len(prompts_), len(configs), repeat, n_predict)
 
     from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)

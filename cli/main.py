@@ -120,7 +120,7 @@ def run(
     if system_prompt is not None and escape:
         system_prompt = process_escapes(system_prompt)
 
-    target, draft = models.specs(use_draft, spec.branches, spec.longest_draft, spec.mtp, spec.eagle3)
+    target, draft = models.specs(use_draft, spec.branches, spec.longest_draft, spec.mtp, spec.features)
     code = run_and_render(
         target, draft, text, sampling, spec, use_chat=use_chat, system=system_prompt,
         color=color and not os.environ.get("NO_COLOR"), json_output=json_output,

@@ -341,13 +341,14 @@ class ModelOptions:
     def head_given(self) -> str | None:
         """The drafter -md names when it is no draft model but a head that drafts from the target's
         hidden states: "draft-mtp" (an MTP head file, NextN layers without a model) or
-        "draft-eagle3" (an EAGLE-3 drafter); None otherwise."""
-        from speculative.models.gguf_meta import is_eagle3, is_mtp_head
+        a drafter that reads the target's layer inputs ("draft-eagle3", "draft-dflash",
+        "draft-dspark"); None otherwise."""
+        from speculative.models.gguf_meta import feature_drafter_kind, is_mtp_head
 
         path = Path(self.model_draft) if self.model_draft is not None else None
         if path is None or not path.is_file():
             return None
-        return "draft-mtp" if is_mtp_head(path) else "draft-eagle3" if is_eagle3(path) else None
+        return "draft-mtp" if is_mtp_head(path) else feature_drafter_kind(path)
 
     def uses_draft(self, spec: SpecSettings) -> bool:
         """Whether a draft model is loaded: named in --spec-type, or auto with one at hand."""
@@ -358,11 +359,12 @@ class ModelOptions:
         return spec.auto and not spec.drafters and self.draft_available and not self.head_given
 
     def specs(self, use_draft: bool, branches: int = 1, longest_draft: int = 0,
-              mtp: str | None = None, eagle3: str | None = None) -> tuple[ModelSpec, ModelSpec | None]:
+              mtp: str | None = None, features: str | None = None) -> tuple[ModelSpec, ModelSpec | None]:
         """Validate the model options, resolve -m/-md (pulling registry models as needed).
         `longest_draft`: what a recurrent target keeps snapshots for (cache.py); `mtp`:
-        SpecSettings.mtp, whether the target's NextN layers are loaded to draft with; `eagle3`:
-        SpecSettings.eagle3, whether an EAGLE-3 drafter given with -md drafts."""
+        SpecSettings.mtp, whether the target's NextN layers are loaded to draft with; `features`:
+        SpecSettings.features, which drafter of its own file reading the target's layer inputs
+        (-md) may draft."""
         for flag, value, least in (("-c/--ctx-size", self.ctx_size, 0), ("-b/--batch-size", self.batch_size, 1),
                                    ("-cd/--ctx-size-draft", self.ctx_size_draft, 0),
                                    ("-t/--threads", self.threads, 1), ("-td/--threads-draft", self.threads_draft, 1)):
@@ -392,16 +394,16 @@ class ModelOptions:
 
         devices = self._devices()  # RPC servers checked and registered before anything loads
         # -md is resolved for draft-mtp too: it may be an MTP head file (convert_hf_to_gguf.py --mtp)
-        # and for draft-eagle3, whose drafter it names
-        with_md = use_draft or ((mtp or eagle3) is not None and (self.model_draft or self.hf_repo_draft) is not None)
+        # and for the drafters of a file of their own (draft-eagle3, ...), which it names
+        with_md = use_draft or ((mtp or features) is not None and (self.model_draft or self.hf_repo_draft) is not None)
         target, draft = resolve_models(
             Registry.load(), self.model, self.model_draft, with_md, ctx=(self.ctx_size, self.ctx_size_draft),
             ngl=(self.n_gpu_layers, self.n_gpu_layers_draft), threads=(self.threads, self.threads_draft),
             n_batch=self.batch_size, flash_attn=self.flash_attn, loras=tuple(_adapters(names) for names in loras),
             hf_repo=(self.hf_repo, self.hf_repo_draft), hf_file=self.hf_file, hf_token=self.hf_token)
-        target, draft = _place_head(target, draft, use_draft, mtp, eagle3)
+        target, draft = _place_head(target, draft, use_draft, mtp, features)
         target = replace(target, n_rs_seq=min(longest_draft, MAX_SNAPSHOTS), devices=devices[0],
-                         mtp=mtp is not None and not target.mtp_sidecar and not target.eagle3)
+                         mtp=mtp is not None and not target.mtp_sidecar and not target.feature_drafter)
         draft = None if draft is None else replace(draft, devices=devices[1])
         if branches <= 1:
             return target, draft
@@ -635,27 +637,28 @@ def with_options(*groups: Group):
 
 
 def _place_head(target: ModelSpec, draft: ModelSpec | None, use_draft: bool, mtp: str | None,
-                eagle3: str | None) -> tuple[ModelSpec, ModelSpec | None]:
+                features: str | None) -> tuple[ModelSpec, ModelSpec | None]:
     """-md as what the file is (as llama.cpp tells it): a draft model, or a head that drafts from
-    the target's hidden states (an MTP head file, an EAGLE-3 drafter), which goes with the
-    target; the drafter types named must have theirs."""
-    from speculative.engine.factory import NO_EAGLE3, no_mtp_layers
-    from speculative.models.gguf_meta import has_nextn_layers, is_eagle3, is_mtp_head
+    the target's hidden states (an MTP head file or Gemma-4 assistant; an EAGLE-3, DFlash or
+    DSpark drafter), which goes with the target; the drafter types named must have theirs."""
+    from speculative.engine.factory import DRAFTER_FILES, needs_drafter_file, no_mtp_layers
+    from speculative.models.gguf_meta import feature_drafter_kind, has_nextn_layers, is_mtp_head
 
     if draft is not None and is_mtp_head(draft.path):  # as llama.cpp tells it from the file
         if use_draft:
             raise UsageError(f"-md {draft.name} is an MTP head (NextN layers without a model), not a "
                              "draft model: use it with --spec-type draft-mtp")
         target, draft = replace(target, mtp_sidecar=draft.path), None
-    elif draft is not None and is_eagle3(draft.path):
-        if use_draft or eagle3 is None:
-            raise UsageError(f"-md {draft.name} is an EAGLE-3 drafter, not a draft model: use it with "
-                             "--spec-type draft-eagle3 (or auto)")
-        target, draft = replace(target, eagle3=draft.path), None
+    elif draft is not None and (kind := feature_drafter_kind(draft.path)) is not None:
+        if use_draft or features not in (kind, "auto"):
+            what = "a draft model" if use_draft else "what this --spec-type drafts with"
+            raise UsageError(f"-md {draft.name} is {DRAFTER_FILES[kind]}, not {what}: use it with --spec-type {kind} "
+                             "(or auto)")
+        target, draft = replace(target, feature_drafter=draft.path), None
     elif not use_draft:
         draft = None  # draft-mtp with a draft model: the target's own NextN layers draft
     if mtp == "named" and not target.mtp_sidecar and not has_nextn_layers(target.path):
         raise UsageError(no_mtp_layers(target.name))
-    if eagle3 == "named" and not target.eagle3:
-        raise UsageError(NO_EAGLE3)
+    if features not in (None, "auto") and not target.feature_drafter:
+        raise UsageError(needs_drafter_file(features))
     return target, draft

@@ -148,7 +148,7 @@ def print_stats(stats: Stats, spec: SpecSettings, seed: int, target: ModelSpec, 
         f"load      = {stats.t_load:.3f} s (target {target.name}"
         + (f", draft {draft.name}" if draft else "")
         + (f", MTP head {target.mtp_sidecar.name}" if target.mtp_sidecar else "")
-        + (f", EAGLE-3 drafter {target.eagle3.name}" if target.eagle3 else "") + ")",
+        + (f", drafter {target.feature_drafter.name}" if target.feature_drafter else "") + ")",
         f"finish    = {stats.finish_reason}, seed {seed}",
     ]
     lines += [f"note      = {note}" for note in notes]
@@ -169,7 +169,7 @@ def _model_info(spec: ModelSpec, model) -> dict:
             "n_gpu_layers": spec.n_gpu_layers, "n_threads": model.n_threads, "loras": spec.lora_info(),
             "nextn_layers": model.nextn_layers,  # NextN (MTP) layers loaded to draft with (draft-mtp)
             "mtp_head": str(spec.mtp_sidecar) if spec.mtp_sidecar else None,  # an MTP head file (-md) instead
-            "eagle3": str(spec.eagle3) if spec.eagle3 else None}  # an EAGLE-3 drafter (-md)
+            "feature_drafter": str(spec.feature_drafter) if spec.feature_drafter else None}  # EAGLE-3, DFlash, DSpark (-md)
 
 
 def _settings(sampling: SamplerSettings, spec: SpecSettings, seed: int, use_chat: bool, engine: Engine) -> dict:

@@ -64,7 +64,7 @@ def serve_command(
     api_key = api_key or None  # an empty SPECULATE_API_KEY is no key
     _check(server.is_loopback(host), host, port, api_key, max_waiting, timeout, cache_ram)
     slots = slots.for_spec(spec)
-    target, draft = models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft, spec.mtp, spec.eagle3)
+    target, draft = models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft, spec.mtp, spec.features)
     sock = _bind(host, port)  # before loading: a taken port fails at once, not after the models load
     with sock, Engine(slots.apply(target), slots.apply(draft), notify=lambda message: print(message, file=sys.stderr),
                       cache_ram_mib=cache_ram, **pool.engine_args()) as engine:

@@ -143,3 +143,25 @@ def batch_invariant():
             "greedy identity tests can flip near-ties. Build it as scripts/test.sh does: "
             'CMAKE_ARGS="-DGGML_LLAMAFILE=OFF -DGGML_CPU_REPACK=OFF", with GGML_CPU_TILED_MM=0'
         )
+
+
+SLOT_PROMPTS = ["once upon a time there were a cat and a dog. once upon a time there were", "the dog and the cat",
+                "once upon a time", "a cat, a dog, a cat, a dog,", "there were"]
+
+
+def alone_and_together(tmp_path: Path, *args: str, slots: int = 3) -> dict[int, dict]:
+    """`speculate batch` of SLOT_PROMPTS (greedy, 12 + 9 i tokens each) with ARGS, at -np 1 and at
+    -np `slots` with KV streams of their own (so that cells sit where they sit alone): for each,
+    request id -> (text, n_drafted, n_accept)."""
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("".join(json.dumps({"id": i, "prompt": p, "n_predict": 12 + 9 * i}) + "\n"
+                                for i, p in enumerate(SLOT_PROMPTS)))
+    results = {}
+    for n in (1, slots):
+        out = tmp_path / f"np{n}.jsonl"
+        proc = speculate("batch", str(requests), "-o", str(out), *args, "--temp", "0", "-t", "1",
+                         "-c", str(512 * n), "-np", str(n), "--no-kv-unified")
+        assert proc.returncode == 0, proc.stderr
+        results[n] = {r["id"]: (r["text"], r["stats"]["n_drafted"], r["stats"]["n_accept"])
+                      for r in map(json.loads, out.read_text().splitlines())}
+    return results

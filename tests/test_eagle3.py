@@ -22,7 +22,7 @@ from speculative.engine.engine import Engine
 from speculative.errors import ModelError
 from speculative.llamacpp import ext
 from speculative.drafters import MtpDrafter
-from tests.conftest import speculate, speculate_json
+from tests.conftest import alone_and_together, speculate, speculate_json
 from tests.driver_harness import build_driver_harness, harness_drafts, record_drafts
 from tests.test_mtp import steps_of, tokens_of
 
@@ -78,7 +78,7 @@ def spec(types: tuple[str, ...], draft_max: int = 4, n: int = N) -> SpecSettings
 
 def target(tiny, drafter: str | None = "own", n_ctx: int = 512) -> ModelSpec:
     return ModelSpec(tiny["target"], "tiny-llama", n_ctx=n_ctx, n_threads=1,
-                     eagle3=tiny[drafter] if drafter else None)
+                     feature_drafter=tiny[drafter] if drafter else None)
 
 
 @real
@@ -139,7 +139,7 @@ def cli(tiny, *args: str, drafter: str = "own") -> tuple[str, ...]:
 def test_auto_takes_the_drafter_from_the_file(tiny, tmp_path):
     """-md eagle3.gguf with the default spec type (auto): the file says what it is."""
     out = speculate_json(*cli(tiny), env={"SPECULATE_HOME": str(tmp_path)})
-    assert out["draft"] is None and out["target"]["eagle3"] == str(tiny["own"])
+    assert out["draft"] is None and out["target"]["feature_drafter"] == str(tiny["own"])
     named = speculate_json(*cli(tiny, "--spec-type", "draft-eagle3"), env={"SPECULATE_HOME": str(tmp_path)})
     assert named["tokens"] == out["tokens"] and named["n_drafted"] > 0
     assert {p["drafter"] for p in named["plans"]} - {"none"} == {"draft-eagle3"}
@@ -178,22 +178,10 @@ def test_each_slot_drafts_as_it_would_alone(tiny, tmp_path, batch_invariant):
     """batch -np 3 with draft-eagle3 (each slot's features and entries in its own sequences, the
     slots' entries decoded together, the encoder between): each request's text, and what it
     drafted and had accepted, are as alone (-np 1)."""
-    requests = tmp_path / "requests.jsonl"
-    prompts = [PROMPT, "the dog and the cat", "once upon a time", "a cat, a dog, a cat, a dog,", "there were"]
-    requests.write_text("".join(json.dumps({"id": i, "prompt": p, "n_predict": 12 + 9 * i}) + "\n"
-                                for i, p in enumerate(prompts)))
-    results = {}
-    for n in (1, 3):
-        out = tmp_path / f"np{n}.jsonl"
-        proc = speculate("batch", str(requests), "-o", str(out), "-m", str(tiny["target"]), "-md", str(tiny["own"]),
-                         "--spec-type", "draft-eagle3", "--draft-max", "4", "--temp", "0", "-t", "1",
-                         "-c", str(512 * n), "-np", str(n), "--no-kv-unified")
-        assert proc.returncode == 0, proc.stderr
-        results[n] = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
-    assert {i: r["text"] for i, r in results[3].items()} == {i: r["text"] for i, r in results[1].items()}
-    drafts = {n: {i: (r["stats"]["n_drafted"], r["stats"]["n_accept"]) for i, r in results[n].items()} for n in (1, 3)}
-    assert drafts[3] == drafts[1]
-    assert 0 < sum(a for _, a in drafts[3].values()) < sum(d for d, _ in drafts[3].values())
+    results = alone_and_together(tmp_path, "-m", str(tiny["target"]), "-md", str(tiny["own"]),
+                                 "--spec-type", "draft-eagle3", "--draft-max", "4")
+    assert results[3] == results[1]
+    assert 0 < sum(a for _, _, a in results[3].values()) < sum(d for _, d, _ in results[3].values())
 
 
 @real

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from speculative.decoding.cache import Cache
-from speculative.decoding.settings import DRAFTER_TYPES, HEAD_TYPES, LLAMA_NGRAM_TYPES, SPEC_TYPES, UNAVAILABLE_TYPES, SpecSettings
+from speculative.decoding.settings import DRAFTER_TYPES, HEAD_TYPES, LLAMA_NGRAM_TYPES, SPEC_TYPES, SpecSettings
 from speculative.drafters import Chain
 from speculative.drafters.auto import Auto
 from speculative.drafters.pool import Pool
@@ -24,7 +24,6 @@ def test_the_factory_builds_exactly_the_types_settings_knows():
     assert tuple(BUILDERS) == DRAFTER_TYPES
     assert SPEC_TYPES == ("none", *DRAFTER_TYPES, "auto")
     assert set(LLAMA_NGRAM_TYPES) <= set(DRAFTER_TYPES)
-    assert not set(UNAVAILABLE_TYPES) & set(SPEC_TYPES)
 
 
 def factory(draft: bool = True, mtp: str | None = "draft-mtp", pool: bool = True) -> DrafterFactory:

@@ -31,7 +31,7 @@ from speculative.engine.engine import Engine
 from speculative.errors import UsageError
 from speculative.llamacpp.doctor import batch_invariance
 from speculative.llamacpp.nextn import NextnRows
-from tests.conftest import speculate, speculate_json
+from tests.conftest import alone_and_together, speculate, speculate_json
 from tests.fakes import Clock, FakeBackend, ToyModel, plain_decode
 
 GREEDY = SamplerSettings(temp=0.0)
@@ -263,7 +263,7 @@ def test_draft_mtp_settings():
     assert SpecSettings(types=("auto",)).mtp == "auto"
     assert SpecSettings(types=("auto", "ngram-simple")).mtp is None
     assert SpecSettings(types=("draft", "ngram-simple")).mtp is None
-    with pytest.raises(UsageError, match="draft-mtp and draft-eagle3 draft chains only"):
+    with pytest.raises(UsageError, match="draft-mtp, draft-eagle3, draft-dflash, draft-dspark draft chains only"):
         SpecSettings(types=("draft", "draft-mtp"), branches=2).validate()
 
 
@@ -462,22 +462,10 @@ def test_each_slot_drafts_with_the_mtp_head_as_it_would_alone(tiny, tmp_path, ba
         if max(c.max_abs_diff for c in batch_invariance(engine.caches["target"], depths=(16,))) > 0:
             pytest.skip("qwen35 scores a batch differently from token by token here: identity is not expected")
     model = ["-m", str(tiny["mtp"])] if form == "combined" else ["-m", str(tiny["plain"]), "-md", str(tiny["head"])]
-    requests = tmp_path / "requests.jsonl"
-    prompts = [PROMPT, "the dog and the cat", "once upon a time", "a cat, a dog, a cat, a dog,", "there were"]
-    requests.write_text("".join(json.dumps({"id": i, "prompt": p, "n_predict": 12 + 9 * i}) + "\n"
-                                for i, p in enumerate(prompts)))
-    results = {}
-    for n in (1, 3):
-        out = tmp_path / f"np{n}.jsonl"
-        proc = speculate("batch", str(requests), "-o", str(out), *model, "--spec-type", "draft-mtp", "--draft-max", "4",
-                         "--temp", "0", "-t", "1", "-c", str(512 * n), "-np", str(n), "--no-kv-unified")
-        assert proc.returncode == 0, proc.stderr
-        results[n] = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
-    assert {i: r["text"] for i, r in results[3].items()} == {i: r["text"] for i, r in results[1].items()}
+    results = alone_and_together(tmp_path, *model, "--spec-type", "draft-mtp", "--draft-max", "4")
     # the drafts too: each request's head saw what it sees alone (output is exact whatever it drafts)
-    drafts = {n: {i: (r["stats"]["n_drafted"], r["stats"]["n_accept"]) for i, r in results[n].items()} for n in (1, 3)}
-    assert drafts[3] == drafts[1]
-    assert 0 < sum(a for _, a in drafts[3].values()) < sum(d for d, _ in drafts[3].values())
+    assert results[3] == results[1]
+    assert 0 < sum(a for _, _, a in results[3].values()) < sum(d for _, d, _ in results[3].values())
 
 
 @real

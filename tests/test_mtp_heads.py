@@ -22,7 +22,7 @@ from scripts.tiny_model import write_model
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.drafters import MtpDrafter
 from speculative.engine.engine import Engine
-from tests.conftest import speculate
+from tests.conftest import alone_and_together, speculate
 from tests.driver_harness import build_driver_harness, harness_drafts, record_drafts
 from tests.test_mtp import steps_of, tokens_of
 
@@ -146,19 +146,8 @@ def test_several_nextn_layers_that_llama_cpp_cannot_chain_exit_3(models):
 def test_each_slot_drafts_with_the_assistant_as_it_would_alone(models, tmp_path, batch_invariant):
     """batch -np 3: the assistant reads each slot's own cells of the target's cache (its context
     mirrors the target's sequences); each request's text and drafts are as alone (-np 1)."""
-    requests = tmp_path / "requests.jsonl"
-    prompts = [PROMPT, "the dog and the cat", "once upon a time", "a cat, a dog, a cat, a dog,", "there were"]
-    requests.write_text("".join(json.dumps({"id": i, "prompt": p, "n_predict": 12 + 9 * i}) + "\n"
-                                for i, p in enumerate(prompts)))
-    results = {}
-    for n in (1, 3):
-        out = tmp_path / f"np{n}.jsonl"
-        proc = speculate("batch", str(requests), "-o", str(out), "-m", str(models["gemma4"]), "-md",
-                         str(models["assistant"]), "--spec-type", "draft-mtp", "--draft-max", "4", "--temp", "0",
-                         "-t", "1", "-c", str(512 * n), "-np", str(n), "--no-kv-unified")
-        assert proc.returncode == 0, proc.stderr
-        results[n] = {r["id"]: (r["text"], r["stats"]["n_drafted"], r["stats"]["n_accept"])
-                      for r in map(json.loads, out.read_text().splitlines())}
+    results = alone_and_together(tmp_path, "-m", str(models["gemma4"]), "-md", str(models["assistant"]),
+                                 "--spec-type", "draft-mtp", "--draft-max", "4")
     assert results[3] == results[1]
     assert 0 < sum(a for _, _, a in results[3].values()) < sum(d for _, d, _ in results[3].values())
 

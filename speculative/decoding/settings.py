@@ -82,21 +82,18 @@ class SamplerSettings:
 # --spec-type's drafter types: the one list of their names. engine/factory.py builds each by
 # its name (tests/test_factory.py holds its table to this list); here they are only checked
 # and bounded, as this layer cannot know how a drafter is built.
-DRAFTER_TYPES = ("draft", "draft-mtp", "draft-eagle3", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
+DRAFTER_TYPES = ("draft", "draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
                  "ngram-pool")
 SPEC_TYPES = ("none", *DRAFTER_TYPES, "auto")  # none: no drafting; auto: chooses among drafters
 # llama.cpp's own n-gram drafters, ported as they are (drafters/ngram_mod.py, ngram_map.py,
 # ngram_cache.py): each drafts up to its own maximum, which --draft-max caps only when given.
 LLAMA_NGRAM_TYPES = ("ngram-map-k4v", "ngram-mod", "ngram-cache")
 NGRAM_CACHE_DRAFT = 8  # llama.cpp's ngram-cache type drafts 8 tokens (common/speculative.cpp)
-# llama.cpp's drafter types this build cannot drive, and why (README, the --spec-type table).
-UNAVAILABLE_TYPES = {
-    t: "llama-cpp-python 0.3.36 does not bind the C++ functions llama.cpp drives it with"
-    for t in ("draft-dflash", "draft-dspark")
-}
+# The drafters of a file of their own (-md) that read the target's layer inputs.
+FEATURE_TYPES = ("draft-eagle3", "draft-dflash", "draft-dspark")
 # The drafters that read the target's hidden states, drafting in a context beside its own
-# (llamacpp.mtp.MtpHead): its NextN layers or an MTP head file, or an EAGLE-3 drafter (-md).
-HEAD_TYPES = ("draft-mtp", "draft-eagle3")
+# (llamacpp.mtp.MtpHead): its NextN layers or an MTP head file, or a FEATURE_TYPES drafter.
+HEAD_TYPES = ("draft-mtp", *FEATURE_TYPES)
 SPEC_ACCEPT = ("rejection", "match")  # speculative sampling, or the target samples and drafts must match
 DRAFT_MAX_FIXED = 3    # llama.cpp's default --draft-max
 DRAFT_MAX_AUTO = 16    # auto's cap: it picks k <= this each step
@@ -189,11 +186,12 @@ class SpecSettings:
         return "auto" if self.auto and not self.drafters else None
 
     @property
-    def eagle3(self) -> str | None:
-        """Whether an EAGLE-3 drafter given with -md may draft: "named" (--spec-type draft-eagle3),
-        "auto" (auto's default choices take it), or None."""
-        if "draft-eagle3" in self.drafters:
-            return "named"
+    def features(self) -> str | None:
+        """Whether a drafter file that reads the target's layer inputs (FEATURE_TYPES) may draft:
+        the type --spec-type names, "auto" (auto's default choices take whichever -md is), or None."""
+        named = [t for t in self.drafters if t in FEATURE_TYPES]
+        if named:
+            return named[0]
         return "auto" if self.auto and not self.drafters else None
 
     def draft_limit(self, name: str) -> int:
@@ -220,9 +218,6 @@ class SpecSettings:
         return 0 if self.types == ("none",) else self.step_max
 
     def validate(self) -> None:
-        for t in self.types:
-            if t in UNAVAILABLE_TYPES:
-                raise UsageError(f"--spec-type {t} is not available: {UNAVAILABLE_TYPES[t]}")
         unknown = [t for t in self.types if t not in SPEC_TYPES]
         if unknown or not self.types:
             raise UsageError(f"--spec-type: unknown type {', '.join(unknown) or '(empty)'} "
@@ -246,9 +241,9 @@ class SpecSettings:
                              f"got {self.branches}")
         if not 0.0 <= self.p_split <= 1.0:
             raise UsageError(f"--draft-p-split must be in [0, 1], got {self.p_split}")
-        if self.branches > 1 and ("draft" not in self.drafters or self.auto or self.mtp or self.eagle3):
+        if self.branches > 1 and ("draft" not in self.drafters or self.auto or self.mtp or self.features):
             raise UsageError(f"{self.branches} draft branches: draft trees come from a draft model; "
-                             "use --spec-type draft (auto, draft-mtp and draft-eagle3 draft chains only)")
+                             f"use --spec-type draft (auto, {', '.join(HEAD_TYPES)} draft chains only)")
         if self.n_predict < -1:
             raise UsageError(f"-n/--n-predict must be -1 (no limit) or >= 0, got {self.n_predict}")
         self.ngram_simple.validate("--spec-ngram-simple-*")
@@ -282,7 +277,7 @@ class ModelSpec:
     loras: tuple[tuple[Path, float], ...] = ()  # LoRA adapters and their scales
     mtp: bool = False  # load its NextN (MTP) layers, where it has them, to draft with (draft-mtp)
     mtp_sidecar: Path | None = None  # an MTP head file (-md) that drafts for it instead (draft-mtp)
-    eagle3: Path | None = None  # an EAGLE-3 drafter (-md) that drafts from its hidden states (draft-eagle3)
+    feature_drafter: Path | None = None  # an EAGLE-3, DFlash or DSpark drafter (-md) reading its layer inputs
     devices: tuple[str, ...] | None = None  # devices for its offloaded layers (None: llama.cpp's choice)
 
     def lora_info(self) -> list[dict]:

@@ -19,20 +19,48 @@ from speculative.decoding.sampling import Sampler
 from speculative.drafters.model import pick
 
 
-class MtpDrafter(Drafter):
-    """draft-mtp, or draft-eagle3: the head (cache.head) says which."""
+class HeadDrafter(Drafter):
+    """What the drafters of a head that follows the target's hidden states share (cache.MtpCache):
+    its prompt work, whether it can follow a context, and what it says when it could not."""
 
-    def __init__(self, cache: MtpCache, is_eog: Callable[[int], bool], p_min: float = 0.0,
-                 sampler: Sampler | None = None):
+    rows = "NextN hidden states"  # what of the target it follows, for its note
+
+    def __init__(self, cache: MtpCache, p_min: float = 0.0, sampler: Sampler | None = None):
         self.name = cache.head.kind
         self.cache = cache
-        self.is_eog = is_eog
         self.p_min = p_min
         self.sampler = sampler
         self.lost = 0  # steps it could not follow the target in (drafting nothing)
 
     def prefill(self, prompt: Sequence[int]) -> None:
         self.cache.sync(prompt[:-1], last=False)  # the target holds those, and its rows of them
+
+    def can_draft(self, context: Sequence[int]) -> bool:
+        """Whether the head can follow the target to the end of `context` (see MtpCache)."""
+        ok = self.cache.can_follow(context)
+        self.lost += not ok
+        return ok
+
+    def summary(self) -> list[str]:
+        if not self.lost:
+            return []
+        return [f"{self.name} drafted nothing in {self.lost} steps: the target's {self.rows} for the start of "
+                "the context were not known (its cache came from a prompt cache file written without them)"]
+
+    def behind(self, context: Sequence[int]) -> int:
+        """Entries to decode before drafting: the tokens the head has not followed yet."""
+        return len(context) - self.cache.shared_prefix(context)
+
+
+class MtpDrafter(HeadDrafter):
+    """draft-mtp, or draft-eagle3: the head (cache.head) says which."""
+
+    def __init__(self, cache: MtpCache, is_eog: Callable[[int], bool], p_min: float = 0.0,
+                 sampler: Sampler | None = None):
+        super().__init__(cache, p_min, sampler)
+        self.is_eog = is_eog
+        if self.name == "draft-eagle3":
+            self.rows = "layer inputs"
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
         # drafted entries go up to position len(context) + k - 2; chained heads draft a token each
@@ -53,19 +81,3 @@ class MtpDrafter(Drafter):
                 break
             logits, hidden = step
         return Draft(tokens, self.name, q=tuple(q) if self.sampler is not None else None)
-
-    def can_draft(self, context: Sequence[int]) -> bool:
-        """Whether the head can follow the target to the end of `context` (see MtpCache)."""
-        ok = self.cache.can_follow(context)
-        self.lost += not ok
-        return ok
-
-    def summary(self) -> list[str]:
-        if not self.lost:
-            return []
-        return [f"{self.name} drafted nothing in {self.lost} steps: the target's NextN hidden states for the "
-                "start of the context were not known (its cache came from a prompt cache file written without them)"]
-
-    def behind(self, context: Sequence[int]) -> int:
-        """Entries to decode before drafting: the tokens the head has not followed yet."""
-        return len(context) - self.cache.shared_prefix(context)

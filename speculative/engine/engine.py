@@ -54,7 +54,7 @@ class Engine:
                  prompt_cache_ro: bool = False, pool_tokens: int = POOL_TOKENS, pool_file: Path | None = None,
                  cache_ram_mib: int = 0):
         target_vocab = functools.cache(lambda: read_vocab(target.path))  # read when needed, once
-        for other in (draft.path if draft else None, target.mtp_sidecar, target.eagle3):
+        for other in (draft.path if draft else None, target.mtp_sidecar, target.feature_drafter):
             if other is not None and other.resolve() != target.path.resolve():
                 check_compatible(target_vocab(), read_vocab(other))
         t0 = time.perf_counter()
@@ -63,8 +63,8 @@ class Engine:
         try:
             self.draft = _load(draft) if draft is not None else None
             # The head that drafts from the target's hidden states (its own NextN layers, an MTP head
-            # file's, or an EAGLE-3 drafter): its cache, kept between runs too.
-            head = (self.target.eagle3_head(target.eagle3) if target.eagle3 else
+            # file's, or an EAGLE-3, DFlash or DSpark drafter): its cache, kept between runs too.
+            head = (self.target.feature_head(target.feature_drafter) if target.feature_drafter else
                     self.target.mtp_head(target.mtp_sidecar) if target.mtp_sidecar or self.target.nextn_layers else None)
             self.mtp = MtpCache(head) if head is not None else None
         except BaseException:

@@ -20,6 +20,7 @@ from speculative.decoding.settings import HEAD_TYPES, NgramSettings, SpecSetting
 from speculative.drafters import (Chain, LookupFiles, ModelDrafter, ModTable, MtpDrafter, NgramCache, NgramMapK, NgramMapK4v,
                                   NgramMod, NgramSimple)
 from speculative.drafters.auto import Auto, Rewind
+from speculative.drafters.block import BlockDrafter
 from speculative.drafters.pool import Pool, PoolDrafter
 from speculative.engine import calibrate
 from speculative.errors import UsageError
@@ -119,7 +120,12 @@ def no_mtp_layers(name: str) -> str:
             "give its MTP head file with -md")
 
 
-NO_EAGLE3 = "--spec-type draft-eagle3 needs an EAGLE-3 drafter (a GGUF of architecture eagle3): give it with -md"
+DRAFTER_FILES = {"draft-eagle3": "an EAGLE-3 drafter", "draft-dflash": "a DFlash drafter",
+                 "draft-dspark": "a DSpark drafter"}
+
+
+def needs_drafter_file(kind: str) -> str:
+    return f"--spec-type {kind} needs {DRAFTER_FILES[kind]} (a GGUF of its own): give it with -md"
 
 
 Builder = Callable[[DrafterFactory, SpecSettings, "Sampler | None"], Drafter]
@@ -142,10 +148,19 @@ def _draft_mtp(factory: DrafterFactory, spec: SpecSettings, draft_sampler: Sampl
     return MtpDrafter(factory.mtp, factory.target.is_eog, p_min=spec.draft_p_min, sampler=draft_sampler)
 
 
-def _draft_eagle3(factory: DrafterFactory, spec: SpecSettings, draft_sampler: Sampler | None) -> Drafter:
-    if factory.mtp is None or factory.mtp.head.kind != "draft-eagle3":
-        raise UsageError(NO_EAGLE3)
-    return MtpDrafter(factory.mtp, factory.target.is_eog, p_min=spec.draft_p_min, sampler=draft_sampler)
+def _features(kind: str) -> Builder:
+    """A drafter of its own file reading the target's layer inputs: EAGLE-3 drafts as an MTP
+    head does, token by token; DFlash and DSpark a block at a time."""
+    def build(factory: DrafterFactory, spec: SpecSettings, draft_sampler: Sampler | None) -> Drafter:
+        if factory.mtp is None or factory.mtp.head.kind != kind:
+            raise UsageError(needs_drafter_file(kind))
+        if kind == "draft-eagle3":
+            return MtpDrafter(factory.mtp, factory.target.is_eog, p_min=spec.draft_p_min, sampler=draft_sampler)
+        if kind == "draft-dspark" and spec.draft_p_min > 0 and not factory.mtp.head.confidence:
+            raise UsageError("--draft-p-min: this DSpark drafter has no confidence head to cut its drafts with; "
+                             "give --draft-p-min 0")
+        return BlockDrafter(factory.mtp, p_min=spec.draft_p_min, sampler=draft_sampler)
+    return build
 
 
 def _ngram(kind: type, settings_of: Callable[[SpecSettings], NgramSettings]) -> Builder:
@@ -175,7 +190,9 @@ def _ngram_pool(factory: DrafterFactory, spec: SpecSettings, draft_sampler: Samp
 BUILDERS: dict[str, Builder] = {
     "draft": _draft,
     "draft-mtp": _draft_mtp,
-    "draft-eagle3": _draft_eagle3,
+    "draft-eagle3": _features("draft-eagle3"),
+    "draft-dflash": _features("draft-dflash"),
+    "draft-dspark": _features("draft-dspark"),
     "ngram-simple": _ngram(NgramSimple, attrgetter("ngram_simple")),
     "ngram-map-k": _ngram(NgramMapK, attrgetter("ngram_map_k")),
     "ngram-map-k4v": _ngram(NgramMapK4v, attrgetter("ngram_map_k4v")),

@@ -27,7 +27,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-import gguf
 import llama_cpp as ll
 import numpy as np
 
@@ -38,58 +37,23 @@ from speculative.llamacpp.devices import model_params
 from speculative.llamacpp.identity import file_identity
 from speculative.llamacpp.mtp import HeadOutputs, HeadPart, MtpHead
 from speculative.llamacpp.nextn import NextnRows
-from speculative.models.gguf_meta import preflight, read_metadata
 
-ARCH = "eagle3"
-# The target architectures whose llama.cpp graphs hand out layer inputs (res->t_layer_inp in
-# src/models/*.cpp); with any other, llama.cpp aborts the process at the first decode.
-LAYER_INPUTS = frozenset({"bailingmoe3", "deepseek4", "gemma4", "gpt-oss", "hunyuan_vl", "lfm2", "llama", "mimo2",
-                          "minimax-01", "minimax-m2", "muse-glimmer", "nanbeige", "nemotron_h", "qwen3", "qwen35",
-                          "qwen35moe", "qwen3moe", "qwen3next", "qwen4exp"})
-
-
-def target_layers(path: Path, target_name: str, target_arch: str, n_layer: int, n_embd: int,
-                  n_vocab: int) -> tuple[int, ...]:
-    """The target layers an EAGLE-3 draft at `path` reads, checked against its target before
-    either is used: where llama.cpp would abort the process (GGML_ABORT) or fail late, a
-    ModelError (exit 3) in one line."""
-    preflight(path)
-    keys = [f"{ARCH}.target_layers", f"{ARCH}.target_hidden_size", "general.architecture"]
-    meta = read_metadata(path, keys)
-    if meta.get("general.architecture") != ARCH:
-        raise ModelError(f"{path}: not an EAGLE-3 drafter (architecture {meta.get('general.architecture')!r})")
-    layers = meta.get(keys[0])
-    if not isinstance(layers, list) or len(layers) != 3 or not all(isinstance(i, int) for i in layers):
-        raise ModelError(f"{path}: an EAGLE-3 drafter names three target layers in {keys[0]}; it has {layers!r}")
-    bad = [i for i in layers if not 0 <= i <= n_layer]
-    if bad:
-        raise ModelError(f"{path}: drafts from layer {bad[0]} of its target, but {target_name} has {n_layer} layers "
-                         f"(0-{n_layer - 1}, and {n_layer} for its last hidden state)")
-    if target_arch not in LAYER_INPUTS:
-        raise ModelError(f"{path}: an EAGLE-3 drafter reads its target's layer inputs, which llama.cpp hands out "
-                         f"for {', '.join(sorted(LAYER_INPUTS))}, not for {target_name} ({target_arch})")
-    width = meta.get(keys[1])
-    if width != n_embd:
-        raise ModelError(f"{path}: drafts from hidden states of width {width} ({keys[1]}), but {target_name}'s "
-                         f"have {n_embd}")
-    _check_d2t(path, target_name, n_vocab)
-    return tuple(layers)
-
-
-def _check_d2t(path: Path, target_name: str, n_vocab: int) -> None:
-    """A reduced vocabulary's map (tensor d2t: each draft row's target token id) must name
-    tokens of the target: llama.cpp writes the logits there unchecked."""
-    reader = gguf.GGUFReader(str(path))  # preflight has checked the file's layout
-    d2t = next((t for t in reader.tensors if t.name == "d2t"), None)
-    if d2t is None:
-        return
-    ids = np.asarray(d2t.data).reshape(-1)
-    if d2t.tensor_type != gguf.GGMLQuantizationType.I64:
-        raise ModelError(f"{path}: its d2t map is {d2t.tensor_type.name}, not I64 as llama.cpp reads it")
-    outside = ids[(ids < 0) | (ids >= n_vocab)]
-    if outside.size:
-        raise ModelError(f"{path}: its d2t map names token {int(outside[0])}, outside {target_name}'s vocabulary "
-                         f"of {n_vocab}")
+def open_drafter(path: Path, target, what: str):
+    """A drafter file's weights and its context beside `target`'s (a model.LlamaModel): as many
+    positions and sequences, and the target's context as its ctx_other, whose token embeddings
+    and output projection llama.cpp uses where the drafter has none of its own."""
+    mparams, _devs = model_params(target.n_gpu_layers, target.devices)
+    model = ll.llama_model_load_from_file(str(path).encode(), mparams)
+    if not model:
+        raise ModelError(f"{path}: llama.cpp could not load this {what} drafter")
+    cparams = context_params(ll.llama_n_ctx(target._ctx), target.n_batch, target.n_threads,
+                             target._flash_attn_type, target.n_slots, target.kv_unified)
+    cparams.ctx_other = target._ctx
+    ctx = ll.llama_init_from_model(model, cparams)
+    if not ctx:
+        ll.llama_model_free(model)
+        raise ModelError(f"{path}: llama.cpp could not create a context for this {what} drafter")
+    return model, ctx
 
 
 class EagleHead(MtpHead):
@@ -114,18 +78,8 @@ class EagleHead(MtpHead):
         self._batch = self._encoder = None
         self.file = file_identity(path)
         self.name = f"{path.name} (EAGLE-3)"
-        mparams, _devs = model_params(target.n_gpu_layers, target.devices)
-        self._own = ll.llama_model_load_from_file(str(path).encode(), mparams)
-        if not self._own:
-            raise ModelError(f"{path}: llama.cpp could not load this EAGLE-3 drafter")
+        self._own, self._ctx = open_drafter(path, target, "EAGLE-3")
         self.n_embd = ll.llama_model_n_embd(self._own)
-        cparams = context_params(ll.llama_n_ctx(target._ctx), target.n_batch, target.n_threads,
-                                 target._flash_attn_type, target.n_slots, target.kv_unified)
-        cparams.ctx_other = target._ctx  # the target's embeddings and output where the draft has none
-        self._ctx = ll.llama_init_from_model(self._own, cparams)
-        if not self._ctx:
-            self.close()
-            raise ModelError(f"{path}: llama.cpp could not create a context for this EAGLE-3 drafter")
         ext.set_embeddings_nextn(self._ctx, True, False)  # the encoder's g rows, the decoder's pre-norm rows
         self._mem = ll.llama_get_memory(self._ctx)
         self.n_ctx = target.n_ctx

@@ -92,6 +92,9 @@ FUNCTIONS = (set_embeddings_nextn, get_embeddings_nextn, get_embeddings_nextn_it
 # What each drafter needs: resolved before it loads anything, so a build without one says so first.
 NEEDS = {
     "draft-mtp": (set_embeddings_nextn, get_embeddings_nextn, get_embeddings_nextn_ith),
+    **{kind: (set_embeddings_nextn, get_embeddings_nextn, set_embeddings_layer_inp, get_embeddings_layer_inp,
+              model_target_layer_ids, model_target_layer_ids_n, model_dflash_selector_top_k)
+       for kind in ("draft-dflash", "draft-dspark")},
     "draft-eagle3": (set_embeddings_nextn, get_embeddings_nextn, get_embeddings_nextn_ith, set_embeddings_layer_inp,
                      get_embeddings_layer_inp, model_target_layer_ids, model_target_layer_ids_n),
 }

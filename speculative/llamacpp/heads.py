@@ -18,9 +18,12 @@ import numpy as np
 from speculative.errors import ModelError
 from speculative.llamacpp import ext
 from speculative.llamacpp.decode import Context
-from speculative.llamacpp.eagle3 import EagleHead, target_layers
+from speculative.llamacpp.dflash import DflashHead
+from speculative.llamacpp.eagle3 import EagleHead
+from speculative.llamacpp.features import target_layers
 from speculative.llamacpp.mtp import MtpHead
 from speculative.llamacpp.nextn import NextnRows
+from speculative.models.gguf_meta import feature_drafter_kind
 
 
 class HeadRows(Context):
@@ -67,16 +70,20 @@ class HeadRows(Context):
             ext.set_embeddings_nextn(self._ctx, True, False)  # unmasked: a row per token
         return self._mtp
 
-    def eagle3_head(self, path: Path) -> EagleHead:
-        """The EAGLE-3 drafter at `path` (made on the first call; this model then keeps the inputs of
-        the layers it reads). ModelError where it cannot draft for this model."""
+    def feature_head(self, path: Path) -> EagleHead | DflashHead:
+        """The drafter at `path` that reads this model's layer inputs: EAGLE-3, DFlash or DSpark, as
+        the file says (made on the first call; this model then keeps the inputs of the layers it
+        reads). ModelError where it cannot draft for this model."""
         if self._mtp is None:
-            ext.require("draft-eagle3")
+            kind = feature_drafter_kind(path)
+            ext.require(kind)
+            arch = "eagle3" if kind == "draft-eagle3" else "dflash"
             n_layer, n_embd = ll.llama_model_n_layer(self._model), ll.llama_model_n_embd(self._model)
-            layers = target_layers(path, self.name, self.arch, n_layer, n_embd, self.n_vocab)
+            layers = target_layers(path, arch, self.name, self.arch, n_layer, n_embd, self.n_vocab)
             self._nextn = [NextnRows(len(layers) * n_embd) for _ in range(self.n_slots)]
             self._layers = layers
-            self._mtp = EagleHead(self, self._nextn, path, layers)
+            self._mtp = (EagleHead(self, self._nextn, path, layers) if arch == "eagle3" else
+                         DflashHead(self, self._nextn, path, layers, dspark=kind == "draft-dspark"))
             for layer in layers:
                 if layer < n_layer:
                     ext.set_embeddings_layer_inp(self._ctx, layer, True)

@@ -214,3 +214,9 @@ class SlotHead:
     def trim(self, n_keep: int) -> None:
         with self.shared.gate.lock:
             self._head.trim(n_keep, self.slot)
+
+    def block(self, token: int, pos: int, k: int):
+        """A DFlash or DSpark head's block for this slot (dflash.DflashHead.block), decoded
+        between the gate's batches."""
+        with self.shared.gate.lock:
+            return self._head.block(token, pos, k, self.slot)

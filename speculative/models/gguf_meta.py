@@ -219,9 +219,16 @@ def is_mtp_head(path: Path) -> bool:
     return nextn_kind(path) == "head"
 
 
-def is_eagle3(path: Path) -> bool:
-    """An EAGLE-3 drafter (architecture eagle3), which drafts from its target's hidden states."""
-    return read_metadata(path, ["general.architecture"]).get("general.architecture") == "eagle3"
+def feature_drafter_kind(path: Path) -> str | None:
+    """The --spec-type of a drafter file that reads its target's layer inputs: "draft-eagle3"
+    (architecture eagle3), "draft-dspark" (a dflash file with a Markov head, markov_w1, as
+    llama.cpp's common_speculative_types_from_gguf tells), "draft-dflash"; None for any other."""
+    arch = read_metadata(path, ["general.architecture"]).get("general.architecture")
+    if arch == "eagle3":
+        return "draft-eagle3"
+    if arch != "dflash":
+        return None
+    return "draft-dspark" if "markov_w1.weight" in _model_tensors(Path(path), {"markov_w1.weight"})[1] else "draft-dflash"
 
 
 def _mapped(path: Path, kind: str, walk):

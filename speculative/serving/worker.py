@@ -123,7 +123,8 @@ def request_spec(engine: Engine, generation: Generation, spec: SpecSettings) -> 
     if "draft" in spec.drafters and engine.draft is None:
         raise ApiError(400, "speculative.type: draft needs a draft model, which this server has not loaded (-md)",
                        param="speculative.type")
-    for kind, what in (("draft-mtp", "an MTP head"), ("draft-eagle3", "an EAGLE-3 drafter")):
+    for kind, what in (("draft-mtp", "an MTP head"), ("draft-eagle3", "an EAGLE-3 drafter"),
+                       ("draft-dflash", "a DFlash drafter"), ("draft-dspark", "a DSpark drafter")):
         if kind in spec.drafters and (engine.mtp is None or engine.mtp.head.kind != kind):
             raise ApiError(400, f"speculative.type: {kind} needs {what}, which this server has not loaded",
                            param="speculative.type")
