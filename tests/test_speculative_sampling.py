@@ -9,7 +9,8 @@ within 3.9 standard errors of its probability: a false-alarm rate of at most 1e-
 per token, 6e-4 for the few checked, and a detection threshold of about 0.05 for a
 shifted probability of 0.2-0.3. About 70 s on 2 CPU cores. Later tokens, bonus
 tokens included, are checked against exact marginals with a fake model in
-tests/test_loop.py.
+tests/test_loop.py. The same check holds the drafters of the target's layer inputs
+(EAGLE-3, DFlash, DSpark) to it on tiny models, a few seconds each.
 """
 
 from __future__ import annotations
@@ -66,6 +67,46 @@ def test_first_tokens_follow_target_only_probabilities(model_path):
                     break
     assert 0 < kept < drafted  # drafts were really rejected, and really kept
     # tokens likely enough for the normal approximation, and the rest as one
+    cells = [([t], p) for t, p in expected.items() if p >= 0.02]
+    rest = [t for t, p in expected.items() if p < 0.02]
+    cells.append((rest, sum(expected[t] for t in rest)))
+    for tokens, p in cells:
+        freq = sum(counts[t] for t in tokens) / RUNS
+        assert abs(freq - p) <= Z * np.sqrt(p * (1 - p) / RUNS) + 1e-12, f"{tokens}: {freq:.4f} vs {p:.4f}"
+
+
+@pytest.mark.parametrize("arch, kind", [("eagle3", "draft-eagle3"), ("dflash", "draft-dflash"), ("dspark", "draft-dspark")])
+def test_drafters_of_the_targets_hidden_states_keep_its_probabilities(tmp_path, arch, kind):
+    """The same check for the drafters that read the target's layer inputs, on the tiny ones of
+    scripts/tiny_drafters.py: each drafts its token from its own distribution after a sampler
+    chain of another temperature (the Draft's q), and rejection sampling keeps the target's."""
+    from scripts.tiny_drafters import write_drafter
+    from speculative.drafters import MtpDrafter
+    from speculative.drafters.block import BlockDrafter
+    from speculative.engine.engine import Engine
+
+    drafter_file, target_file = write_drafter(arch, tmp_path / f"{arch}.gguf")
+    with Engine(ModelSpec(target_file, "target", n_ctx=64, n_threads=1, feature_drafter=drafter_file)) as engine:
+        target, head = engine.caches["target"], engine.mtp
+        prompt = engine.prompt_tokens("once upon a time there were")
+        expected = exact_first_token(target.model, prompt)
+        counts = dict.fromkeys(expected, 0)
+        kept = drafted = 0
+        spec = SpecSettings(types=(kind,), draft_max=1, n_predict=2, ignore_eos=True)
+        for seed in range(RUNS):
+            target.forget()
+            head.forget()
+            sampler = Sampler(DRAFT, seed + 10**6)
+            drafter = (MtpDrafter(head, target.model.is_eog, sampler=sampler) if kind == "draft-eagle3"
+                       else BlockDrafter(head, sampler=sampler))
+            for event in generate(target, prompt, Sampler(TARGET, seed), spec, drafter):
+                if isinstance(event, Step):
+                    kept, drafted = kept + event.n_accepted, drafted + event.n_drafted
+                elif isinstance(event, Token):
+                    assert event.id in counts, f"{event.id} is outside the target's support"
+                    counts[event.id] += 1
+                    break
+    assert drafted == RUNS and 0 < kept < drafted
     cells = [([t], p) for t, p in expected.items() if p >= 0.02]
     rest = [t for t, p in expected.items() if p < 0.02]
     cells.append((rest, sum(expected[t] for t in rest)))
