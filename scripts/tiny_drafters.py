@@ -375,7 +375,8 @@ def write_drafter(arch: str, path: str | Path, *, seed: int = 0, n_embd: int | N
                   own_embd: bool | None = None, own_output: bool = False, d2t: bool = False,
                   target_layers: tuple[int, ...] | None = None, block_size: int = DFLASH_BLOCK_SIZE,
                   causal: bool = False, selector_top_k: int = 0, confidence: bool | None = None,
-                  sample_from_anchor: bool | None = None, target_arch: str | None = None) -> tuple[Path, Path]:
+                  sample_from_anchor: bool | None = None, target_arch: str | None = None,
+                  target_n_layer: int | None = None) -> tuple[Path, Path]:
     """Write a tiny drafter of architecture `arch` (one of DRAFTERS) to `path` and its target to
     target_path(path); returns both paths. n_embd: the draft's width (EAGLE-3: 64; DFlash and
     DSpark: the target's, as llama.cpp needs; a Gemma-4 assistant: half the target's).
@@ -392,7 +393,8 @@ def write_drafter(arch: str, path: str | Path, *, seed: int = 0, n_embd: int | N
     dflash.sample_from_anchor).
 
     target_arch: another target of scripts/tiny_model.py than the drafter's own (DRAFTER_INFO),
-    with as many layers (EAGLE-3, DFlash, DSpark: a recurrent or hybrid one, say)."""
+    with as many layers (EAGLE-3, DFlash, DSpark: a recurrent or hybrid one, say); target_n_layer:
+    a deeper target than DRAFTER_INFO's (for benchmarks at realistic sizes)."""
     if arch not in DRAFTER_INFO:
         raise ValueError(f"unknown drafter {arch!r}; known: {', '.join(DRAFTERS)}")
     dflash = arch in ("dflash", "dspark")
@@ -415,7 +417,7 @@ def write_drafter(arch: str, path: str | Path, *, seed: int = 0, n_embd: int | N
     if target_arch not in (None, info.target_arch) and arch == "gemma4-assistant":
         raise ValueError("a Gemma-4 assistant reads a gemma4 target's cache")
     target = write_model(target_arch or info.target_arch, target_path(path), n_embd=target_n_embd,
-                         n_layer=info.target_layers, seed=seed)
+                         n_layer=target_n_layer or info.target_layers, seed=seed)
     reader = gguf.GGUFReader(str(target))
     w = gguf.GGUFWriter(str(path), info.gguf_arch or arch)
     w.add_name(f"tiny-{arch}")

@@ -76,3 +76,14 @@ def test_divergence_finds_where_two_answers_part_and_the_margin_there(model_path
     parted, ended = json.loads(proc.stdout)
     assert parted["position"] == 1 and parted["top2_margin"] >= 0 and parted["gap"] >= 0
     assert ended["position"] == 1 and ended["gap"] is None and ended["top2_margin"] >= 0
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("kind", ["draft-eagle3", "draft-dspark", "draft-mtp x2", "gemma4-assistant"])
+def test_bench_drafters_measures_each_drafter_beside_its_target(kind):
+    from scripts.bench_drafters import measure
+
+    row = measure(kind, "64x4", threads=1, repeat=1)
+    assert row["pass_s"] > 0 and row["per_token_s"] > 0 and row["per_token_vs_pass"] > 0
+    assert row["k"] == (2 if kind == "draft-mtp x2" else 4)
+    assert (row["catch_up_s"] is None) == (kind == "gemma4-assistant")

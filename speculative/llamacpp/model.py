@@ -16,9 +16,9 @@ A model with NextN (MTP) layers, loaded with ModelSpec.mtp, drafts for itself: `
 gives the MtpHead (mtp.py), a second context on the same weights that runs only those layers, and
 from then on the model copies its NextN hidden rows after every decode (nextn.py). Those
 layers may also come as a file of their own (an MTP head, `convert_hf_to_gguf.py --mtp`),
-given with -md: `mtp_head(path)` loads it and runs the head on its weights instead. An EAGLE-3
-drafter (eagle3.py) drafts from the inputs of three of its layers: `eagle3_head(path)`.
-Both live in heads.py.
+given with -md: `mtp_head(path)` loads it and runs the head on its weights instead. EAGLE-3,
+DFlash and DSpark drafters (eagle3.py, dflash.py) draft from the inputs of some of its layers:
+`feature_head(path)`. Both live in heads.py.
 """
 
 from __future__ import annotations
