@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 
 import pytest
 
+from scripts.tiny_drafters import write_drafter
 from scripts.tiny_model import write_model
 from speculative.decoding.cache import Cache, _common_prefix
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
@@ -236,12 +237,20 @@ def test_recurrent_targets_restore_their_whole_state(tiny, arch, batch_invariant
 
 
 @pytest.mark.real
-def test_draft_mtp_gets_the_targets_nextn_rows_back(tmp_path, batch_invariant):
-    """An MTP head drafts from the target's hidden rows: they are saved and restored with its
-    state, so a restored conversation drafts as it does when nothing came between its turns."""
-    path = write_model("qwen35", tmp_path / "qwen35-mtp.gguf", mtp=True)
-    target = ModelSpec(path, "target", n_ctx=1024, n_threads=1, n_rs_seq=4, mtp=True)
-    spec = SpecSettings(types=("draft-mtp",), draft_max=4, n_predict=24, ignore_eos=True)
+@pytest.mark.parametrize("kind", ["draft-mtp", "draft-eagle3", "draft-dspark"])
+def test_a_drafting_head_gets_the_targets_rows_back(tmp_path, batch_invariant, kind):
+    """An MTP head, an EAGLE-3 or DSpark drafter draft from the target's hidden rows (its NextN
+    rows, or its layer inputs): they are saved and restored with its state, so a restored
+    conversation drafts as it does when nothing came between its turns. (Not the Gemma-4
+    assistant: its tiny gemma4 target's cache, with sliding-window layers, is not restored by
+    --cache-ram even alone.)"""
+    if kind == "draft-mtp":
+        path = write_model("qwen35", tmp_path / "qwen35-mtp.gguf", mtp=True)
+        target = ModelSpec(path, "target", n_ctx=1024, n_threads=1, n_rs_seq=4, mtp=True)
+    else:
+        drafter, path = write_drafter(kind[6:], tmp_path / "drafter.gguf")
+        target = ModelSpec(path, "target", n_ctx=1024, n_threads=1, feature_drafter=drafter)
+    spec = SpecSettings(types=(kind,), draft_max=4, n_predict=24, ignore_eos=True)
     drafted = lambda stats: (stats.n_cached, stats.n_drafted, stats.n_accept)  # noqa: E731
     with Engine(target, cache_ram_mib=64) as engine:
         differences = [c.max_abs_diff for c in batch_invariance(engine.caches["target"], depths=(16,))]

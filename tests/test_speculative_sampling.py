@@ -9,8 +9,9 @@ within 3.9 standard errors of its probability: a false-alarm rate of at most 1e-
 per token, 6e-4 for the few checked, and a detection threshold of about 0.05 for a
 shifted probability of 0.2-0.3. About 70 s on 2 CPU cores. Later tokens, bonus
 tokens included, are checked against exact marginals with a fake model in
-tests/test_loop.py. The same check holds the drafters of the target's layer inputs
-(EAGLE-3, DFlash, DSpark) to it on tiny models, a few seconds each.
+tests/test_loop.py. The same check holds the drafters of the target's hidden states
+(EAGLE-3, DFlash, DSpark, chained MTP layers, a Gemma-4 assistant) to it on tiny models,
+a few seconds each.
 """
 
 from __future__ import annotations
@@ -75,18 +76,26 @@ def test_first_tokens_follow_target_only_probabilities(model_path):
         assert abs(freq - p) <= Z * np.sqrt(p * (1 - p) / RUNS) + 1e-12, f"{tokens}: {freq:.4f} vs {p:.4f}"
 
 
-@pytest.mark.parametrize("arch, kind", [("eagle3", "draft-eagle3"), ("dflash", "draft-dflash"), ("dspark", "draft-dspark")])
+@pytest.mark.parametrize("arch, kind", [("eagle3", "draft-eagle3"), ("dflash", "draft-dflash"), ("dspark", "draft-dspark"),
+                                        ("hy_v3", "draft-mtp"), ("gemma4-assistant", "draft-mtp")])
 def test_drafters_of_the_targets_hidden_states_keep_its_probabilities(tmp_path, arch, kind):
-    """The same check for the drafters that read the target's layer inputs, on the tiny ones of
-    scripts/tiny_drafters.py: each drafts its token from its own distribution after a sampler
-    chain of another temperature (the Draft's q), and rejection sampling keeps the target's."""
+    """The same check for the drafters that read the target's hidden states, on the tiny ones of
+    scripts/tiny_drafters.py and tiny_model.py (hy_v3: two chained NextN layers): each drafts
+    its token from its own distribution after a sampler chain of another temperature (the
+    Draft's q), and rejection sampling keeps the target's."""
     from scripts.tiny_drafters import write_drafter
+    from scripts.tiny_model import write_model
     from speculative.drafters import MtpDrafter
     from speculative.drafters.block import BlockDrafter
     from speculative.engine.engine import Engine
 
-    drafter_file, target_file = write_drafter(arch, tmp_path / f"{arch}.gguf")
-    with Engine(ModelSpec(target_file, "target", n_ctx=64, n_threads=1, feature_drafter=drafter_file)) as engine:
+    if arch == "hy_v3":
+        model = ModelSpec(write_model(arch, tmp_path / "hy2.gguf", mtp=2), "target", n_ctx=64, n_threads=1, mtp=True)
+    else:
+        drafter_file, target_file = write_drafter(arch, tmp_path / f"{arch}.gguf")
+        model = ModelSpec(target_file, "target", n_ctx=64, n_threads=1, **(
+            {"mtp_sidecar": drafter_file} if kind == "draft-mtp" else {"feature_drafter": drafter_file}))
+    with Engine(model) as engine:
         target, head = engine.caches["target"], engine.mtp
         prompt = engine.prompt_tokens("once upon a time there were")
         expected = exact_first_token(target.model, prompt)
@@ -97,8 +106,8 @@ def test_drafters_of_the_targets_hidden_states_keep_its_probabilities(tmp_path, 
             target.forget()
             head.forget()
             sampler = Sampler(DRAFT, seed + 10**6)
-            drafter = (MtpDrafter(head, target.model.is_eog, sampler=sampler) if kind == "draft-eagle3"
-                       else BlockDrafter(head, sampler=sampler))
+            drafter = (BlockDrafter(head, sampler=sampler) if kind in ("draft-dflash", "draft-dspark")
+                       else MtpDrafter(head, target.model.is_eog, sampler=sampler))
             for event in generate(target, prompt, Sampler(TARGET, seed), spec, drafter):
                 if isinstance(event, Step):
                     kept, drafted = kept + event.n_accepted, drafted + event.n_drafted

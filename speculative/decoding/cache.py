@@ -257,6 +257,11 @@ class MtpCache:
     With chained heads (head.n_heads > 1) the i-th drafted token comes from head i, which
     decodes the draft region again from the last exact entry (`draft`); that entry is then in
     head i's layer only, so the next sync decodes it again in every head's.
+
+    The drafters of a file of their own that follow the target's layer inputs have entries of
+    this shape too (EAGLE-3's decoder, DFlash's injected rows: llamacpp/eagle3.py, dflash.py). A
+    head that reads the target's cache instead (head.shared_memory: a Gemma-4 assistant) holds
+    nothing: each entry is decoded alone at the position of the context's last token.
     """
 
     def __init__(self, head: MtpBackend):
