@@ -26,6 +26,7 @@ from speculative.engine import calibrate
 from speculative.errors import UsageError
 
 CATCHUP_BATCH = 16  # a draft model catching up decodes about this many tokens at once
+BLOCK_TYPES = ("draft-dflash", "draft-dspark")  # drafters of a whole block per decode (drafters/block.py)
 
 Costs = Callable[..., list[float]]  # (role, max_batch[, sequences]) -> measured decode costs (Engine.costs)
 
@@ -72,8 +73,10 @@ class DrafterFactory:
         if not all([verify, *shared, *drafting.values()]):  # a request's own auto on a server without it
             raise UsageError("auto: the models' costs were not measured before the requests started: "
                              "start with --spec-type auto")
-        # a draft token alone, and one within a batch of CATCHUP_BATCH
-        draft_costs = {name: costs[0] for name, costs in drafting.items()}
+        # a draft token alone, and one within a batch of CATCHUP_BATCH; a block drafter's tokens
+        # decode together, as a catch-up's do
+        draft_costs = {name: costs[-1] / len(costs) if name in BLOCK_TYPES else costs[0]
+                       for name, costs in drafting.items()}
         catchup_costs = {name: costs[-1] / len(costs) for name, costs in drafting.items()}
         target = self.target
         return Auto(drafters, verify, k_max, draft_costs, catchup_costs,
