@@ -177,21 +177,13 @@ def test_recurrent_and_hybrid_targets(tmp_path, batch_invariant, target_arch, ar
 def test_serve_drafts_with_it_for_requests_at_once(tiny, tmp_path, model_path, batch_invariant):
     """serve -np 2 with a DSpark drafter: two clients at once each get the one-shot command's
     greedy answer; a request asking for a drafter the server has not loaded is a 400."""
-    import threading
-
-    from tests.test_serve import completion, start_server, stop_server
+    from tests.test_serve import at_once, start_server, stop_server
 
     server = start_server(model_path, tmp_path, "-md", str(tiny["dspark"]), "--spec-type", "draft-dspark", "-np", "2",
                           "--no-kv-unified", "-c", "1024", "-t", "1", model=str(tiny["target"]))
     try:
         prompts = (PROMPT, "the dog and the cat")
-        answers: dict = {}
-        clients = [threading.Thread(target=lambda p=p: answers.setdefault(p, completion(server, prompt=p, max_tokens=24)))
-                   for p in prompts]
-        for client in clients:
-            client.start()
-        for client in clients:
-            client.join(timeout=300)
+        answers = at_once(server, prompts, max_tokens=24)
         status, _, refused = server.request("POST", "/v1/completions", {
             "prompt": "hi", "max_tokens": 4, "speculative.type": "draft-eagle3"})
     finally:

@@ -139,6 +139,19 @@ def completion(server: Server, **body) -> dict:
     return answer
 
 
+def at_once(server: Server, prompts, max_tokens: int) -> dict[str, dict]:
+    """A completion of each prompt, each from a client of its own, all at once: prompt -> answer."""
+    answers: dict = {}
+    clients = [threading.Thread(target=lambda p=p: answers.setdefault(p, completion(server, prompt=p,
+                                                                                    max_tokens=max_tokens)))
+               for p in prompts]
+    for client in clients:
+        client.start()
+    for client in clients:
+        client.join(timeout=300)
+    return answers
+
+
 def sse(server: Server, path: str, body: dict, read_all: bool = True) -> list[dict]:
     """The data events of a streamed answer, [DONE] included as the string '[DONE]'."""
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
@@ -385,13 +398,7 @@ def test_requests_at_once_each_get_the_one_shot_answer(server, model_path, batch
     """The module's server has two slots with their own KV streams: two clients at once each get
     the one-shot command's greedy answer, and /props and /slots say there are two slots."""
     prompts = ("The capital of France is", "def fibonacci(n):")
-    answers: dict = {}
-    clients = [threading.Thread(target=lambda p=p: answers.setdefault(p, completion(server, prompt=p, max_tokens=24)))
-               for p in prompts]
-    for client in clients:
-        client.start()
-    for client in clients:
-        client.join(timeout=300)
+    answers = at_once(server, prompts, max_tokens=24)
     for p in prompts:
         assert answers[p]["choices"][0]["text"] == cli_json(model_path, p, 24)["text"]
     status, _, props = server.request("GET", "/props")

@@ -46,34 +46,49 @@ def exact_first_token(model: LlamaModel, prompt: list[int]) -> dict[int, float]:
     return dict(zip(ids.tolist(), probs.tolist()))
 
 
-def test_first_tokens_follow_target_only_probabilities(model_path):
-    path = model_path(SMOL)
-    with LlamaModel(ModelSpec(path, name="target", n_ctx=64)) as target, LlamaModel(ModelSpec(path, name="draft", n_ctx=64)) as draft:
-        prompt = target.tokenize("My favourite animal is", add_special=True)
-        expected = exact_first_token(target, prompt)
-        counts = dict.fromkeys(expected, 0)
-        kept = drafted = 0
-        spec = SpecSettings(types=("draft",), draft_max=1, n_predict=2, ignore_eos=True)
-        target_cache, draft_cache = Cache(target), Cache(draft)
-        for seed in range(RUNS):
-            target_cache.forget()
-            draft_cache.forget()
-            drafter = ModelDrafter(draft_cache, sampler=Sampler(DRAFT, seed + 10**6))
-            for event in generate(target_cache, prompt, Sampler(TARGET, seed), spec, drafter):
-                if isinstance(event, Step):  # the first step drafts one token
-                    kept, drafted = kept + event.n_accepted, drafted + event.n_drafted
-                elif isinstance(event, Token):  # the first token is all this test needs
-                    assert event.id in counts, f"{event.id} is outside the target's support"
-                    counts[event.id] += 1
-                    break
-    assert 0 < kept < drafted  # drafts were really rejected, and really kept
-    # tokens likely enough for the normal approximation, and the rest as one
+def first_tokens(target: Cache, prompt: list[int], spec: SpecSettings, drafter_of, forget,
+                 support: dict[int, float]) -> tuple[dict[int, int], int, int]:
+    """The first generated token of RUNS seeded runs (`forget()` empties the drafter's cache
+    before each, `drafter_of(seed)` makes its drafter): how often each token came, and how many
+    drafted tokens the first steps kept and drafted."""
+    counts = dict.fromkeys(support, 0)
+    kept = drafted = 0
+    for seed in range(RUNS):
+        target.forget()
+        forget()
+        for event in generate(target, prompt, Sampler(TARGET, seed), spec, drafter_of(seed)):
+            if isinstance(event, Step):  # the first step drafts one token
+                kept, drafted = kept + event.n_accepted, drafted + event.n_drafted
+            elif isinstance(event, Token):  # the first token is all this test needs
+                assert event.id in counts, f"{event.id} is outside the target's support"
+                counts[event.id] += 1
+                break
+    return counts, kept, drafted
+
+
+def assert_follows(expected: dict[int, float], counts: dict[int, int]) -> None:
+    """Each token likely enough for the normal approximation, and the rest as one, within Z
+    standard errors of its probability."""
     cells = [([t], p) for t, p in expected.items() if p >= 0.02]
     rest = [t for t, p in expected.items() if p < 0.02]
     cells.append((rest, sum(expected[t] for t in rest)))
     for tokens, p in cells:
         freq = sum(counts[t] for t in tokens) / RUNS
         assert abs(freq - p) <= Z * np.sqrt(p * (1 - p) / RUNS) + 1e-12, f"{tokens}: {freq:.4f} vs {p:.4f}"
+
+
+def test_first_tokens_follow_target_only_probabilities(model_path):
+    path = model_path(SMOL)
+    with LlamaModel(ModelSpec(path, name="target", n_ctx=64)) as target, LlamaModel(ModelSpec(path, name="draft", n_ctx=64)) as draft:
+        prompt = target.tokenize("My favourite animal is", add_special=True)
+        expected = exact_first_token(target, prompt)
+        spec = SpecSettings(types=("draft",), draft_max=1, n_predict=2, ignore_eos=True)
+        draft_cache = Cache(draft)
+        counts, kept, drafted = first_tokens(
+            Cache(target), prompt, spec, lambda seed: ModelDrafter(draft_cache, sampler=Sampler(DRAFT, seed + 10**6)),
+            draft_cache.forget, expected)
+    assert 0 < kept < drafted  # drafts were really rejected, and really kept
+    assert_follows(expected, counts)
 
 
 @pytest.mark.parametrize("arch, kind", [("eagle3", "draft-eagle3"), ("dflash", "draft-dflash"), ("dspark", "draft-dspark"),
@@ -99,26 +114,13 @@ def test_drafters_of_the_targets_hidden_states_keep_its_probabilities(tmp_path, 
         target, head = engine.caches["target"], engine.mtp
         prompt = engine.prompt_tokens("once upon a time there were")
         expected = exact_first_token(target.model, prompt)
-        counts = dict.fromkeys(expected, 0)
-        kept = drafted = 0
         spec = SpecSettings(types=(kind,), draft_max=1, n_predict=2, ignore_eos=True)
-        for seed in range(RUNS):
-            target.forget()
-            head.forget()
+
+        def drafter_of(seed: int):
             sampler = Sampler(DRAFT, seed + 10**6)
-            drafter = (BlockDrafter(head, sampler=sampler) if kind in ("draft-dflash", "draft-dspark")
-                       else MtpDrafter(head, target.model.is_eog, sampler=sampler))
-            for event in generate(target, prompt, Sampler(TARGET, seed), spec, drafter):
-                if isinstance(event, Step):
-                    kept, drafted = kept + event.n_accepted, drafted + event.n_drafted
-                elif isinstance(event, Token):
-                    assert event.id in counts, f"{event.id} is outside the target's support"
-                    counts[event.id] += 1
-                    break
+            return (BlockDrafter(head, sampler=sampler) if kind in ("draft-dflash", "draft-dspark")
+                    else MtpDrafter(head, target.model.is_eog, sampler=sampler))
+
+        counts, kept, drafted = first_tokens(target, prompt, spec, drafter_of, head.forget, expected)
     assert drafted == RUNS and 0 < kept < drafted
-    cells = [([t], p) for t, p in expected.items() if p >= 0.02]
-    rest = [t for t, p in expected.items() if p < 0.02]
-    cells.append((rest, sum(expected[t] for t in rest)))
-    for tokens, p in cells:
-        freq = sum(counts[t] for t in tokens) / RUNS
-        assert abs(freq - p) <= Z * np.sqrt(p * (1 - p) / RUNS) + 1e-12, f"{tokens}: {freq:.4f} vs {p:.4f}"
+    assert_follows(expected, counts)
