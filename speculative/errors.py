@@ -31,3 +31,10 @@ class ModelError(SpeculateError):
 class ContextFull(GenerationError):
     """A shared KV cache (several requests at once) has no cell left for this request's next
     batch: the request ends there, as at the end of its context (finish reason `length`)."""
+
+
+class GrammarError(UsageError):
+    """A grammar (GBNF) or JSON schema that cannot constrain generation: it does not parse, names
+    a rule it never defines, is left-recursive, has a rule that can never complete, or uses what
+    the schema converter cannot express. The message names the place: line and column of the
+    grammar, or the schema path."""

@@ -21,7 +21,7 @@ LAYERS = {
     "serving": 5,
     "engine": 4,
     "drafters": 3, "llamacpp": 3,
-    "models": 2,
+    "models": 2, "grammar": 2,
     "decoding": 1,
     "errors": 0, "files": 0,
 }
