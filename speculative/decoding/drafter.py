@@ -24,6 +24,8 @@ class Draft:
     q: tuple | None = None  # the distribution each token was sampled from, as (ids, probs),
                             # when the drafter sampled; None: deterministic proposals
     parents: tuple[int, ...] | None = None  # a draft tree (see tree.py); None: a chain
+    certain: int = 0     # the first `certain` tokens are the only ones a grammar admits at their
+                         # place (constraint.py): the target's pick there is known
 
     @property
     def tree(self) -> tuple[int, ...]:
@@ -33,7 +35,7 @@ class Draft:
     def head(self, k: int) -> "Draft":
         """The first k tokens (and their distributions): a tree's parents come first."""
         return Draft(self.tokens[:k], self.source, self.kind, None if self.q is None else self.q[:k],
-                     None if self.parents is None else self.parents[:k])
+                     None if self.parents is None else self.parents[:k], min(self.certain, k))
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,8 @@ class Outcome:
 class Drafter:
     name = "drafter"
     free = False  # proposing costs (next to) nothing: auto may ask for a proposal every step
+    constraint = None  # a run's grammar (constraint.Constraint): a drafter that drafts from a
+                       # distribution drafts from the one it admits
 
     def prefill(self, prompt: Sequence[int]) -> None:
         """Optional: process the prompt before generation starts."""

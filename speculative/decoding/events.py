@@ -29,6 +29,7 @@ class Step:
     branch: int = 0       # the branch the accepted path ran along (tree.py numbers them)
     n_seqs: int = 1       # requests whose tokens the target's pass carried (several: requests at once)
     n_pass: int = 0       # tokens in that pass, every request's
+    n_certain: int = 0    # of the drafted, tokens a grammar admitted alone (accepted whatever the target)
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class Token:
 class Done:
     reason: str           # "stop" (end-of-generation token) or "length" (-n or context)
     t_decode: float       # wall time from the end of prefill to here
+    incomplete: bool = False  # "length" before the run's grammar was complete (its JSON unfinished)
+    t_grammar: float = 0.0    # of t_decode, the grammar's own checks (constraint.py)
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,10 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from speculative.decoding.cache import Cache
+from speculative.decoding.constraint import Constraint, check_draft, path_states
 from speculative.decoding.drafter import Draft, Drafter, Outcome
 from speculative.decoding.events import Done, Event, Prefilled, Step, Token
-from speculative.decoding.sampling import Sampler
+from speculative.decoding.sampling import Sampler, one_hot
 from speculative.decoding.settings import SpecSettings, acceptance
 from speculative.decoding.tree import Tree
 from speculative.decoding.verify import match_tree, rejection_sample_tree
@@ -40,17 +41,17 @@ from speculative.errors import ContextFull
 
 
 def generate(target: Cache, prompt: Sequence[int], sampler: Sampler, settings: SpecSettings,
-             drafter: Drafter | None = None) -> Iterator[Event]:
+             drafter: Drafter | None = None, constraint: Constraint | None = None) -> Iterator[Event]:
     """Generate after `prompt` (settings.check_prompt has passed it). The target cache keeps
     the longest prefix of the prompt it already holds, from an earlier run, and only
-    processes the rest."""
+    processes the rest. With `constraint`, only what its grammar admits (constraint.py)."""
     rule = acceptance(sampler.settings, settings)
     t0 = time.perf_counter()
     context = list(prompt)
     try:
         n_cached = prefill(target, drafter, context)
     except ContextFull:
-        yield Done("length", 0.0)
+        yield Done("length", 0.0, _cut(constraint), _spent(constraint))
         return
     yield Prefilled(len(context), time.perf_counter() - t0, n_cached)
     t_start = time.perf_counter()  # what the consumer does on Prefilled (save a cache) is not generation
@@ -58,18 +59,20 @@ def generate(target: Cache, prompt: Sequence[int], sampler: Sampler, settings: S
     for index in itertools.count():
         k = room(target, settings, len(context), n_generated) - 1  # a step emits up to k + 1 tokens
         if k < 0:
-            yield Done("length", time.perf_counter() - t_start)
+            yield Done("length", time.perf_counter() - t_start, _cut(constraint), _spent(constraint))
             return
         t_draft = time.perf_counter()
         try:
             draft = propose(drafter, context, min(k, target.model.n_batch - 1), settings)  # one verify batch
+            if constraint is not None:
+                draft = check_draft(draft, constraint.state)
             t_verify = time.perf_counter()
             tree = Tree(draft.tree)
             rows = score(target, context[-1], draft, tree)
-            path, bonus = verify(rule, sampler, context, draft, tree, rows)
+            path, bonus = verify(rule, sampler, context, draft, tree, rows, constraint)
             branch = roll_back(target, tree, path, len(context))
         except ContextFull:
-            yield Done("length", time.perf_counter() - t_start)
+            yield Done("length", time.perf_counter() - t_start, _cut(constraint), _spent(constraint))
             return
         t_done = time.perf_counter()
         if drafter is not None:
@@ -77,10 +80,12 @@ def generate(target: Cache, prompt: Sequence[int], sampler: Sampler, settings: S
         others, others_scored = target.model.load()  # requests at once: what they put in the pass
         yield Step(index, draft.source if draft.tokens else None, len(draft.tokens), len(path),
                    t_verify - t_draft, t_done - t_verify, tree.n_branches, branch, 1 + others_scored,
-                   len(draft.tokens) + 1 + others)
+                   len(draft.tokens) + 1 + others, draft.certain)
         emitted = [*(draft.tokens[j] for j in path), bonus]
+        if constraint is not None:
+            constraint.advance(emitted)
         if (yield from emit(target, settings, context, emitted, len(path), index)):
-            yield Done("stop", time.perf_counter() - t_start)
+            yield Done("stop", time.perf_counter() - t_start, False, _spent(constraint))
             return
         n_generated += len(emitted)
 
@@ -125,13 +130,19 @@ def score(target: Cache, last: int, draft: Draft, tree: Tree) -> list[np.ndarray
 
 
 def verify(rule: str, sampler: Sampler, context: list[int], draft: Draft, tree: Tree,
-           rows: list[np.ndarray]) -> tuple[list[int], int]:
-    """The accepted path (drafted nodes, root to leaf) and the target's own token after it."""
+           rows: list[np.ndarray], constraint: Constraint | None = None) -> tuple[list[int], int]:
+    """The accepted path (drafted nodes, root to leaf) and the target's own token after it.
+    Under a grammar each row is sampled among what it admits after the path to it, and a row
+    where it admits one token only (Draft.certain) needs no sampling."""
     history = _history(sampler, context, draft.tokens, tree)  # what row i follows, for penalties
+    state = (path_states(constraint.state, draft.tokens, draft.tree) if constraint is not None
+             else lambda i: None)
     if rule == "rejection":
-        return rejection_sample_tree(draft.tokens, tree, draft.q,
-                                     lambda i: sampler.distribution(rows[i], history(i)), sampler.rng)
-    return match_tree(draft.tokens, tree, lambda i: sampler.sample(rows[i], history(i)))
+        return rejection_sample_tree(
+            draft.tokens, tree, draft.q, lambda i: one_hot(draft.tokens[i]) if i < draft.certain
+            else sampler.distribution(rows[i], history(i), state(i)), sampler.rng)
+    return match_tree(draft.tokens, tree, lambda i: draft.tokens[i] if i < draft.certain
+                      else sampler.sample(rows[i], history(i), state(i)))
 
 
 def roll_back(target: Cache, tree: Tree, path: list[int], n_context: int) -> int:
@@ -150,6 +161,15 @@ def emit(target: Cache, settings: SpecSettings, context: list[int], tokens: list
         context.append(token)
         yield Token(token, from_draft=i < n_accepted, step=step)
     return False
+
+
+def _cut(constraint: Constraint | None) -> bool:
+    """Whether a run ended by its length leaves its grammar incomplete (the JSON unfinished)."""
+    return constraint is not None and not constraint.complete()
+
+
+def _spent(constraint: Constraint | None) -> float:
+    return constraint.seconds if constraint is not None else 0.0
 
 
 def _history(sampler: Sampler, tokens: list[int], drafted: list[int], tree: Tree) -> Callable[[int], list[int]]:

@@ -21,6 +21,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from speculative.decoding.constraint import GrammarDeadEnd, GrammarState, admissible, best, best_one
 from speculative.decoding.settings import SamplerSettings
 
 Dist = tuple[np.ndarray, np.ndarray]  # token ids and their probabilities (summing to 1)
@@ -162,35 +163,64 @@ class Sampler:
         if "i" in settings.sequence and vocab is None:
             raise ValueError("the infill sampler needs the model's vocabulary")
 
-    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+    def sample(self, logits: np.ndarray, history: Sequence[int] = (), grammar: GrammarState | None = None) -> int:
         """Draw a token from one row of logits, which followed `history` (needed only
-        with penalties). The row may be modified in place."""
-        if self.settings.greedy:
-            return int(self.distribution(logits, history)[0][0])
-        return draw(self.distribution(logits, history), self.rng)
-
-    def distribution(self, logits: np.ndarray, history: Sequence[int] = ()) -> Dist:
-        """What `sample` draws from: the chain's surviving ids and their probabilities
-        (greedy: the argmax after penalties, with probability 1). The row may be
+        with penalties), among those `grammar` admits (constraint.py). The row may be
         modified in place."""
+        if self.settings.greedy:
+            return int(self.distribution(logits, history, grammar)[0][0])
+        return draw(self.distribution(logits, history, grammar), self.rng)
+
+    def distribution(self, logits: np.ndarray, history: Sequence[int] = (),
+                     grammar: GrammarState | None = None) -> Dist:
+        """What `sample` draws from: the chain's surviving ids and their probabilities
+        (greedy: the argmax after penalties, with probability 1); with a grammar, the chain
+        over the tokens it admits. The row may be modified in place."""
         if self.banned is not None:
             logits[self.banned] = -np.inf
+        if grammar is not None:
+            return self._constrained(logits, history, grammar)
         if self.settings.greedy and "i" in self.settings.sequence:  # argmax of what infill leaves
             ids, z = self.candidates(logits, history)
             return one_hot(int(ids[int(np.argmax(z))]))
         if self.settings.greedy:
-            if self.settings.penalties:
-                _, z = penalize(np.arange(len(logits)), logits, history, self.settings)
-                return one_hot(int(np.argmax(z)))
-            return one_hot(int(np.argmax(logits)))
+            return one_hot(int(np.argmax(self._scores(logits, history))))
         ids, z = self.candidates(logits, history)
+        return ids, softmax(z)
+
+    def _scores(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
+        """The logits after the penalties (the row itself without them)."""
+        if not self.settings.penalties:
+            return logits
+        return penalize(np.arange(len(logits)), logits, history, self.settings)[1]
+
+    def _constrained(self, logits: np.ndarray, history: Sequence[int], grammar: GrammarState) -> Dist:
+        """The chain over what the grammar admits. Greedy: the best admissible token (the argmax
+        itself, one check, most of the time). A chain whose first cut is top-k: the k best
+        admissible tokens are all it can keep (constraint.best). Otherwise every admissible one."""
+        s = self.settings
+        if s.greedy and "i" not in s.sequence:
+            return one_hot(best_one(grammar, self._scores(logits, history)))
+        first_cut = s.sequence.lstrip("edsxt")[:1]
+        if first_cut == "k" and s.top_k > 0:
+            penalized_first = "e" in s.sequence[: s.sequence.index("k")]
+            ids = best(grammar, self._scores(logits, history) if penalized_first else logits, s.top_k)
+        else:
+            ids = admissible(grammar)
+            ids = ids[np.isfinite(logits[ids])]
+            if not len(ids):
+                raise GrammarDeadEnd("the grammar admits no token here: generation cannot go on")
+        ids, z = self._chain(ids, np.asarray(logits[ids], dtype=np.float32), history)
+        if s.greedy:
+            return one_hot(int(ids[int(np.argmax(z))]))
         return ids, softmax(z)
 
     def candidates(self, logits: np.ndarray, history: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
         """Run the chain: the surviving token ids and their (scaled) logits."""
+        return self._chain(np.arange(len(logits)), np.asarray(logits, dtype=np.float32), history)
+
+    def _chain(self, ids: np.ndarray, z: np.ndarray, history: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         s = self.settings
-        ids = np.arange(len(logits))
-        z = np.asarray(logits, dtype=np.float32)
         for letter in s.sequence:
             if letter == "e" and s.penalties:
                 ids, z = penalize(ids, z, history, s)

@@ -34,6 +34,7 @@ class SamplerSettings:
     frequency_penalty: float = 0.0
     sequence: str = DEFAULT_SEQUENCE
     seed: int = -1  # -1: a random seed, reported so the run can be repeated
+    grammar: str = ""  # GBNF the output must follow ('' none): --grammar, or a JSON schema's
 
     @property
     def greedy(self) -> bool:
@@ -83,7 +84,7 @@ class SamplerSettings:
 # its name (tests/test_factory.py holds its table to this list); here they are only checked
 # and bounded, as this layer cannot know how a drafter is built.
 DRAFTER_TYPES = ("draft", "draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
-                 "ngram-pool")
+                 "ngram-pool", "forced")
 SPEC_TYPES = ("none", *DRAFTER_TYPES, "auto")  # none: no drafting; auto: chooses among drafters
 # llama.cpp's own n-gram drafters, ported as they are (drafters/ngram_mod.py, ngram_map.py,
 # ngram_cache.py): each drafts up to its own maximum, which --draft-max caps only when given.

@@ -38,6 +38,11 @@ class Stats:
     t_llama: float = 0.0        # of t_decode, the time inside llama.cpp (both models)
     t_plan: float = 0.0         # of t_decode, auto's own planning and scoring (its drafters' calls not included)
     finish_reason: str | None = None
+    incomplete: bool = False    # cut by -n or the context before its grammar was complete
+    t_grammar: float = 0.0      # of t_decode, the grammar's own checks
+    n_certain: int = 0          # tokens a grammar admitted alone (forced, kind a): no row sampled
+    n_forced_drafted: int = 0   # forced text drafted as the model spells it (kind b) ...
+    n_forced_accept: int = 0    # ... and accepted
 
     def add(self, event: Event) -> None:
         if isinstance(event, Token):
@@ -51,6 +56,10 @@ class Stats:
             self.passes[(event.n_seqs, event.n_pass or event.n_drafted + 1)] += 1
             if event.n_drafted:
                 self._add_draft(event.n_drafted, event.n_accepted)
+            self.n_certain += event.n_certain
+            if event.drafter == "forced":
+                self.n_forced_drafted += event.n_drafted - event.n_certain
+                self.n_forced_accept += event.n_accepted - event.n_certain
             if event.n_branches > 1:
                 self.n_tree_steps += 1
                 self.max_branches = max(self.max_branches, event.n_branches)
@@ -68,6 +77,8 @@ class Stats:
         elif isinstance(event, Done):
             self.finish_reason = event.reason
             self.t_decode = event.t_decode
+            self.incomplete = event.incomplete
+            self.t_grammar = event.t_grammar
 
     def _add_draft(self, k: int, m: int) -> None:
         self.n_draft_steps += 1
@@ -126,6 +137,10 @@ class Stats:
     def to_dict(self) -> dict:
         return {
             "finish_reason": self.finish_reason,
+            **({"grammar_incomplete": True} if self.incomplete else {}),
+            **({"t_grammar_s": self.t_grammar} if self.t_grammar else {}),
+            **({"n_certain": self.n_certain, "n_forced_drafted": self.n_forced_drafted,
+                "n_forced_accept": self.n_forced_accept} if self.n_certain or self.n_forced_drafted else {}),
             "n_prompt": self.n_prompt,
             "n_cached": self.n_cached,
             "n_restored": self.n_restored,

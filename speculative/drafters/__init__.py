@@ -10,6 +10,7 @@ Drafter): propose up to k tokens, then hear how many the target kept.
   ngram_map.py    llama.cpp's ngram-map-k4v: up to four continuations per n-gram, counted
   ngram_cache.py  llama.cpp's ngram-cache (llama-lookup): context, dynamic and static
                   n-gram statistics, with the -lcs/-lcd files (speculative/drafters/lookup_cache.py)
+  forced.py       what a grammar forces next (--spec-type forced)
   chain.py        several drafters tried in order
   auto.py         the cost-aware choice among them (`--spec-type auto`)
   pool.py         ngram-pool: n-gram lookup in what earlier runs wrote (--spec-pool)
@@ -17,6 +18,7 @@ Drafter): propose up to k tokens, then hear how many the target kept.
 """
 
 from speculative.drafters.chain import Chain
+from speculative.drafters.forced import ForcedDrafter
 from speculative.drafters.model import ModelDrafter, top_probability
 from speculative.drafters.mtp import MtpDrafter
 from speculative.drafters.ngram import NgramMapK, NgramSimple
@@ -25,4 +27,4 @@ from speculative.drafters.ngram_map import NgramMapK4v
 from speculative.drafters.ngram_mod import ModTable, NgramMod
 
 __all__ = ["ModelDrafter", "MtpDrafter", "NgramSimple", "NgramMapK", "NgramMapK4v",
-           "NgramMod", "ModTable", "NgramCache", "LookupFiles", "Chain", "top_probability"]
+           "NgramMod", "ModTable", "NgramCache", "LookupFiles", "Chain", "ForcedDrafter", "top_probability"]

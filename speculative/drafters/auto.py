@@ -47,7 +47,8 @@ from speculative.decoding.drafter import Draft, Drafter, Outcome
 # token's acceptance, for a draft model and for each kind of n-gram proposal (the
 # longer the matched context, the likelier; see drafters/ngram.py, match_class) ...
 MODEL_PRIOR = 0.7
-FREE_PRIOR = {0: 0.4, 1: 0.7, 2: 0.9, 3: 0.6, 4: 0.8}  # 4: earlier outputs agree (pool.AGREED)
+FREE_PRIOR = {0: 0.4, 1: 0.7, 2: 0.9, 3: 0.6, 4: 0.8,  # 4: earlier outputs agree (pool.AGREED)
+              5: 0.8}  # 5: text a grammar forces, spelled as the tokenizer would (forced.FORCED_KIND)
 CONTINUE_PRIOR = 0.85   # ... and of each later token, given the ones before it
 PRIOR_WEIGHT = 3.0
 DECAY = 0.9                # per step: evidence older than a few dozen tokens fades
@@ -285,10 +286,12 @@ class Auto(Drafter):
         self._t_drafters += took
         self.draft_cost[d.name] += COST_EMA * (took - self.draft_cost[d.name])
         self._proposals[d.name] = draft
-        if draft.tokens:
-            self._pending.append([self.estimates(d, draft.kind), len(context), draft.tokens, 0])
-        return best_plan(self.estimates(d, draft.kind).rates(cautious=True), verify, self.draft_cost[d.name], len(draft.tokens),
-                         rewind=self.rewind, others=others)
+        sure = draft.certain  # tokens a grammar admits alone: accepted whatever the estimates say
+        if len(draft.tokens) > sure:  # the others are scored against what really followed
+            self._pending.append([self.estimates(d, draft.kind), len(context) + sure, draft.tokens[sure:], 0])
+        rates = self.estimates(d, draft.kind).rates(cautious=True)
+        rates = np.concatenate([np.ones(sure), rates])[: self.k_max]
+        return best_plan(rates, verify, self.draft_cost[d.name], len(draft.tokens), rewind=self.rewind, others=others)
 
     def _plan_model(self, d: Drafter, context: Sequence[int], k: int, verify: np.ndarray,
                     others: float = 0.0) -> tuple[int, float]:

@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from speculative.decoding.drafter import Draft
+from speculative.decoding.constraint import stepped
 from speculative.drafters.model import pick
 from speculative.drafters.mtp import HeadDrafter
 
@@ -39,15 +40,18 @@ class BlockDrafter(HeadDrafter):
             return Draft(walk_lattice(block.rows, head.selector_top_k, self.p_min), self.name)
         tokens: list[int] = []
         q: list = []
+        grammar = self.constraint.state if self.constraint is not None else None
         for i in range(0 if head.anchor else 1, len(block.logits)):
             if head.confidence and self.p_min > 0 and block.rows[i, 0] < self.p_min:
                 break
             picked = pick(block.logits[i], 0.0 if head.kind == "draft-dspark" else self.p_min, self.sampler,
-                          lambda: [*context, *tokens])
+                          lambda: [*context, *tokens], grammar)
             if picked is None:
                 break
             tokens.append(picked[0])
             q.append(picked[1])
+            if i + 1 < len(block.logits):
+                grammar = stepped(grammar, tokens[-1])
         return Draft(tokens, self.name, q=tuple(q) if self.sampler is not None else None)
 
 

@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from speculative.decoding.cache import Cache
+from speculative.decoding.constraint import GrammarDeadEnd, GrammarState, best, best_one, path_states
 from speculative.decoding.drafter import Draft, Drafter
 from speculative.decoding.sampling import Sampler, draw, one_hot
 from speculative.decoding.tree import path_to
@@ -51,6 +52,8 @@ class ModelDrafter(Drafter):
         if k <= 0:
             return self.nothing()
         tree = _Growing()
+        grammar = (path_states(self.constraint.state, tree.tokens, tree.parents) if self.constraint is not None
+                   else lambda row: None)  # the grammar after a node's path (row: node + 1)
         # Level by level: every branch's next token, then one decode for all of them.
         frontier = [(-1, self.cache.sync(context, "last")[-1])]  # (node, the draft's logits after it)
         self.cache.checkpoint()  # drafts decoded one level at a time are undone next step
@@ -58,7 +61,7 @@ class ModelDrafter(Drafter):
             level = []
             for node, row in frontier:
                 if len(tree.tokens) < k:
-                    level += self._grow(tree, context, node, row, k)
+                    level += self._grow(tree, context, node, row, k, grammar(node + 1))
             frontier_nodes = [i for i in level if not self.model.is_eog(tree.tokens[i])]
             if len(tree.tokens) >= k or not frontier_nodes:
                 break
@@ -70,17 +73,21 @@ class ModelDrafter(Drafter):
         return Draft(tree.tokens, self.name, q=tuple(tree.q) if self.sampler is not None else None,
                      parents=tuple(tree.parents) if tree.n_branches > 1 else None)
 
-    def _grow(self, tree: "_Growing", context: Sequence[int], node: int, row: np.ndarray, k: int) -> list[int]:
+    def _grow(self, tree: "_Growing", context: Sequence[int], node: int, row: np.ndarray, k: int,
+              grammar: GrammarState | None) -> list[int]:
         """The nodes drafted after `node`: its next token (unless --draft-p-min stops the
-        branch), and the forks that start new branches beside it."""
+        branch), and the forks that start new branches beside it, among what `grammar` admits."""
         picked = pick(row, self.p_min, self.sampler,
-                      lambda: [*context, *(tree.tokens[i] for i in path_to(tree.parents, node))])
+                      lambda: [*context, *(tree.tokens[i] for i in path_to(tree.parents, node))], grammar)
         if picked is None:
             return []
         token, dist = picked
         branch = tree.seq[node] if node >= 0 else 0
         added = [tree.add(token, node, dist, branch)]
-        for fork in self._forks(row, dist, token, min(self.branches - tree.n_branches, k - len(tree.tokens))):
+        forks = self._forks(row, dist, token, min(self.branches - tree.n_branches, k - len(tree.tokens)))
+        if grammar is not None and forks:  # a fork's children are drafted after it
+            forks = [f for f, ok in zip(forks, grammar.admitted(np.array(forks, dtype=np.int32))) if ok]
+        for fork in forks:
             self.cache.fork(branch, tree.n_branches)  # the fork sees what its parent saw
             added.append(tree.add(fork, node, one_hot(fork), tree.n_branches))
         return added
@@ -120,19 +127,32 @@ class _Growing:
         return len(self.tokens) - 1
 
 
-def pick(row: np.ndarray, p_min: float, sampler: Sampler | None,
-         history: Callable[[], Sequence[int]]) -> tuple[int, tuple | None] | None:
+def pick(row: np.ndarray, p_min: float, sampler: Sampler | None, history: Callable[[], Sequence[int]],
+         grammar: GrammarState | None = None) -> tuple[int, tuple | None] | None:
     """A drafter's next token after logits `row`: its best one, or, given `sampler`, one drawn
     from the sampler chain's distribution (returned with it, for speculative sampling);
     None when --draft-p-min stops the draft there. `history`: what the token follows, for
-    the sampler's penalties."""
-    token = int(np.argmax(row))
-    if p_min > 0.0 and top_probability(row, token) < p_min:
+    the sampler's penalties. With `grammar`, among the tokens it admits (None where it admits
+    none: the draft stops)."""
+    try:
+        judged = _admitted_only(row, grammar) if grammar is not None and p_min > 0.0 else row
+        token = best_one(grammar, judged) if grammar is not None else int(np.argmax(row))
+        if p_min > 0.0 and top_probability(judged, token) < p_min:
+            return None
+        if sampler is None:
+            return token, None
+        dist = sampler.distribution(row, history() if sampler.settings.penalties else (), grammar)
+    except GrammarDeadEnd:
         return None
-    if sampler is None:
-        return token, None
-    dist = sampler.distribution(row, history() if sampler.settings.penalties else ())
     return draw(dist, sampler.rng), dist
+
+
+def _admitted_only(row: np.ndarray, grammar: GrammarState) -> np.ndarray:
+    """The row with -inf for every token but the best admissible ones --draft-p-min judges by."""
+    keep = best(grammar, row, P_MIN_TOP_K)
+    masked = np.full(len(row), -np.inf, dtype=np.float32)
+    masked[keep] = row[keep]
+    return masked
 
 
 def top_candidates(row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 from speculative.decoding.cache import MtpCache
 from speculative.decoding.drafter import Draft, Drafter
 from speculative.decoding.sampling import Sampler
+from speculative.decoding.constraint import stepped
 from speculative.drafters.model import pick
 
 
@@ -71,11 +72,13 @@ class MtpDrafter(HeadDrafter):
         logits, hidden = start
         tokens: list[int] = []
         q: list = []
-        while (picked := pick(logits, self.p_min, self.sampler, lambda: [*context, *tokens])) is not None:
+        grammar = self.constraint.state if self.constraint is not None else None
+        while (picked := pick(logits, self.p_min, self.sampler, lambda: [*context, *tokens], grammar)) is not None:
             tokens.append(picked[0])
             q.append(picked[1])
             if len(tokens) == k or self.is_eog(tokens[-1]):
                 break
+            grammar = stepped(grammar, tokens[-1])
             step = self.cache.draft(tokens[-1], hidden)
             if step is None:
                 break

@@ -14,10 +14,11 @@ from operator import attrgetter
 from typing import Callable
 
 from speculative.decoding.cache import Cache, MtpCache
+from speculative.decoding.constraint import Constraint
 from speculative.decoding.drafter import Drafter
 from speculative.decoding.sampling import Sampler
 from speculative.decoding.settings import HEAD_TYPES, NgramSettings, SpecSettings
-from speculative.drafters import (Chain, LookupFiles, ModelDrafter, ModTable, MtpDrafter, NgramCache, NgramMapK, NgramMapK4v,
+from speculative.drafters import (Chain, ForcedDrafter, LookupFiles, ModelDrafter, ModTable, MtpDrafter, NgramCache, NgramMapK, NgramMapK4v,
                                   NgramMod, NgramSimple)
 from speculative.drafters.auto import Auto, Rewind
 from speculative.drafters.block import BlockDrafter
@@ -46,14 +47,19 @@ class DrafterFactory:
         self._mod_tables: dict[int, ModTable] = {}  # ngram-mod's tables by n_match, shared by runs
         self._lookup_files: dict[tuple, LookupFiles] = {}  # ngram-cache's -lcs/-lcd, read once
 
-    def make(self, spec: SpecSettings, draft_sampler: Sampler | None = None) -> Drafter | None:
+    def make(self, spec: SpecSettings, draft_sampler: Sampler | None = None,
+             constraint: Constraint | None = None) -> Drafter | None:
         """The drafter --spec-type asks for: one, a chain, or auto over several.
-        `draft_sampler`: the draft model samples with it (else it drafts greedily)."""
+        `draft_sampler`: the draft model samples with it (else it drafts greedily); `constraint`:
+        the run's grammar, which every drafter drafts under (and auto's choices add `forced`)."""
         names = spec.drafters or ("ngram-simple", *(("ngram-pool",) if self.pool else ()),
-                                  *(("draft",) if self.draft else ()), *((self.mtp.head.kind,) if self.mtp else ()))
+                                  *(("draft",) if self.draft else ()), *((self.mtp.head.kind,) if self.mtp else ()),
+                                  *(("forced",) if constraint is not None else ()))
         if not spec.auto and not spec.drafters:
             return None
         drafters = [BUILDERS[name](self, spec, draft_sampler) for name in names]
+        for d in drafters:
+            d.constraint = constraint
         if spec.auto:
             return self._auto(names, drafters, spec.draft_max)
         return drafters[0] if len(drafters) == 1 else Chain(drafters, [spec.draft_limit(n) for n in names])
@@ -202,4 +208,5 @@ BUILDERS: dict[str, Builder] = {
     "ngram-mod": _ngram_mod,
     "ngram-cache": _ngram_cache,
     "ngram-pool": _ngram_pool,
+    "forced": lambda factory, spec, draft_sampler: ForcedDrafter(),
 }

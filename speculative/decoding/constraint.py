@@ -1,0 +1,282 @@
+"""Generation under a grammar: which tokens it admits, exactly, at the cost of a few checks.
+
+The constrained distribution is the target's logits with every token the grammar does not admit
+removed, then the sampler chain (sampling.py): what output follows, greedy and sampled, and what
+a draft model drafts from. Checking one token against a grammar state costs microseconds, masking
+a 150k vocabulary milliseconds, so nothing here masks the whole vocabulary unless it must:
+
+  the best k    the k best admissible tokens by a score are found among the best 64, 1,024,
+                16,384 by that score, and only when those hold fewer than k, among all
+                (`best`): exact, since a token outside the best n scores below all of them;
+  all of them   tokens whose first byte the grammar cannot take next are dropped before the
+                grammar sees them (`VocabIndex.could_follow`);
+  forced text   where the grammar admits exactly one next byte, and the next, ..., that text is
+                forced (`forced_text`); the tokens it admits are then those that spell a prefix
+                of it or begin with it, a short list, and when that list holds one admissible
+                token that token is certain (kind a); otherwise the text is tokenized and
+                drafted like any proposal (kind b; drafters/forced.py).
+
+A draft is checked position by position against a copy of the state stepped along it; the real
+state advances only along what the target accepted (loop.py). A grammar state is the
+llama.cpp sampler llamacpp/grammar.py wraps; this module only asks it `admitted(ids)`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from speculative.decoding.drafter import Draft
+from speculative.errors import GenerationError
+
+ROUNDS = (64, 1024, 16384)  # candidates tried by score before the whole vocabulary
+FORCED_MAX = 48             # bytes of forced text looked ahead
+
+
+class GrammarDeadEnd(GenerationError):
+    """The grammar admits no token of the vocabulary here: the request cannot go on."""
+
+
+class GrammarState(Protocol):
+    """Where a grammar stands after the tokens it accepted (llamacpp.grammar.Grammar)."""
+    index: "VocabIndex"
+    timer: list[float]  # seconds its checks took, shared by its copies
+
+    def copy(self) -> "GrammarState": ...
+    def accept(self, token: int) -> None: ...         # the token must be admitted
+    def admitted(self, ids: np.ndarray) -> np.ndarray: ...  # one bool per id
+    def tokenize(self, text: bytes) -> list[int]: ...  # text as the model tokenizes it alone
+
+
+class VocabIndex:
+    """A vocabulary's token texts (as llama.cpp's grammar reads them: special tokens spelled out),
+    grouped for the grammar: by first byte, by text, sorted; and one token per single byte."""
+
+    def __init__(self, pieces: Sequence[bytes], eog: np.ndarray):
+        self.n_vocab = len(pieces)
+        self.eog = np.asarray(eog, dtype=np.int32)
+        eog_set = set(self.eog.tolist())
+        by_first: list[list[int]] = [[] for _ in range(256)]
+        self.by_text: dict[bytes, list[int]] = {}
+        self.single = np.full(256, -1, dtype=np.int32)  # byte -> a token that is that byte alone
+        for token, piece in enumerate(pieces):
+            if token in eog_set or not piece or piece[0] == 0:
+                continue  # never admitted as text
+            by_first[piece[0]].append(token)
+            self.by_text.setdefault(piece, []).append(token)
+            if len(piece) == 1 and self.single[piece[0]] < 0:
+                self.single[piece[0]] = token
+        self.by_first = [np.array(ids, dtype=np.int32) for ids in by_first]
+        order = sorted(self.by_text)
+        self._sorted = order
+        # forced text can be read off the grammar: every byte a token starts with is a token too
+        self.every_byte = all(self.single[b] >= 0 or not len(self.by_first[b]) for b in range(256))
+
+    def could_follow(self, state: GrammarState) -> np.ndarray:
+        """Every token whose first byte the grammar could take next, and the end-of-generation
+        tokens: a superset of what it admits (a byte with no token of its own is kept)."""
+        known = self.single >= 0
+        ok = np.ones(256, dtype=bool)
+        ok[known] = state.admitted(self.single[known])
+        return np.concatenate([self.eog, *(self.by_first[b] for b in np.flatnonzero(ok))])
+
+    def spelling(self, text: bytes) -> np.ndarray:
+        """Tokens whose text is a prefix of `text` or begins with it."""
+        ids = [t for n in range(1, len(text) + 1) for t in self.by_text.get(text[:n], ())]
+        at = bisect.bisect_right(self._sorted, text)
+        while at < len(self._sorted) and self._sorted[at].startswith(text):
+            ids += self.by_text[self._sorted[at]]
+            at += 1
+        return np.array(sorted(set(ids)), dtype=np.int32)
+
+
+def admissible(state: GrammarState) -> np.ndarray:
+    """Every token the grammar admits now (sorted ids)."""
+    ids = state.index.could_follow(state)
+    return np.sort(ids[state.admitted(ids)]) if len(ids) else ids
+
+
+def best(state: GrammarState, scores: np.ndarray, k: int) -> np.ndarray:
+    """The k admissible tokens of highest score (fewer when fewer are admitted), best first;
+    tokens scored -inf are not admissible. Raises GrammarDeadEnd when none is."""
+    n = len(scores)
+    for size in ROUNDS:
+        if size >= n:
+            break
+        top = np.argpartition(-scores, size - 1)[:size]
+        top = top[np.argsort(-scores[top], kind="stable")]
+        hits = top[state.admitted(top) & np.isfinite(scores[top])]
+        if len(hits) >= k:
+            return hits[:k]
+    ids = admissible(state)
+    ids = ids[np.isfinite(scores[ids])]
+    if not len(ids):
+        raise GrammarDeadEnd("the grammar admits no token here: generation cannot go on")
+    return ids[np.argsort(-scores[ids], kind="stable")][:k]
+
+
+def best_one(state: GrammarState, scores: np.ndarray) -> int:
+    """The best admissible token: the argmax itself, one check, most of the time."""
+    token = int(np.argmax(scores))
+    if np.isfinite(scores[token]) and state.admitted(np.array([token], dtype=np.int32))[0]:
+        return token
+    return int(best(state, scores, 1)[0])
+
+
+def stepped(state: GrammarState | None, token: int) -> GrammarState | None:
+    """A copy of `state` after `token` (None stays None)."""
+    if state is None:
+        return None
+    state = state.copy()
+    state.accept(token)
+    return state
+
+
+def check_draft(draft: Draft, state: GrammarState) -> Draft:
+    """The draft as far as the grammar admits it. A token drafted deterministically (no q: an
+    n-gram, a greedy draft, a tree's fork) that the grammar refuses is cut with what follows it;
+    one sampled from a distribution is kept as the last of its branch, where the acceptance rule
+    rejects it (p = 0) and draws from the residual, which cutting it would skip."""
+    if not draft.tokens:
+        return draft
+    parents = draft.tree
+    states: dict[int, GrammarState] = {-1: state}
+    keep: list[int] = []
+    ends = set(state.index.eog.tolist())
+    for i, token in enumerate(draft.tokens):
+        parent_state = states.get(parents[i])
+        if parent_state is None:  # below a node that was cut or ends its branch
+            continue
+        if parent_state.admitted(np.array([token], dtype=np.int32))[0]:
+            keep.append(i)
+            if token not in ends:
+                states[i] = parent_state.copy()
+                states[i].accept(token)
+        elif draft.q is not None and len(draft.q[i][0]) > 1:
+            keep.append(i)  # sampled: rejected with certainty by the rule, and nothing below it
+    if len(keep) == len(draft.tokens):
+        return draft
+    return _subset(draft, keep)
+
+
+def _subset(draft: Draft, keep: list[int]) -> Draft:
+    new = {old: j for j, old in enumerate(keep)}
+    tokens = [draft.tokens[i] for i in keep]
+    q = None if draft.q is None else tuple(draft.q[i] for i in keep)
+    parents = None
+    if draft.parents is not None:
+        parents = tuple(new.get(draft.parents[i], -1) for i in keep)
+    certain = next((j for j, old in enumerate(keep) if old != j or j >= draft.certain), len(keep))
+    return Draft(tokens, draft.source, draft.kind, q, parents, certain)
+
+
+def path_states(state: GrammarState, tokens: Sequence[int], parents: Sequence[int]):
+    """A function of a verified row: the grammar state after the path to it (row 0: `state`,
+    row i + 1: after drafted node i and its ancestors), each made once, from its parent's."""
+    made: dict[int, GrammarState] = {0: state}
+
+    def at(row: int) -> GrammarState:
+        got = made.get(row)
+        if got is None:
+            got = at(parents[row - 1] + 1).copy()
+            got.accept(tokens[row - 1])
+            made[row] = got
+        return got
+    return at
+
+
+@dataclass(frozen=True)
+class Forced:
+    """What the grammar forces next: `certain` tokens, each the only one it admits at its place
+    (kind a), then `likely`, the rest of the forced text as the model tokenizes it (kind b)."""
+    certain: list[int]
+    likely: list[int]
+
+
+def forced_text(state: GrammarState, limit: int = FORCED_MAX) -> bytes:
+    """The bytes the grammar admits next, as far as it admits exactly one byte at a time (b''
+    where it admits several, or may end here), whole UTF-8 characters only."""
+    index = state.index
+    if not index.every_byte:
+        return b""
+    probe = np.concatenate([index.eog, index.single])
+    text = bytearray()
+    walk = state
+    while len(text) < limit:
+        ok = walk.admitted(probe)
+        if ok[: len(index.eog)].any() or ok.sum() != 1:
+            break
+        byte = int(np.flatnonzero(ok[len(index.eog):])[0])
+        text.append(byte)
+        walk = walk.copy()
+        walk.accept(int(index.single[byte]))
+    return _whole_characters(bytes(text))
+
+
+def _whole_characters(text: bytes) -> bytes:
+    for cut in range(len(text), max(len(text) - 4, -1), -1):
+        try:
+            text[:cut].decode("utf-8")
+            return text[:cut]
+        except UnicodeDecodeError:
+            continue
+    return b""
+
+
+def forced(state: GrammarState, limit: int) -> Forced:
+    """Up to `limit` tokens the grammar forces from `state`: certain ones while exactly one token
+    spells the forced text's start, then the remaining forced text tokenized."""
+    certain: list[int] = []
+    walk = state
+    while len(certain) < limit:
+        text = forced_text(walk)
+        if not text:
+            return Forced(certain, [])
+        ids = walk.index.spelling(text)
+        ids = ids[walk.admitted(ids)] if len(ids) else ids
+        if len(ids) != 1:
+            return Forced(certain, _tokenized(walk, text, limit - len(certain)))
+        certain.append(int(ids[0]))
+        walk = walk.copy()
+        walk.accept(certain[-1])
+    return Forced(certain, [])
+
+
+def _tokenized(state: GrammarState, text: bytes, limit: int) -> list[int]:
+    """`text` as the model spells it, as far as the grammar admits it (all of it, normally)."""
+    tokens: list[int] = []
+    walk = state
+    for token in state.tokenize(text)[:limit]:
+        if not walk.admitted(np.array([token], dtype=np.int32))[0]:
+            break
+        tokens.append(token)
+        walk = walk.copy()
+        walk.accept(token)
+    return tokens
+
+
+class Constraint:
+    """A run's grammar: its state after what the run emitted. The loop alone advances it, along
+    accepted tokens; drafters and verification step copies."""
+
+    def __init__(self, state: GrammarState):
+        self.state = state
+        self._ends = set(state.index.eog.tolist())
+
+    def advance(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            if token not in self._ends:  # an end of generation ends the run, not the grammar
+                self.state.accept(token)
+
+    @property
+    def seconds(self) -> float:
+        """What the grammar's own checks cost the run so far."""
+        return self.state.timer[0]
+
+    def complete(self) -> bool:
+        """Whether the grammar may end here (it admits an end-of-generation token)."""
+        eog = self.state.index.eog
+        return not len(eog) or bool(self.state.admitted(eog).any())
