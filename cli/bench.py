@@ -22,12 +22,13 @@ from . import options
 stderr = Console(stderr=True, highlight=False)
 
 
-@options.with_options(options.MODELS, options.POOL.only("spec_pool_tokens"))
+@options.with_options(options.MODELS, options.POOL.only("spec_pool_tokens"), options.GRAMMAR_GROUP)
 def bench_command(
     models: options.ModelOptions,
     pool: options.PoolOptions,
+    grammar: str,
     prompts: Path = typer.Argument(..., help="JSONL prompts: objects with `prompt` or chat `messages` "
-                                             "(optional `id`, `category`)."),
+                                             "(optional `id`, `category`, `grammar`, `json_schema`)."),
     config: Optional[List[str]] = typer.Option(
         None, "-C", "--config", metavar="TYPES",
         help="A --spec-type value to measure; repeat for several [default: draft (with a draft model; draft-mtp "
@@ -59,7 +60,7 @@ def bench_command(
     output = output or Path(time.strftime("speculate-bench-%Y%m%d-%H%M%S.json"))
     if output.exists():
         raise UsageError(f"{output} exists; bench never overwrites results (choose another -o)")
-    sampling = SamplerSettings(temp=temp, seed=seed)
+    sampling = SamplerSettings(temp=temp, seed=seed, grammar=grammar)
     sampling.validate()
 
     mtp, features = {c.spec.mtp for c in configs}, {c.spec.features for c in configs} - {None}

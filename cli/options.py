@@ -200,6 +200,17 @@ SAMPLING_SEQ = typer.Option(
     SamplerSettings.sequence, "--sampling-seq", "--sampler-seq", rich_help_panel=S,
     help="Sampler order, llama.cpp letters: e penalties, k top-k, y typical, p top-p, m min-p, "
          "t temperature (d s x accepted, inactive).")
+GRAMMAR = typer.Option(
+    None, "--grammar", rich_help_panel=S, metavar="GBNF",
+    help="Constrain the output to this GBNF grammar (llama.cpp's syntax, root rule `root`).")
+GRAMMAR_FILE = typer.Option(None, "--grammar-file", rich_help_panel=S, metavar="FILE",
+                            help="Constrain the output to the GBNF grammar in FILE.")
+JSON_SCHEMA = typer.Option(
+    None, "-j", "--json-schema", rich_help_panel=S, metavar="SCHEMA",
+    help="Constrain the output to JSON that follows this JSON Schema (converted as llama-server does); "
+         "{} is any JSON object.")
+JSON_SCHEMA_FILE = typer.Option(None, "-jf", "--json-schema-file", rich_help_panel=S, metavar="FILE",
+                                help="Constrain the output to the JSON Schema in FILE.")
 IGNORE_EOS = typer.Option(SpecSettings.ignore_eos, "--ignore-eos", rich_help_panel=S,
                           help="Never stop at end-of-generation tokens.")
 
@@ -208,12 +219,15 @@ Ngram = tuple[Optional[int], Optional[int], Optional[int]]  # n, m, min-hits as 
 
 def sampler_settings(*, temp: float, top_k: int, top_p: float, min_p: float, typical_p: float,
                      repeat_penalty: float, repeat_last_n: int, presence_penalty: float, frequency_penalty: float,
-                     sampling_seq: str, seed: int) -> SamplerSettings:
-    """The sampling flags as validated settings."""
+                     sampling_seq: str, seed: int, grammar: Optional[str] = None, grammar_file: Optional[Path] = None,
+                     json_schema: Optional[str] = None, json_schema_file: Optional[Path] = None) -> SamplerSettings:
+    """The sampling flags as validated settings; a grammar or schema checked (and converted) here,
+    before any model loads."""
     sampling = SamplerSettings(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
                                repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                               sequence=sampling_seq, seed=seed)
+                               sequence=sampling_seq, seed=seed,
+                               grammar=grammar_text(grammar, grammar_file, json_schema, json_schema_file))
     sampling.validate()
     return sampling
 
@@ -585,6 +599,8 @@ SAMPLING = Group("sampling", (
     ("typical_p", float, TYPICAL), ("repeat_penalty", float, REPEAT_PENALTY),
     ("repeat_last_n", int, REPEAT_LAST_N), ("presence_penalty", float, PRESENCE_PENALTY),
     ("frequency_penalty", float, FREQUENCY_PENALTY), ("seed", int, SEED), ("sampling_seq", str, SAMPLING_SEQ),
+    ("grammar", Optional[str], GRAMMAR), ("grammar_file", Optional[Path], GRAMMAR_FILE),
+    ("json_schema", Optional[str], JSON_SCHEMA), ("json_schema_file", Optional[Path], JSON_SCHEMA_FILE),
 ), sampler_settings)
 
 SPECULATION = Group("spec", (
@@ -602,6 +618,16 @@ SPECULATION = Group("spec", (
     ("lookup_static", Optional[Path], LOOKUP_STATIC), ("lookup_dynamic", Optional[Path], LOOKUP_DYNAMIC),
 ), spec_settings)
 
+
+def grammar_text(grammar: Optional[str] = None, grammar_file: Optional[Path] = None,
+                 json_schema: Optional[str] = None, json_schema_file: Optional[Path] = None) -> str:
+    from speculative.grammar import given
+
+    return given.from_flags(grammar, grammar_file, json_schema, json_schema_file)
+
+
+# the grammar flags alone (bench, whose other sampling flags are its own), as GBNF text
+GRAMMAR_GROUP = Group("grammar", SAMPLING.options[-4:], grammar_text)
 
 POOL = Group("pool", (("spec_pool", Optional[Path], SPEC_POOL), ("spec_pool_tokens", int, SPEC_POOL_TOKENS)),
              pool_options)

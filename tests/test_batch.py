@@ -57,7 +57,7 @@ def test_lines_that_are_not_requests_say_why_with_their_line_number(tmp_path):
         9: ("d", "needs a string `prompt` or a list of chat `messages`"),
         10: ("e", "`temperature` must be a number >= 0, got -1"),
         11: ("f", '`stop` must be a non-empty string or a list of them, got [""]'),
-        12: ("g", "unknown field 'temp' (known: id, prompt, messages, n_predict, temperature, top_p, seed, stop)"),
+        12: ("g", "unknown field 'temp' (known: id, prompt, messages, n_predict, temperature, top_p, seed, stop, grammar, json_schema)"),
     }
 
 

@@ -142,8 +142,7 @@ def test_bad_fields(body, message):
 
 
 # Every field docs/serving.md's "Refused (400) unless at the value that changes nothing" names: values
-# it refuses, and the values that change nothing (none for json_schema: llama-server makes a
-# grammar of any schema, {} included). The adaptive_p sampler is refused in `samplers`.
+# it refuses, and the values that change nothing. The adaptive_p sampler is refused in `samplers`.
 REFUSED = {
     "n_probs": ([3, True, False], [0]),
     "logprobs": ([1], [0]),
@@ -155,8 +154,6 @@ REFUSED = {
     "mirostat": ([2, 1], [0]),
     "adaptive_target": ([0.5], [-1]),
     "logit_bias": ([[[1, 2.0]], {"1": -100}], [[], {}]),
-    "grammar": (["root ::= \"x\""], [""]),
-    "json_schema": ([{"type": "object"}, {}, []], []),
     "lora": ([[{"id": 0, "scale": 0.5}]], [[]]),
     "echo": ([True], [False]),
 }

@@ -20,12 +20,13 @@ import numpy as np
 import pytest
 
 from speculative.decoding.cache import Cache
+from speculative.decoding.constraint import Constraint
 from speculative.decoding.events import Step, Token
 from speculative.decoding.loop import generate
 from speculative.decoding.sampling import Sampler
 from speculative.decoding.settings import ModelSpec
 from speculative.decoding.settings import SamplerSettings, SpecSettings
-from speculative.drafters import ModelDrafter
+from speculative.drafters import ForcedDrafter, ModelDrafter
 from speculative.llamacpp.model import LlamaModel
 from tests.conftest import SMOL
 
@@ -47,16 +48,20 @@ def exact_first_token(model: LlamaModel, prompt: list[int]) -> dict[int, float]:
 
 
 def first_tokens(target: Cache, prompt: list[int], spec: SpecSettings, drafter_of, forget,
-                 support: dict[int, float]) -> tuple[dict[int, int], int, int]:
+                 support: dict[int, float], grammar_of=None) -> tuple[dict[int, int], int, int]:
     """The first generated token of RUNS seeded runs (`forget()` empties the drafter's cache
-    before each, `drafter_of(seed)` makes its drafter): how often each token came, and how many
-    drafted tokens the first steps kept and drafted."""
+    before each, `drafter_of(seed)` makes its drafter, `grammar_of()` a grammar state to run
+    under): how often each token came, and how many drafted tokens the first steps kept and
+    drafted."""
     counts = dict.fromkeys(support, 0)
     kept = drafted = 0
     for seed in range(RUNS):
         target.forget()
         forget()
-        for event in generate(target, prompt, Sampler(TARGET, seed), spec, drafter_of(seed)):
+        drafter = drafter_of(seed)
+        constraint = Constraint(grammar_of()) if grammar_of else None
+        drafter.constraint = constraint
+        for event in generate(target, prompt, Sampler(TARGET, seed), spec, drafter, constraint):
             if isinstance(event, Step):  # the first step drafts one token
                 kept, drafted = kept + event.n_accepted, drafted + event.n_drafted
             elif isinstance(event, Token):  # the first token is all this test needs
@@ -123,4 +128,34 @@ def test_drafters_of_the_targets_hidden_states_keep_its_probabilities(tmp_path, 
 
         counts, kept, drafted = first_tokens(target, prompt, spec, drafter_of, head.forget, expected)
     assert drafted == RUNS and 0 < kept < drafted
+    assert_follows(expected, counts)
+
+
+ANIMALS = 'root ::= " " ("cat" | "dog" | "horse" | "bird" | "fish" | "lion" | "tiger" | "rabbit" | "snake") "."'
+
+
+@pytest.mark.parametrize("drafting", ["draft", "forced"])
+def test_first_tokens_under_a_grammar_follow_the_constrained_probabilities(model_path, drafting):
+    """Under a grammar the target's distribution is its logits with every token the grammar
+    refuses removed, then the sampler chain: computed here from llama.cpp's own verdict on every
+    token of the vocabulary. The draft model samples from its masked distribution; the forced
+    drafter proposes the space the grammar forces, as the tokenizer spells it."""
+    path = model_path(SMOL)
+    with LlamaModel(ModelSpec(path, name="target", n_ctx=64)) as target, \
+            LlamaModel(ModelSpec(path, name="draft", n_ctx=64)) as draft:
+        prompt = target.tokenize("My favourite animal is", add_special=True)
+        target.trim(0)
+        (row,) = target.decode(prompt, 0, "last")
+        admitted = target.grammar(ANIMALS).admitted(np.arange(target.n_vocab, dtype=np.int32))
+        ids, probs = Sampler(TARGET, 0).distribution(np.where(admitted, row, -np.inf).astype(np.float32))
+        target.trim(0)
+        expected = dict(zip(ids.tolist(), probs.tolist()))
+        assert len(expected) > 2
+        spec = SpecSettings(types=(drafting,), draft_max=1, n_predict=2, ignore_eos=True)
+        draft_cache = Cache(draft)
+        counts, kept, drafted = first_tokens(
+            Cache(target), prompt, spec,
+            lambda seed: ModelDrafter(draft_cache, sampler=Sampler(DRAFT, seed + 10**6)) if drafting == "draft"
+            else ForcedDrafter(), draft_cache.forget, expected, lambda: target.grammar(ANIMALS))
+    assert drafted == RUNS and (drafting == "forced" or 0 < kept < drafted)
     assert_follows(expected, counts)

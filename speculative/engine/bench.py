@@ -26,6 +26,7 @@ from speculative.decoding.settings import DRAFT_MAX_AUTO, NGRAM_N_AUTO, SamplerS
 from speculative.engine.chat import prompt_or_messages
 from speculative.engine.stream import complete
 from speculative.errors import UsageError
+from speculative.grammar import given
 
 if TYPE_CHECKING:  # annotations only: the engine loads llama.cpp, the drafters numpy
     from speculative.decoding.drafter import Draft
@@ -54,6 +55,7 @@ class BenchPrompt:
     category: str
     prompt: str | None = None
     messages: list | None = None
+    grammar: str = ""  # its own `grammar` or `json_schema` field, as GBNF ('' : the command's, if any)
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,8 @@ class Run:
 
 
 def load_prompts(path: Path) -> list[BenchPrompt]:
-    """JSONL: each line an object with `prompt` or chat `messages`, optional id and category."""
+    """JSONL: each line an object with `prompt` or chat `messages`, optional id and category, and
+    optionally the `grammar` (GBNF) or `json_schema` its answer must follow."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
@@ -105,10 +108,11 @@ def load_prompts(path: Path) -> list[BenchPrompt]:
             raise UsageError(f"{path}:{number}: not JSON ({reason})") from None
         try:
             prompt, messages = prompt_or_messages(item)
+            grammar = given.from_fields(item.get("grammar"), item.get("json_schema"), f"{path}:{number}: ")
         except ValueError as e:
             raise UsageError(f"{path}:{number}: {e}") from None
         prompts.append(BenchPrompt(str(item.get("id", f"line-{number}")), str(item.get("category", "all")),
-                                   prompt, messages))
+                                   prompt, messages, grammar))
     if not prompts:
         raise UsageError(f"{path}: no prompts")
     return prompts
@@ -177,7 +181,8 @@ def run_bench(engine: Engine, prompts: list[BenchPrompt], configs: list[Config],
     try:
         _warm_up(engine, prompts[0], baseline, sampling, seed)
         for prompt in prompts:
-            runs += _prompt_runs(engine, prompt, baseline, rest, sampling, seed, repeats, on_run)
+            own = replace(sampling, grammar=prompt.grammar) if prompt.grammar else sampling
+            runs += _prompt_runs(engine, prompt, baseline, rest, own, seed, repeats, on_run)
             if engine.pool is not None and learn:
                 engine.pool.add(runs[-1].tokens)  # the target-only output (the last run appended)
     finally:

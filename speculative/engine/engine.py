@@ -23,6 +23,7 @@ import numpy as np
 
 from speculative.decoding.backend import Backend, MtpBackend
 from speculative.decoding.cache import Cache, MtpCache
+from speculative.decoding.constraint import Constraint
 from speculative.decoding.drafter import Drafter
 from speculative.decoding.events import Event, Prefilled, PromptCache, Token
 from speculative.decoding.loop import generate
@@ -135,14 +136,18 @@ class Engine:
         check_prompt(prompt, self.target.n_ctx, spec.n_predict)  # before any calibration
         rule = acceptance(sampling, spec)
         banned = self.target.eog_tokens() if spec.ignore_eos else None
-        self.drafter = self.factory.make(spec, self._draft_sampler(sampling, spec, seed, rule))  # may calibrate
+        constraint = Constraint(self.target.grammar(sampling.grammar)) if sampling.grammar else None
+        if constraint is None and "forced" in spec.drafters:
+            raise UsageError("--spec-type forced drafts what a grammar forces: give --grammar or --json-schema")
+        self.drafter = self.factory.make(spec, self._draft_sampler(sampling, spec, seed, rule),
+                                         constraint)  # may calibrate
         restored = self.persist.restore_pending
         t_restore = self.persist.restore_file() if restored else 0.0
         t_swap = self.persist.swap_ram(prompt) if not whole_prompt else 0.0
         context = list(prompt)
         try:
             for event in generate(self.caches["target"], prompt, Sampler(sampling, seed, banned, self.target), spec,
-                                  self.drafter):
+                                  self.drafter, constraint):
                 if isinstance(event, Token):
                     context.append(event.id)
                 elif isinstance(event, Prefilled) and t_swap:  # part of processing this prompt

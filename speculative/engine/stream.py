@@ -26,6 +26,9 @@ from speculative.engine.text import LineLimits, StopFilter, TextStream
 if TYPE_CHECKING:  # annotations only: importing the engine loads llama.cpp
     from speculative.engine.engine import Engine
 
+INCOMPLETE = ("the output reached its length limit (-n or the context) before the grammar was complete: "
+              "the JSON (or whatever the grammar describes) is unfinished")
+
 
 @dataclass(frozen=True)
 class Piece:
@@ -132,7 +135,10 @@ class Stream:
         limited = self._limits is not None and self._limits.stopped
         stats.finish_reason = ("stop" if self._stops.stopped else "length" if limited else reason or self._reason
                                or stats.finish_reason or "length")
-        return Final(stats.finish_reason, tail, "".join(self._shown) + tail, self.tokens, stats, self.engine.notes(),
+        notes = self.engine.notes()
+        if stats.incomplete and stats.finish_reason == "length":
+            notes = [*notes, INCOMPLETE]
+        return Final(stats.finish_reason, tail, "".join(self._shown) + tail, self.tokens, stats, notes,
                      self._stops.found)
 
 

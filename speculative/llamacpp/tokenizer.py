@@ -9,6 +9,7 @@ import llama_cpp as ll
 import numpy as np
 
 from speculative.errors import GenerationError
+from speculative.llamacpp.grammar import Grammar, compile_grammar
 
 
 class Tokenizer:
@@ -58,6 +59,10 @@ class Tokenizer:
             if special:
                 self._pieces[token] = piece
         return piece
+
+    def grammar(self, text: str) -> Grammar:
+        """A grammar state (GBNF `text`) over this vocabulary, at the start of generation."""
+        return compile_grammar(self, text)
 
     def fim_tokens(self) -> dict[str, int | None]:
         """The model's fill-in-the-middle tokens (GGUF tokenizer.ggml.fim_*_token_id, or what

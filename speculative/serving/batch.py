@@ -32,7 +32,8 @@ from speculative.decoding.settings import SamplerSettings, SpecSettings
 from speculative.engine.chat import prompt_or_messages
 from speculative.engine.stream import complete
 from speculative.serving.generation import is_int, is_number
-from speculative.errors import SpeculateError, UsageError
+from speculative.errors import GrammarError, SpeculateError, UsageError
+from speculative.grammar import given
 from speculative.llamacpp import interrupt
 
 if TYPE_CHECKING:  # annotations only: importing the engine loads llama.cpp
@@ -66,7 +67,7 @@ SETTINGS: dict[str, tuple[Callable[[object], bool], str]] = {
     "seed": (lambda v: is_int(v) and -1 <= v < 2**32, "an integer in [-1, 2^32)"),
     "stop": (_is_stop, "a non-empty string or a list of them"),
 }
-FIELDS = ("id", "prompt", "messages", *SETTINGS)
+FIELDS = ("id", "prompt", "messages", *SETTINGS, "grammar", "json_schema")  # a grammar: given.from_fields
 
 
 @dataclass(frozen=True)
@@ -173,10 +174,15 @@ def _parse(number: int, raw: bytes | None, sampling: SamplerSettings, spec: Spec
         return Rejected(number, request_id, error)
     prompt, messages = prompt_or_messages(obj)
     stop = obj.get("stop", ())
+    try:
+        grammar = given.from_fields(obj.get("grammar"), obj.get("json_schema")) or sampling.grammar
+    except GrammarError as e:
+        return Rejected(number, request_id, str(e))
     return Request(
         request_id, number, prompt, messages,
         replace(sampling, temp=float(obj.get("temperature", sampling.temp)),
-                top_p=float(obj.get("top_p", sampling.top_p)), seed=obj.get("seed", sampling.seed)),
+                top_p=float(obj.get("top_p", sampling.top_p)), seed=obj.get("seed", sampling.seed),
+                grammar=grammar),
         replace(spec, n_predict=obj.get("n_predict", spec.n_predict)),
         (stop,) if isinstance(stop, str) else tuple(stop))
 

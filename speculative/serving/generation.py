@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from speculative.decoding.settings import SamplerSettings
+from speculative.errors import GrammarError
+from speculative.grammar import given
 
 
 class ApiError(Exception):
@@ -124,3 +126,43 @@ def _same(value: object, neutral: object, strict_types: bool) -> bool:
     if strict_types:
         return value == neutral and type(value) is type(neutral)
     return value == neutral and isinstance(value, bool) == isinstance(neutral, bool)
+
+
+def request_grammar(data: dict, chat: bool) -> str:
+    """The GBNF a body asks for, as llama-server reads it (ApiError 400 for a bad one): `grammar`
+    or `json_schema` (`grammar` wins when both are given, on /completion, /infill and
+    /v1/completions); on chat, `response_format` too (json_object: any object, or its `schema`;
+    json_schema: its json_schema.schema, enforced whatever `strict` says), and both fields at
+    once are refused. An empty schema means any object."""
+    grammar, schema = data.get("grammar"), data.get("json_schema")
+    if chat:
+        if schema is not None and grammar not in (None, ""):
+            raise ApiError(400, "Cannot use both json_schema and grammar", param="grammar")
+        schema = _response_format(data.get("response_format"), schema)
+    if schema == {}:
+        schema = {"type": "object"}
+    try:
+        return given.from_fields(grammar, schema)
+    except GrammarError as e:
+        raise ApiError(400, str(e), param="grammar" if grammar not in (None, "") else
+                       "json_schema" if data.get("json_schema") is not None else "response_format") from None
+
+
+def _response_format(value: object, schema: object) -> object:
+    """OpenAI's response_format over a chat body's json_schema (llama-server's reading)."""
+    if value is None:
+        return schema
+    if not isinstance(value, dict):
+        raise ApiError(400, "response_format must be an object", param="response_format")
+    kind = value.get("type", "")
+    if kind == "json_object":
+        return value.get("schema", {}) if "schema" in value or schema is None else schema
+    if kind == "json_schema":
+        wrapper = value.get("json_schema", {})
+        if not isinstance(wrapper, dict):
+            raise ApiError(400, "response_format.json_schema must be an object", param="response_format")
+        return wrapper.get("schema", {})
+    if kind not in ("", "text"):
+        raise ApiError(400, 'response_format type must be one of "text", "json_object" or "json_schema", '
+                       f"but got: {kind}", param="response_format")
+    return schema

@@ -19,7 +19,7 @@ from typing import Callable, Protocol, Sequence
 
 from speculative.decoding.settings import DEFAULT_SEQUENCE, SamplerSettings, SpecSettings
 from speculative.engine.stream import Final, Piece
-from speculative.serving.generation import ApiError, Generation, refuse_unsupported, speculation
+from speculative.serving.generation import ApiError, Generation, refuse_unsupported, request_grammar, speculation
 from speculative.serving.openai_api import timings
 from speculative.serving.worker import Metrics
 
@@ -62,11 +62,10 @@ IGNORED = {
 }
 
 # Fields that change the answer in a way this server cannot honour: accepted at the value that
-# changes nothing (llama-server's default), refused otherwise. json_schema has no such value:
-# llama-server turns any schema, {} included ("any object"), into a grammar.
+# changes nothing (llama-server's default), refused otherwise.
 _NEUTRAL = {"n_probs": (0,), "logprobs": (0,), "min_keep": (0,), "dynatemp_range": (0,),
             "top_n_sigma": (-1,), "xtc_probability": (0,), "dry_multiplier": (0,), "mirostat": (0,),
-            "logit_bias": ([], {}), "grammar": ("",), "json_schema": (), "lora": ([],),
+            "logit_bias": ([], {}), "lora": ([],),
             "adaptive_target": (-1,), "echo": (False,)}
 
 
@@ -181,7 +180,7 @@ def parse(data: object, prompt: list[int], spec_types: str = "") -> tuple[Genera
         presence_penalty=_number(data, ("presence_penalty",), _SAMPLING.presence_penalty, -math.inf, math.inf),
         frequency_penalty=_number(data, ("frequency_penalty",), _SAMPLING.frequency_penalty, -math.inf, math.inf),
         # llama-server's LLAMA_DEFAULT_SEED (UINT32_MAX) is a random seed, as -1 is here
-        sequence=sequence, seed=seed if seed != UINT32_MAX else -1)
+        sequence=sequence, seed=seed if seed != UINT32_MAX else -1, grammar=request_grammar(data, chat=False))
     if not _present(data, "response_fields"):
         fields = ()
     elif isinstance(data["response_fields"], list) and all(isinstance(f, str) for f in data["response_fields"]):
@@ -217,7 +216,7 @@ def generation_settings(generation: Generation, n_predict: int, spec_types: str 
         "dry_penalty_last_n": -1, "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
         "stop": list(generation.stops), "max_tokens": n_predict, "n_predict": n_predict, "n_keep": 0,
         "n_discard": 0, "ignore_eos": generation.ignore_eos, "stream": generation.stream, "logit_bias": [],
-        "n_probs": 0, "min_keep": 0, "grammar": "", "samplers": [SAMPLER_NAMES[c] for c in s.sequence],
+        "n_probs": 0, "min_keep": 0, "grammar": s.grammar, "samplers": [SAMPLER_NAMES[c] for c in s.sequence],
         "speculative.types": spec_types, "timings_per_token": False, "post_sampling_probs": False, "lora": [],
     }
 

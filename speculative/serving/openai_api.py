@@ -23,7 +23,7 @@ from pydantic_core import PydanticCustomError
 
 from speculative.decoding.settings import SamplerSettings, SpecSettings
 from speculative.decoding.stats import Stats
-from speculative.serving.generation import ApiError, Generation, refuse_unsupported, speculation
+from speculative.serving.generation import ApiError, Generation, refuse_unsupported, request_grammar, speculation
 
 MAX_STOPS = 16           # stop strings per request (OpenAI allows 4, llama-server any number)
 MAX_STOP_CHARS = 256
@@ -98,8 +98,7 @@ class ChatRequest(_Request):
 # would be when omitted.
 _NEUTRAL = {"n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",), "logprobs": (False,),
             "top_logprobs": (0,), "logit_bias": ({},), "tools": ([],), "functions": ([],),
-            "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
-            "response_format": ({"type": "text"},)}
+            "tool_choice": ("none", "auto"), "function_call": ("none", "auto")}
 
 
 def parse(data: object, chat: bool) -> Generation:
@@ -117,7 +116,8 @@ def parse(data: object, chat: bool) -> Generation:
     chosen = {"temp": request.temperature, "top_k": request.top_k, "top_p": request.top_p, "min_p": request.min_p,
               "repeat_penalty": request.repeat_penalty, "presence_penalty": request.presence_penalty,
               "frequency_penalty": request.frequency_penalty, "seed": request.seed}
-    sampling = SamplerSettings(**{name: value for name, value in chosen.items() if value is not None})
+    sampling = SamplerSettings(**{name: value for name, value in chosen.items() if value is not None},
+                               grammar=request_grammar(data, chat))
     stops = tuple(request.stop or ())
     if chat:
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content}

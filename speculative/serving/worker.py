@@ -30,7 +30,7 @@ from speculative.engine.engine import Engine
 from speculative.engine.parallel import Parallel
 from speculative.engine.stream import Final, Piece, Stream
 from speculative.engine.text import LineLimits
-from speculative.errors import ModelError, UsageError
+from speculative.errors import GrammarError, ModelError, UsageError
 from speculative.llamacpp import interrupt
 from speculative.serving.generation import ApiError, Busy, Generation
 
@@ -265,6 +265,8 @@ class Worker:
                     job.post(output)
         except ApiError as e:
             job.post(Failed(e))
+        except GrammarError as e:  # a token it names that this vocabulary lacks
+            job.post(Failed(ApiError(400, str(e), param="grammar")))
         except UsageError as e:  # what the request's own speculation asks cannot run here (factory.py)
             job.post(Failed(ApiError(400, f"speculative.type: {e}", param="speculative.type")))
         except Exception as e:  # a decode failure or a bug: this request fails, the server stays up

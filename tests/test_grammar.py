@@ -1,0 +1,232 @@
+"""Grammars through real llama.cpp: every spec type keeps target-only output under a grammar, the
+flags and fields reach the run, bad grammars are one line before any model loads.
+
+The tiny models (scripts/tiny_model.py, scripts/tiny_drafters.py) share a byte-level tokenizer of
+369 tokens, so a JSON grammar constrains them as it does a real vocabulary; their random weights
+make the grammar, not the model, choose much of the text, and drafts are rejected often."""
+
+from __future__ import annotations
+
+import json
+import pytest
+
+from scripts.tiny_drafters import write_drafter
+from scripts.tiny_model import write_model
+from speculative.decoding.settings import DRAFTER_TYPES, ModelSpec, SamplerSettings, SpecSettings
+from speculative.engine.engine import Engine
+from tests.conftest import speculate, speculate_here
+from tests.test_mtp import steps_of, tokens_of
+
+real = pytest.mark.real
+PROMPT = "once upon a time there were a cat and a dog. once upon a time there were"
+# A record with forced keys and punctuation, free strings and numbers: both kinds of forced text.
+RECORD = r'''root ::= "{\"name\": " string ", \"age\": " number ", \"tags\": [" string ("," ws string)* "]}"
+string ::= "\"" [a-z ]{1,10} "\""
+number ::= [1-9] [0-9]?
+ws ::= " "?'''
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """Targets and drafters: a llama target with a second llama as its draft model, the
+    EAGLE-3/DFlash/DSpark drafters with their targets, and a qwen35 target with its NextN layer."""
+    folder = tmp_path_factory.mktemp("tiny-grammar")
+    files = {"llama": write_model("llama", folder / "llama.gguf"),
+             "draft": write_model("llama", folder / "draft.gguf", seed=3),
+             "qwen35-mtp": write_model("qwen35", folder / "qwen35-mtp.gguf", mtp=True)}
+    for arch in ("eagle3", "dflash", "dspark"):
+        files[arch], files[f"{arch}-target"] = write_drafter(arch, folder / f"{arch}.gguf")
+    return files
+
+
+def setup(tiny, spec_type: str) -> tuple[ModelSpec, ModelSpec | None]:
+    """The target (and draft model) spec_type runs with."""
+    base = dict(n_ctx=512, n_threads=1)
+    if spec_type in ("draft-eagle3", "draft-dflash", "draft-dspark"):
+        arch = spec_type.removeprefix("draft-")
+        return ModelSpec(tiny[f"{arch}-target"], "target", **base, feature_drafter=tiny[arch]), None
+    if spec_type == "draft-mtp":
+        return ModelSpec(tiny["qwen35-mtp"], "target", **base, mtp=True, n_rs_seq=4), None
+    if spec_type == "draft":
+        return ModelSpec(tiny["llama"], "target", **base), ModelSpec(tiny["draft"], "draft", **base)
+    return ModelSpec(tiny["llama"], "target", **base), None
+
+
+def run(engine: Engine, spec_type: str, sampling: SamplerSettings, draft_max: int = 4) -> list:
+    spec = SpecSettings(types=(spec_type,), n_predict=120, draft_max=draft_max)
+    return list(engine.run(engine.prompt_tokens(PROMPT), sampling, spec, 1))
+
+
+@real
+@pytest.mark.parametrize("spec_type", [*DRAFTER_TYPES, "auto"])
+def test_greedy_output_under_a_grammar_is_target_only_output(tiny, batch_invariant, spec_type):
+    """For every spec type, with a grammar, the same tokens as the target alone under it, the
+    answer complete ("stop") and inside the grammar; the models really drafted and were rejected
+    somewhere, and forced text was drafted."""
+    target, draft = setup(tiny, spec_type)
+    greedy = SamplerSettings(temp=0.0, grammar=RECORD)
+    with Engine(target, draft) as engine:
+        reference = run(engine, "none", greedy)
+        engine.forget()
+        for draft_max in (1, 3, 8):
+            events = run(engine, spec_type, greedy, draft_max)
+            assert tokens_of(events) == tokens_of(reference), f"draft_max {draft_max}"
+            engine.forget()
+        text = b"".join(engine.target.token_bytes(t) for t in tokens_of(reference)).decode()
+    assert events[-1].reason == "stop" and text.startswith('{"name": "') and text.endswith("]}")
+    drafted = [s for s in steps_of(events) if s.n_drafted]
+    if spec_type.startswith("draft"):  # (n-grams need more repeated text than this answer has)
+        assert drafted and any(s.n_accepted < s.n_drafted for s in drafted), spec_type
+    if spec_type in ("forced", "auto"):
+        assert drafted
+
+
+# Forced text the tiny tokenizer can spell in several ways (it has merges for the prompt's words).
+TALE = r'root ::= "{\"tale\": \"once upon a time there were a cat and a dog\", \"n\": " [1-9] [0-9]? "}"'
+
+
+@real
+def test_forced_text_is_drafted_and_certain_tokens_taken_without_a_row(tiny, batch_invariant):
+    """`forced` drafts the text the grammar forces: where one token alone spells it, certain
+    (kind a); where several could, as the tokenizer spells it, verified (kind b) and sometimes
+    rejected; the output is the target's alone under the grammar."""
+    target, _ = setup(tiny, "forced")
+    greedy = SamplerSettings(temp=0.0, grammar=TALE)
+    with Engine(target) as engine:
+        reference = tokens_of(run(engine, "none", greedy))
+        engine.forget()
+        events = run(engine, "forced", greedy, 16)
+    steps = steps_of(events)
+    assert tokens_of(events) == reference
+    assert sum(s.n_certain for s in steps) > 0
+    assert sum(s.n_drafted - s.n_certain for s in steps) > 0
+    assert any(s.n_accepted < s.n_drafted for s in steps)
+
+
+@real
+def test_sampled_runs_stay_inside_the_grammar(tiny):
+    target, draft = setup(tiny, "draft")
+    with Engine(target, draft) as engine:
+        for seed in range(4):
+            sampling = SamplerSettings(temp=1.0, seed=seed, grammar=RECORD)
+            for spec_type in ("draft", "forced", "auto"):
+                events = list(engine.run(engine.prompt_tokens(PROMPT), sampling,
+                                         SpecSettings(types=(spec_type,), n_predict=120), seed))
+                text = b"".join(engine.target.token_bytes(t) for t in tokens_of(events)).decode()
+                assert events[-1].reason == "stop" and text.startswith('{"name": "') and text.endswith("]}")
+
+
+# -- the command line ---------------------------------------------------------------------
+
+
+@real
+def test_the_flags_constrain_the_one_shot_command(tiny, tmp_path):
+    grammar_file = tmp_path / "record.gbnf"
+    grammar_file.write_text(RECORD)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "w": {"enum": ["cat", "dog"]}},
+              "required": ["n", "w"], "additionalProperties": False}
+    schema_file = tmp_path / "schema.json"
+    schema_file.write_text(json.dumps(schema))
+    common = ["-m", str(tiny["llama"]), "-p", PROMPT, "-n", "80", "--temp", "0", "-t", "1"]
+    for flags in (["--grammar", RECORD], ["--grammar-file", str(grammar_file)]):
+        proc = speculate(*common, *flags)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.decode().startswith('{"name": "')
+    for flags in (["-j", json.dumps(schema)], ["-jf", str(schema_file)]):
+        proc = speculate(*common, *flags, "--json")
+        assert proc.returncode == 0, proc.stderr
+        answer = json.loads(json.loads(proc.stdout)["text"])
+        assert set(answer) == {"n", "w"} and isinstance(answer["n"], int) and answer["w"] in ("cat", "dog")
+
+
+@real
+def test_a_run_cut_before_its_grammar_is_complete_says_so(tiny):
+    proc = speculate("-m", str(tiny["llama"]), "-p", PROMPT, "-n", "5", "--temp", "0", "--grammar", RECORD,
+                     "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["finish_reason"] == "length" and out["grammar_incomplete"] is True
+    assert any("before the grammar was complete" in note for note in out["notes"])
+
+
+BAD = [
+    ('root ::= "a" (', "line 1, column"),
+    ('root ::= "a"\nthing ::= [a-', "line 2, column"),
+    ('root ::= item\n', "item"),
+    ('root ::= root "a" | "b"', "left"),
+    ('root ::= "a" root', "root"),
+]
+
+
+@pytest.mark.parametrize("grammar, said", BAD)
+def test_a_bad_grammar_is_one_line_and_exit_2_before_any_model_loads(grammar, said, tmp_path):
+    missing = str(tmp_path / "no-such-model.gguf")  # loading it would be exit 3
+    proc = speculate_here("-m", missing, "-p", "x", "--grammar", grammar)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and said in proc.stderr and "--grammar" in proc.stderr
+
+
+def test_a_bad_schema_names_its_path_and_exits_2(tmp_path):
+    missing = str(tmp_path / "no-such-model.gguf")
+    proc = speculate_here("-m", missing, "-p", "x", "-j", '{"type": "object", "properties": {"n": {"type": "nmber"}}}')
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "/properties/n" in proc.stderr
+    proc = speculate_here("-m", missing, "-p", "x", "-j", '{"type": ')
+    assert proc.returncode == 2 and "not JSON" in proc.stderr
+    proc = speculate_here("-m", missing, "-p", "x", "--grammar", "root ::= \"a\"", "-j", "{}")
+    assert proc.returncode == 2 and "one grammar" in proc.stderr
+    proc = speculate_here("-m", missing, "-p", "x", "--grammar-file", str(tmp_path / "none.gbnf"))
+    assert proc.returncode == 2 and "cannot read" in proc.stderr
+
+
+@real
+def test_a_token_the_grammar_names_is_checked_against_the_vocabulary(tiny):
+    proc = speculate("-m", str(tiny["llama"]), "-p", PROMPT, "-n", "4", "--grammar", "root ::= <[99999]>")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "99999" in proc.stderr
+
+
+@real
+def test_forced_without_a_grammar_is_refused(tiny):
+    proc = speculate("-m", str(tiny["llama"]), "-p", PROMPT, "-n", "4", "--spec-type", "forced")
+    assert proc.returncode == 2 and "--grammar" in proc.stderr
+
+
+
+# -- the server's fields (read as llama-server reads them; no model) -----------------------
+
+
+def test_completion_takes_grammar_or_json_schema_and_grammar_wins():
+    from speculative.grammar import given
+    from speculative.serving import llama_api, openai_api
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    assert llama_api.parse({"grammar": RECORD}, [1])[0].sampling.grammar == RECORD
+    assert llama_api.parse({"json_schema": schema}, [1])[0].sampling.grammar == given.from_schema(schema)
+    assert llama_api.parse({"grammar": RECORD, "json_schema": schema}, [1])[0].sampling.grammar == RECORD
+    assert llama_api.parse({"json_schema": {}}, [1])[0].sampling.grammar == given.from_schema({"type": "object"})
+    assert llama_api.parse({"grammar": ""}, [1])[0].sampling.grammar == ""
+    assert openai_api.parse({"prompt": "x", "json_schema": schema}, chat=False).sampling.grammar == \
+        given.from_schema(schema)
+
+
+def test_chat_takes_response_format_and_refuses_both_fields():
+    from speculative.grammar import given
+    from speculative.serving import openai_api
+    from speculative.serving.generation import ApiError
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    any_object = given.from_schema({"type": "object"})
+    wrapped = {"type": "json_schema", "json_schema": {"name": "a", "strict": True, "schema": schema}}
+    assert openai_api.parse({**chat, "response_format": wrapped}, chat=True).sampling.grammar == given.from_schema(schema)
+    assert openai_api.parse({**chat, "response_format": {"type": "json_object"}}, chat=True).sampling.grammar == any_object
+    assert openai_api.parse({**chat, "response_format": {"type": "text"}}, chat=True).sampling.grammar == ""
+    assert openai_api.parse({**chat, "grammar": RECORD}, chat=True).sampling.grammar == RECORD
+    for body, said in [({"grammar": RECORD, "json_schema": schema}, "Cannot use both"),
+                       ({"response_format": {"type": "xml"}}, "response_format type"),
+                       ({"grammar": 'root ::= "a" ('}, "line 1, column"),
+                       ({"json_schema": {"type": "nope"}}, "json schema")]:
+        with pytest.raises(ApiError) as e:
+            openai_api.parse({**chat, **body}, chat=True)
+        assert e.value.status == 400 and said in e.value.message, e.value.message
