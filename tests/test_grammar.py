@@ -230,3 +230,88 @@ def test_chat_takes_response_format_and_refuses_both_fields():
         with pytest.raises(ApiError) as e:
             openai_api.parse({**chat, **body}, chat=True)
         assert e.value.status == 400 and said in e.value.message, e.value.message
+
+
+# -- the server and batch, on a real model -----------------------------------------------------
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def server(model_path, tmp_path_factory):
+    from tests.test_serve import start_server, stop_server
+
+    s = start_server(model_path, tmp_path_factory.mktemp("serve-grammar"), "-c", "2048", "-t", "1", "-np", "2")
+    yield s
+    stop_server(s)
+
+
+@real
+def test_the_server_constrains_each_request_by_its_own_fields(server):
+    got, _, answer = server.request("POST", "/completion", {"prompt": "Alice is 31.", "n_predict": 64,
+                                                            "temperature": 0, "json_schema": PERSON})
+    assert got == 200, answer
+    assert set(json.loads(answer["content"])) == {"name", "age"}
+    got, _, answer = server.request("POST", "/completion", {"prompt": "Pick:", "n_predict": 8, "temperature": 0,
+                                                            "grammar": 'root ::= " yes" | " no"', "json_schema": PERSON})
+    assert got == 200 and answer["content"] in (" yes", " no"), answer
+    reply = server.client().chat.completions.create(
+        model="x", messages=[{"role": "user", "content": "Describe Alice, 31, as JSON."}], temperature=0,
+        max_tokens=64, response_format={"type": "json_schema", "json_schema": {"name": "p", "strict": True,
+                                                                                "schema": PERSON}})
+    assert set(json.loads(reply.choices[0].message.content)) == {"name", "age"}
+    reply = server.client().completions.create(model="x", prompt="Pick:", max_tokens=8, temperature=0,
+                                               extra_body={"grammar": 'root ::= " yes" | " no"'})
+    assert reply.choices[0].text in (" yes", " no")
+
+
+@real
+def test_the_server_refuses_a_bad_grammar_with_a_400_naming_the_place(server):
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    for path, body, said in [
+            ("/completion", {"prompt": "x", "grammar": 'root ::= "a"\nb ::= ('}, "grammar line 2, column 7"),
+            ("/v1/chat/completions", {**chat, "grammar": 'root ::= "a"', "json_schema": PERSON}, "Cannot use both"),
+            ("/v1/chat/completions", {**chat, "response_format": {"type": "json_schema", "json_schema": {
+                "schema": {"type": "object", "properties": {"a": {"$ref": "#/$defs/none"}}}}}}, "/properties/a"),
+            ("/completion", {"prompt": "x", "grammar": "root ::= <[9999999]>"}, "outside this model's vocabulary")]:
+        got, _, answer = server.request("POST", path, body)
+        assert got == 400, (path, body, answer)
+        assert said in json.dumps(answer), answer
+
+
+@real
+def test_batch_lines_carry_their_own_grammar(model_path, tmp_path):
+    requests = tmp_path / "requests.jsonl"
+    lines = [{"id": 1, "prompt": "Alice is 31.", "json_schema": PERSON, "temperature": 0},
+             {"id": 2, "prompt": "Pick:", "grammar": 'root ::= " yes" | " no"', "temperature": 0},
+             {"id": 3, "prompt": "x", "grammar": 'root ::= "a" ('},
+             {"id": 4, "prompt": "Bob is 40.", "n_predict": 12, "temperature": 0}]
+    requests.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "results.jsonl"
+    proc = speculate("batch", str(requests), "-o", str(out), "-m", str(model_path("smollm2-135m-instruct")),
+                     "-n", "64", "-t", "1")
+    assert proc.returncode == 1, proc.stderr  # line 3 is not a request
+    results = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert set(json.loads(results[1]["text"])) == {"name", "age"}
+    assert results[2]["text"] in (" yes", " no")
+    assert "line 1, column 14" in results[3]["error"]
+    assert "text" in results[4]
+
+
+@real
+def test_what_llama_cpps_parser_prints_is_kept_from_the_terminal(tiny, monkeypatch, capfd):
+    """Our checker refuses first whatever llama.cpp's parser refuses; were one to slip past it,
+    llama.cpp's dump of the whole grammar on stderr is captured and cut to one line."""
+    from speculative.errors import GrammarError
+    from speculative.llamacpp import grammar as binding
+    from speculative.llamacpp.model import LlamaModel
+
+    monkeypatch.setattr(binding, "check", lambda text: type("Parsed", (), {"tokens": ()})())
+    with LlamaModel(ModelSpec(tiny["llama"], "target", n_ctx=64, n_threads=1)) as model:
+        capfd.readouterr()
+        with pytest.raises(GrammarError) as e:
+            model.grammar('root ::= "a" (\nb ::= "c"\n' + "# filler\n" * 50)
+    assert "\n" not in str(e.value) and "llama.cpp refused the grammar" in str(e.value)
+    assert capfd.readouterr().err == ""

@@ -23,7 +23,6 @@ llama.cpp sampler llamacpp/grammar.py wraps; this module only asks it `admitted(
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -57,23 +56,20 @@ class VocabIndex:
 
     def __init__(self, pieces: Sequence[bytes], eog: np.ndarray):
         self.n_vocab = len(pieces)
+        self.pieces = pieces
         self.eog = np.asarray(eog, dtype=np.int32)
-        eog_set = set(self.eog.tolist())
-        by_first: list[list[int]] = [[] for _ in range(256)]
-        self.by_text: dict[bytes, list[int]] = {}
+        first = np.fromiter((p[0] if p else 0 for p in pieces), dtype=np.int32, count=len(pieces))
+        text = first > 0  # an empty piece, or one that starts with NUL, is never admitted
+        text[self.eog] = False
+        ids = np.flatnonzero(text).astype(np.int32)
+        ids = ids[np.argsort(first[ids], kind="stable")]
+        self.by_first = np.split(ids, np.searchsorted(first[ids], np.arange(1, 256)))
         self.single = np.full(256, -1, dtype=np.int32)  # byte -> a token that is that byte alone
-        for token, piece in enumerate(pieces):
-            if token in eog_set or not piece or piece[0] == 0:
-                continue  # never admitted as text
-            by_first[piece[0]].append(token)
-            self.by_text.setdefault(piece, []).append(token)
-            if len(piece) == 1 and self.single[piece[0]] < 0:
-                self.single[piece[0]] = token
-        self.by_first = [np.array(ids, dtype=np.int32) for ids in by_first]
-        order = sorted(self.by_text)
-        self._sorted = order
+        lone = ids[np.fromiter((len(pieces[t]) == 1 for t in ids), dtype=bool, count=len(ids))]
+        self.single[first[lone[::-1]]] = lone[::-1]  # the lowest id of each byte
         # forced text can be read off the grammar: every byte a token starts with is a token too
         self.every_byte = all(self.single[b] >= 0 or not len(self.by_first[b]) for b in range(256))
+        self._texts: tuple[np.ndarray, np.ndarray] | None = None  # made when first spelt
 
     def could_follow(self, state: GrammarState) -> np.ndarray:
         """Every token whose first byte the grammar could take next, and the end-of-generation
@@ -85,12 +81,23 @@ class VocabIndex:
 
     def spelling(self, text: bytes) -> np.ndarray:
         """Tokens whose text is a prefix of `text` or begins with it."""
-        ids = [t for n in range(1, len(text) + 1) for t in self.by_text.get(text[:n], ())]
-        at = bisect.bisect_right(self._sorted, text)
-        while at < len(self._sorted) and self._sorted[at].startswith(text):
-            ids += self.by_text[self._sorted[at]]
-            at += 1
-        return np.array(sorted(set(ids)), dtype=np.int32)
+        if self._texts is None:  # the texts sorted, as fixed-width bytes numpy sorts in C
+            ids = np.concatenate(self.by_first)
+            texts = np.array([self.pieces[t] for t in ids.tolist()], dtype=bytes)
+            order = np.argsort(texts, kind="stable")
+            self._texts = texts[order], ids[order]
+        texts, ids = self._texts
+        found = [ids[np.searchsorted(texts, text[:n], "left"):np.searchsorted(texts, text[:n], "right")]
+                 for n in range(1, len(text) + 1)]
+        after = np.searchsorted(texts, text, "right")
+        end = after + np.searchsorted(texts[after:], _successor(text), "left") if _successor(text) else len(texts)
+        return np.unique(np.concatenate([*found, ids[after:end]])).astype(np.int32)
+
+
+def _successor(text: bytes) -> bytes:
+    """The least bytes greater than every bytes that begins with `text` (b'' where none is)."""
+    stripped = text.rstrip(b"\xff")
+    return stripped[:-1] + bytes([stripped[-1] + 1]) if stripped else b""
 
 
 def admissible(state: GrammarState) -> np.ndarray:
