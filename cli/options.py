@@ -207,8 +207,8 @@ GRAMMAR_FILE = typer.Option(None, "--grammar-file", rich_help_panel=S, metavar="
                             help="Constrain the output to the GBNF grammar in FILE.")
 JSON_SCHEMA = typer.Option(
     None, "-j", "--json-schema", rich_help_panel=S, metavar="SCHEMA",
-    help="Constrain the output to JSON that follows this JSON Schema (converted as llama-server does); "
-         "{} is any JSON object.")
+    help="Constrain the output to JSON that follows this JSON Schema (converted as llama.cpp does); "
+         "{} is any JSON value.")
 JSON_SCHEMA_FILE = typer.Option(None, "-jf", "--json-schema-file", rich_help_panel=S, metavar="FILE",
                                 help="Constrain the output to the JSON Schema in FILE.")
 IGNORE_EOS = typer.Option(SpecSettings.ignore_eos, "--ignore-eos", rich_help_panel=S,
