@@ -8,6 +8,7 @@ make the grammar, not the model, choose much of the text, and drafts are rejecte
 from __future__ import annotations
 
 import json
+import numpy as np
 import pytest
 
 from scripts.tiny_drafters import write_drafter
@@ -271,7 +272,7 @@ def test_the_server_constrains_each_request_by_its_own_fields(server):
 def test_the_server_refuses_a_bad_grammar_with_a_400_naming_the_place(server):
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     for path, body, said in [
-            ("/completion", {"prompt": "x", "grammar": 'root ::= "a"\nb ::= ('}, "grammar line 2, column 7"),
+            ("/completion", {"prompt": "x", "grammar": 'root ::= "a"\nb ::= ('}, "grammar: line 2, column 7"),
             ("/v1/chat/completions", {**chat, "grammar": 'root ::= "a"', "json_schema": PERSON}, "Cannot use both"),
             ("/v1/chat/completions", {**chat, "response_format": {"type": "json_schema", "json_schema": {
                 "schema": {"type": "object", "properties": {"a": {"$ref": "#/$defs/none"}}}}}}, "/properties/a"),
@@ -315,3 +316,23 @@ def test_what_llama_cpps_parser_prints_is_kept_from_the_terminal(tiny, monkeypat
             model.grammar('root ::= "a" (\nb ::= "c"\n' + "# filler\n" * 50)
     assert "\n" not in str(e.value) and "llama.cpp refused the grammar" in str(e.value)
     assert capfd.readouterr().err == ""
+
+
+@real
+def test_every_admissible_token_of_a_real_vocabulary_is_found_without_asking_for_all(model_path):
+    """At every position of a JSON answer, the tokens constraint.admissible finds through first
+    and second bytes are exactly those llama.cpp admits out of the whole vocabulary."""
+    from speculative.decoding.constraint import admissible
+    from speculative.grammar import given
+    from speculative.llamacpp.model import LlamaModel
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {
+        "type": "string"}}, "n": {"type": "integer"}}, "required": ["name", "tags", "n"]}
+    answer = '{\n  "name": "Ada é", "tags": ["x", "y"],\n "n": 12}'
+    with LlamaModel(ModelSpec(model_path("smollm2-135m-instruct"), "target", n_ctx=64)) as model:
+        state = model.grammar(given.from_schema(schema))
+        everything = np.arange(model.n_vocab, dtype=np.int32)
+        for token in [*model.tokenize(answer, add_special=False), None]:
+            assert admissible(state).tolist() == np.flatnonzero(state.admitted(everything)).tolist()
+            if token is not None:
+                state.accept(token)

@@ -5,11 +5,13 @@ removed, then the sampler chain (sampling.py): what output follows, greedy and s
 a draft model drafts from. Checking one token against a grammar state costs microseconds, masking
 a 150k vocabulary milliseconds, so nothing here masks the whole vocabulary unless it must:
 
-  the best k    the k best admissible tokens by a score are found among the best 64, 1,024,
-                16,384 by that score, and only when those hold fewer than k, among all
+  the best k    the k best admissible tokens by a score are found among the best 64 by
+                that score (in a permissive state, then the best 1,024), and only when those
+                hold fewer than k, among all
                 (`best`): exact, since a token outside the best n scores below all of them;
-  all of them   tokens whose first byte the grammar cannot take next are dropped before the
-                grammar sees them (`VocabIndex.could_follow`);
+  all of them   tokens whose first byte (and, where few first bytes are possible, second
+                byte) the grammar cannot take next are dropped before the grammar sees them
+                (`VocabIndex.could_follow`);
   forced text   where the grammar admits exactly one next byte, and the next, ..., that text is
                 forced (`forced_text`); the tokens it admits are then those that spell a prefix
                 of it or begin with it, a short list, and when that list holds one admissible
@@ -31,7 +33,8 @@ import numpy as np
 from speculative.decoding.drafter import Draft
 from speculative.errors import GenerationError
 
-ROUNDS = (64, 1024, 16384)  # candidates tried by score before the whole vocabulary
+ROUNDS = (64, 1024)  # the best tried by score before every admissible token (1,024: in permissive states)
+FEW_FIRST_BYTES = 16  # up to this many possible first bytes, tokens are sifted by their second too
 FORCED_MAX = 48             # bytes of forced text looked ahead
 
 
@@ -63,7 +66,13 @@ class VocabIndex:
         text[self.eog] = False
         ids = np.flatnonzero(text).astype(np.int32)
         ids = ids[np.argsort(first[ids], kind="stable")]
-        self.by_first = np.split(ids, np.searchsorted(first[ids], np.arange(1, 256)))
+        cuts = np.searchsorted(first[ids], np.arange(1, 256))
+        self.by_first = np.split(ids, cuts)
+        # each token's second byte + 1 (0: it has none), aligned with by_first
+        second = np.fromiter((pieces[t][1] + 1 if len(pieces[t]) > 1 else 0 for t in ids.tolist()),
+                             dtype=np.int32, count=len(ids))
+        self.second_by_first = np.split(second, cuts)
+        self._begins = np.array([len(group) > 0 for group in self.by_first])  # bytes a token begins with
         self.single = np.full(256, -1, dtype=np.int32)  # byte -> a token that is that byte alone
         lone = ids[np.fromiter((len(pieces[t]) == 1 for t in ids), dtype=bool, count=len(ids))]
         self.single[first[lone[::-1]]] = lone[::-1]  # the lowest id of each byte
@@ -72,12 +81,31 @@ class VocabIndex:
         self._texts: tuple[np.ndarray, np.ndarray] | None = None  # made when first spelt
 
     def could_follow(self, state: GrammarState) -> np.ndarray:
-        """Every token whose first byte the grammar could take next, and the end-of-generation
-        tokens: a superset of what it admits (a byte with no token of its own is kept)."""
+        """Every token whose first byte the grammar could take next, and, where it could take few
+        first bytes (between the tokens of JSON: a quote, a space, a newline), whose first two
+        bytes it could take; and the end-of-generation tokens. A superset of what it admits (a
+        byte with no token of its own is kept)."""
+        firsts = np.flatnonzero(self._next_bytes(state))
+        if len(firsts) > FEW_FIRST_BYTES:
+            return np.concatenate([self.eog, *(self.by_first[b] for b in firsts)])
+        parts = [self.eog]
+        for b in firsts:
+            if self.single[b] < 0:
+                parts.append(self.by_first[b])
+                continue
+            after = state.copy()
+            after.accept(int(self.single[b]))
+            second = np.concatenate([[True], self._next_bytes(after)])  # index: second byte + 1
+            parts.append(self.by_first[b][second[self.second_by_first[b]]])
+        return np.concatenate(parts)
+
+    def _next_bytes(self, state: GrammarState) -> np.ndarray:
+        """Which bytes that begin a token the grammar could take next (True where no token is that
+        byte alone)."""
         known = self.single >= 0
-        ok = np.ones(256, dtype=bool)
-        ok[known] = state.admitted(self.single[known])
-        return np.concatenate([self.eog, *(self.by_first[b] for b in np.flatnonzero(ok))])
+        ok = self._begins.copy()
+        ok[known] &= state.admitted(self.single[known])
+        return ok
 
     def spelling(self, text: bytes) -> np.ndarray:
         """Tokens whose text is a prefix of `text` or begins with it."""
@@ -109,20 +137,30 @@ def admissible(state: GrammarState) -> np.ndarray:
 def best(state: GrammarState, scores: np.ndarray, k: int) -> np.ndarray:
     """The k admissible tokens of highest score (fewer when fewer are admitted), best first;
     tokens scored -inf are not admissible. Raises GrammarDeadEnd when none is."""
-    n = len(scores)
-    for size in ROUNDS:
-        if size >= n:
-            break
-        top = np.argpartition(-scores, size - 1)[:size]
-        top = top[np.argsort(-scores[top], kind="stable")]
-        hits = top[state.admitted(top) & np.isfinite(scores[top])]
+    hits = _best_of(state, scores, min(ROUNDS[0], len(scores)))
+    if len(hits) >= k or ROUNDS[0] >= len(scores):
+        return _found(hits[:k])
+    candidates = state.index.could_follow(state)
+    if len(candidates) > ROUNDS[1] * 4:  # a permissive state: its best are likely near the top
+        hits = _best_of(state, scores, ROUNDS[1])
         if len(hits) >= k:
             return hits[:k]
-    ids = admissible(state)
+    ids = candidates[state.admitted(candidates)]
     ids = ids[np.isfinite(scores[ids])]
+    return _found(ids[np.argsort(-scores[ids], kind="stable")][:k])
+
+
+def _best_of(state: GrammarState, scores: np.ndarray, size: int) -> np.ndarray:
+    """Of the `size` best tokens by score, those admitted, best first."""
+    top = np.argpartition(-scores, size - 1)[:size] if size < len(scores) else np.arange(len(scores))
+    top = top[np.argsort(-scores[top], kind="stable")]
+    return top[state.admitted(top) & np.isfinite(scores[top])]
+
+
+def _found(ids: np.ndarray) -> np.ndarray:
     if not len(ids):
         raise GrammarDeadEnd("the grammar admits no token here: generation cannot go on")
-    return ids[np.argsort(-scores[ids], kind="stable")][:k]
+    return ids
 
 
 def best_one(state: GrammarState, scores: np.ndarray) -> int:

@@ -37,8 +37,8 @@ def checked(text: str, where: str) -> str:
         raise GrammarError(f"{where}: the grammar is empty")
     try:
         check(text)
-    except GrammarError as e:
-        raise GrammarError(f"{where}: {e}") from None
+    except GrammarError as e:  # "grammar line L, column C: ..." as "WHERE: line L, column C: ..."
+        raise GrammarError(f"{where}: {str(e).removeprefix('grammar ')}") from None
     return text
 
 
