@@ -329,6 +329,39 @@ def prefill_gap(data) -> list[str]:
     return lines
 
 
+def structured(data) -> list[str]:
+    """bench_structured.py's table: per request set, decoding and configuration, speed, speedup over
+    constrained target-only, the answer's shares of forced tokens of kind (a) and (b), the grammar's
+    own cost, valid JSON and identity with constrained target-only."""
+    def opt(value, fmt: str, suffix: str = "") -> str:
+        return "-" if value is None else format(value, fmt) + suffix
+
+    def part(count, of) -> str:
+        return "-" if count is None else f"{count}/{of}"
+
+    lines = header("set", "decoding", "config", "runs", "tokens", "mean t/s", "vs constrained target-only",
+                   "kind (a)", "kind (b) accepted (drafted)", "grammar ms/token", "valid JSON",
+                   "same text as constrained target-only")
+    for r in data["summary"]:
+        lines.append(row(r["set"], r["mode"], r["config"], r["runs"], f"{r['tokens']:.0f}", opt(r["mean_tps"], ".2f"),
+                         opt(r["speedup"], ".2f", "x"), f"{100 * r['kind_a_share']:.1f}%",
+                         f"{100 * r['kind_b_share']:.1f}% ({r['kind_b_accepted']:.0f}/{r['kind_b_drafted']:.0f})",
+                         f"{r['grammar_ms_per_token']:.3f}", part(r["json_ok"], r["constrained"]),
+                         part(r["same_as_reference"], r["compared"])))
+    return lines
+
+
+def structured_costs(data) -> list[str]:
+    """bench_structured.py's second table: what the constraint alone costs a token, per rule."""
+    lines = header("set", "decoding", "ms/token unconstrained", "ms/token constrained", "constraint's cost",
+                   "grammar ms/token", "grammar share of decode")
+    for c in data["costs"]:
+        lines.append(row(c["set"], c["rule"], f"{c['ms_per_token_unconstrained']:.2f}",
+                         f"{c['ms_per_token_constrained']:.2f}", f"{100 * c['cost']:+.1f}%",
+                         f"{c['grammar_ms_per_token']:.3f}", f"{100 * c['grammar_share']:.1f}%"))
+    return lines
+
+
 TABLES = {t.name: t for t in [
     Table("recurrent", ("recurrent.json",), "python scripts/bench_recurrent.py -o docs/results/recurrent.json",
           recurrent),
@@ -363,6 +396,12 @@ TABLES = {t.name: t for t in [
     Table("parallel", ("parallel.json.gz",),
           "python scripts/bench_parallel.py -o parallel.json (then gzip into docs/results/; the stock build)",
           parallel),
+    Table("structured", ("structured.json.gz",),
+          "python scripts/bench_structured.py --limit 10 -n 128 -o structured.json (then gzip into docs/results/; the stock build)",
+          structured),
+    Table("structured-costs", ("structured.json.gz",),
+          "python scripts/bench_structured.py --limit 10 -n 128 -o structured.json (then gzip into docs/results/; the stock build)",
+          structured_costs),
     Table("builds", ("builds.json",),
           "python scripts/compare_builds.py .venv .venv-test --env-b GGML_CPU_TILED_MM=0 -o docs/results/builds.json",
           builds),

@@ -1,6 +1,7 @@
 """The parts of the benchmark scripts whose output backs the README's figures: how bench_mtp
 reads llama.cpp's log and auto's steps, and how bench_flash_attn cuts its prompts (no model:
-fast); where two answers part and the margin there (divergence.py, on SmolLM2)."""
+fast); where two answers part and the margin there (divergence.py, on SmolLM2); and that
+bench_structured's runs add up (on SmolLM2)."""
 
 from __future__ import annotations
 
@@ -87,3 +88,47 @@ def test_bench_drafters_measures_each_drafter_beside_its_target(kind):
     assert row["pass_s"] > 0 and row["per_token_s"] > 0 and row["per_token_vs_pass"] > 0
     assert row["k"] == (2 if kind == "draft-mtp x2" else 4)
     assert (row["catch_up_s"] is None) == (kind == "gemma4-assistant")
+
+
+@pytest.mark.real
+def test_bench_structured_runs_every_configuration_and_its_counts_add_up(model_path, batch_invariant, tmp_path):
+    """bench_structured.py on SmolLM2 (target and draft), two requests of each set, 24 tokens, no
+    llama-server: every request ran under every configuration once; the kinds of forced tokens
+    fit in the answers and in what was drafted; and, on this batch-invariant build, every greedy
+    text under the grammar is constrained target-only's."""
+    from scripts.bench_structured import FORCED, GREEDY, REFERENCE, SAMPLED
+
+    smol, out = str(model_path(SMOL)), tmp_path / "structured.json"
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_structured.py"
+    proc = subprocess.run([sys.executable, str(script), "-m", smol, "-md", smol, "--limit", "2", "-n", "24",
+                           "-t", "1", "--no-llama-server", "-o", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    requests = report["meta"]["requests"]
+    assert [r.split("-")[0] for r in requests] == ["extract", "extract", "logs", "logs"]
+    assert report["llama_server"] == []
+    configs = [("greedy", c) for c in GREEDY] + [("sampled", c) for c in SAMPLED]
+    assert sorted((r["request"], r["mode"], r["config"]) for r in report["runs"]) == sorted(
+        (i, mode, c.label) for i in requests for mode, c in configs)
+    for r in report["runs"]:
+        assert 0 < r["tokens"] <= 24 and r["finish_reason"] in ("stop", "length")
+        assert r["n_certain"] + r["n_forced_accept"] <= r["tokens"]
+        assert r["n_forced_accept"] <= r["n_forced_drafted"] and r["n_accept"] <= r["n_drafted"]
+        assert 0 <= r["t_grammar_s"] <= r["decode_s"] and r["tps"] == pytest.approx(r["tokens"] / r["decode_s"])
+        if r["config"] == FORCED:  # it drafts nothing else: every drafted token is of kind (a) or (b)
+            assert r["n_drafted"] == r["n_certain"] + r["n_forced_drafted"]
+            assert r["n_accept"] == r["n_certain"] + r["n_forced_accept"]
+        if not r["constrained"] or r["config"].endswith("no forced"):
+            assert r["n_certain"] == r["n_forced_drafted"] == 0
+        assert (r["t_grammar_s"] > 0) == r["constrained"]
+        if r["constrained"]:  # an end of generation is admitted only where the grammar is complete
+            assert isinstance(r["json_ok"], bool) and (r["json_ok"] or r["finish_reason"] == "length")
+        else:
+            assert r["json_ok"] is None
+        if r["mode"] == "greedy" and r["constrained"]:
+            assert r["same_as_reference"] is True, (r["request"], r["config"])
+    rows = {(r["set"], r["mode"], r["config"]): r for r in report["summary"]}
+    assert set(rows) == {(s, mode, c.label) for s in ("extract", "logs") for mode, c in configs}
+    assert all(rows[(s, "greedy", REFERENCE)]["speedup"] == pytest.approx(1.0) for s in ("extract", "logs"))
+    assert len(report["costs"]) == 6 and all(g["pass"] in (True, False, None) for g in report["goals"])
+    assert "| set | decoding | config |" in proc.stdout and "constraint alone" in proc.stdout
