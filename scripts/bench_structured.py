@@ -79,7 +79,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.append(str(ROOT / "scripts"))  # bench_pool's and bench_parallel's own `from results import ...`
 
 _TILED = os.environ.get("GGML_CPU_TILED_MM")
-from scripts.bench_pool import INSTRUCTION, requests as log_requests  # noqa: E402  (sets GGML_CPU_TILED_MM)
+from scripts.bench_pool import requests as log_requests  # noqa: E402  (sets GGML_CPU_TILED_MM)
 
 if _TILED is None:  # bench_pool sets it on import; here the kernels stay as this process was started
     os.environ.pop("GGML_CPU_TILED_MM", None)
