@@ -16,6 +16,7 @@ model needed, so not marked `real`).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,7 @@ from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettin
 from speculative.engine.engine import Engine
 from speculative.engine.parallel import Parallel
 from speculative.llamacpp.doctor import batch_invariance, probe_tokens
+from speculative.llamacpp.decode import Part
 from speculative.llamacpp.model import LlamaModel
 
 from tests.conftest import speculate, speculate_json
@@ -359,6 +361,47 @@ def test_requests_at_once_keep_a_recurrent_state_each(tiny, tmp_path, arch, batc
         drafted = sum(r["stats"]["n_drafted"] for r in records)
         assert 0 < sum(r["stats"]["n_accept"] for r in records) < drafted
     assert texts["3"] == texts["1"]
+
+
+@real
+@pytest.mark.parametrize("arch", ["qwen35", "lfm2"])
+@pytest.mark.parametrize("unified", [True, False], ids=["unified", "streams"])
+@pytest.mark.parametrize("first", [(1, 0, 2), (2, 0, 1)], ids=lambda order: "".join(map(str, order)))
+def test_a_slots_rollback_survives_the_batches_of_others(tiny, arch, unified, first, batch_invariant):
+    """llama.cpp gathers the states of a ubatch's sequences into adjacent cells, and moves a cell
+    of another sequence lying between them without its snapshots: a slot whose latest decode is
+    then undone would go on from someone else's state. The slots' prompts come in an order that
+    leaves the cells out of order; slot 0 decodes 9 tokens beside slots 1 and 2 decoding 5 (in
+    one batch, which llama.cpp splits), or alone, before a batch of a token of each of the others
+    (a draft model's slot waits for the target while the others draft). Rolled back by 3, slot 0
+    goes on as a model of its own does."""
+    tokens = [int(t) for t in np.random.default_rng(3).integers(10, 200, 40)]
+    spec = ModelSpec(tiny(arch), arch, n_ctx=256, n_batch=256, n_threads=THREADS, n_rs_seq=8)
+
+    def part(slot: int, start: int, end: int, outputs: str) -> Part:
+        return Part(tokens[start:end], range(start, end), [(slot,)] * (end - start), outputs, slot)
+
+    with LlamaModel(spec) as alone:
+        alone.decode(tokens[:10], 0, "none")
+        alone.decode(tokens[10:19], 10, "all")
+        alone.trim(16)
+        want = alone.decode(tokens[30:31], 16, "last")[0].copy()
+    with LlamaModel(replace(spec, n_ctx=768, n_slots=3, kv_unified=unified)) as shared:
+        for how in ("next batch", "one batch"):
+            shared.clear()
+            for slot in first:
+                shared.decode_parts([part(slot, 0, 10, "none")])
+            if how == "one batch":
+                shared.decode_parts([part(0, 10, 19, "all"), part(1, 10, 15, "all"), part(2, 10, 15, "all")])
+            else:
+                shared.decode_parts([part(0, 10, 19, "all")])
+                shared.decode_parts([part(1, 10, 11, "last"), part(2, 10, 11, "last")])
+            shared.trim(16, 0)
+            got = shared.decode_parts([Part(tokens[30:31], [16], [(0,)], "last", 0)])[0][0]
+            # a unified cache's other cells change the attention's sums in their last bits; a wrong
+            # state changes logits by units
+            assert np.array_equal(got, want) if not unified else np.allclose(got, want, rtol=0, atol=1e-4), \
+                (how, float(np.abs(got - want).max()))
 
 
 @real

@@ -9,30 +9,67 @@ method changes only the sequences of the slot it is given.
 from __future__ import annotations
 
 import ctypes
+from typing import Sequence
 
 import llama_cpp as ll
 
 from speculative.errors import GenerationError
-from speculative.llamacpp.decode import Context
+from speculative.llamacpp.decode import Context, Part
 from speculative.llamacpp.nextn import NextnRows
 
 
 class Sequences(Context):
-    """Needs, besides Context's: n_seq (sequences per slot), recurrent, and _nextn (each slot's
-    NextN rows kept for an MTP head, cut where its cache is)."""
+    """Needs, besides Context's: n_seq (sequences per slot), recurrent, rollback_limit, n_ubatch,
+    and _nextn (each slot's NextN rows kept for an MTP head, cut where its cache is)."""
 
     n_seq: int
+    n_ubatch: int
     recurrent: bool
+    rollback_limit: int | None
     _nextn: list[NextnRows]
+    _undoable: set[int]  # slots whose latest decode left recurrent snapshots a rollback may use
 
     def clear(self) -> None:
         """Every sequence of every slot empty."""
         for rows in self._nextn:
             rows.cut(0)
+        self._undoable.clear()
         ll.llama_memory_clear(self._mem, True)
+
+    def _decoded(self, slot: int, n_tokens: int) -> None:
+        """Slot's sequences took a decode of n_tokens: what of it a rollback may undo."""
+        if self.rollback_limit and n_tokens > 1:  # the snapshots of a recurrent state
+            self._undoable.add(slot)
+        else:
+            self._undoable.discard(slot)
+
+    def batch_plan(self, parts: Sequence[Part]) -> tuple[list[int], bool]:
+        """How several slots' parts go to llama.cpp (model.decode_parts): their order, and
+        whether in one decode (else one decode each).
+
+        llama.cpp splits a batch for a recurrent state into ubatches with as many tokens of each
+        sequence, and gathers a ubatch's states into adjacent cells: a cell of another sequence
+        that lies between them is moved, its state but not its snapshots
+        (llama_memory_recurrent::find_slot; build_rs copies plane 0 alone). A slot whose latest
+        decode it may still undo would then roll back to some other sequence's state. So parts
+        go in one decode only where no such move can hurt: no slot outside it may still undo its
+        latest decode, and either every part is one token (nothing to undo) or the parts are of
+        one length, of consecutive sequences, and fill one ubatch. A decode of one sequence
+        moves nothing. In order of their sequences: llama.cpp puts consecutive ones together."""
+        first = [part.seqs[0][0] if len(part.seqs) else -1 for part in parts]
+        if not self.rollback_limit or len(parts) < 2:  # an attention cache moves nothing
+            return list(range(len(parts))), True
+        order = sorted(range(len(parts)), key=first.__getitem__)
+        lengths = {len(part.tokens) for part in parts}
+        seqs = sorted(first)
+        one_ubatch = (len(lengths) == 1 and len(parts[0].tokens) * len(parts) <= self.n_ubatch
+                      and seqs == list(range(seqs[0], seqs[0] + len(seqs))))
+        outside = self._undoable - {part.slot for part in parts}
+        return order, not outside and (lengths == {1} or one_ubatch)
 
     def trim(self, n_keep: int, slot: int = 0) -> None:
         self._nextn[slot].cut(n_keep)
+        self._undoable.discard(slot)
         for seq in self._slot_seqs(slot):
             self._roll_back(seq, n_keep)
 
@@ -43,6 +80,7 @@ class Sequences(Context):
 
     def keep_branch(self, seq: int, n_keep: int, slot: int = 0) -> None:
         self._nextn[slot].cut(n_keep)
+        self._undoable.discard(slot)
         base = slot * self.n_seq
         for other in self._slot_seqs(slot):  # cells of other branches are freed
             if other != base + seq:
@@ -73,6 +111,7 @@ class Sequences(Context):
         of a checkpoint, over the attention cells kept up to n_tokens."""
         flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if partial else ll.LLAMA_STATE_SEQ_FLAGS_NONE
         self._nextn[slot].cut(n_tokens if partial else 0)  # a restored cache comes without its NextN rows
+        self._undoable.discard(slot)
         seq = slot * self.n_seq
         if not partial:
             self.trim(0, slot)

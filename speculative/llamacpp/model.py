@@ -107,6 +107,8 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
         if not spec.kv_unified:
             self.n_ctx = min(self.n_ctx // spec.n_slots, ll.llama_n_ctx_seq(ctx))
         self.n_batch = ll.llama_n_batch(ctx)
+        self.n_ubatch = ll.llama_n_ubatch(ctx)
+        self._undoable = set()
         self.n_seq = spec.n_seq
         self.n_slots = spec.n_slots
         self.kv_unified = spec.kv_unified
@@ -171,6 +173,7 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
                 # processing would end in the first generated token's time
                 self._batch.out[n - 1] = 1
             self._run(n, pos + start)
+            self._decoded(0, n)
             self._keep_nextn([(0, pos + start, n)])
         if outputs == "all":
             return [self._batch.logits(i) for i in range(len(tokens))]
@@ -188,16 +191,37 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
         self._batch.out[:n] = 1
         self._batch.set_seqs(seqs)
         self._run(n, min(positions, default=0))
+        self._decoded(0, n)
         if all(len(ids) == 1 and ids[0] == 0 for ids in seqs):  # a chain: positions follow each other
             self._keep_nextn([(0, positions[0], n)])
         else:  # rows of other branches would sit at the same positions
             self._nextn[0].cut(min(positions))
         return [self._batch.logits(i) for i in range(n)]
 
-    def decode_parts(self, parts: Sequence[Part]) -> list[list[np.ndarray]]:
+    def decode_parts(self, parts: Sequence[Part]) -> list:
         """Several requests' tokens in one llama_decode (slots.py): each part's rows, as decode
         and decode_branches give them. Raises ContextFull, having decoded nothing, when the
-        cache has no cells left for the batch."""
+        cache has no cells left for the batch. Where a recurrent state needs its parts decoded
+        one at a time (Sequences.batch_plan), a part that finds no room has its ContextFull in
+        place of its rows, and the others run."""
+        order, together = self.batch_plan(parts)
+        results: list = [None] * len(parts)
+        if together:
+            for i, rows in zip(order, self._decode_together([parts[i] for i in order])):
+                results[i] = rows
+            return results
+        for i in order:
+            try:
+                results[i] = self._decode_together([parts[i]])[0]
+            except ContextFull as e:
+                results[i] = e
+                continue
+            if i != order[-1]:  # the next decode overwrites what these views read
+                results[i] = [row.copy() for row in results[i]]
+        return results
+
+    def _decode_together(self, parts: Sequence[Part]) -> list[list[np.ndarray]]:
+        """The parts in one llama_decode, in this order (decode_parts)."""
         n = sum(len(part.tokens) for part in parts)
         if n > self.n_batch:
             raise GenerationError(f"batch of {n} tokens exceeds -b/--batch-size {self.n_batch}")
@@ -224,6 +248,8 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
         if ret != 0:
             raise GenerationError(f"llama_decode failed on {self.name} (code {ret})")
         self._keep_nextn(spans)
+        for part in parts:
+            self._decoded(part.slot, len(part.tokens))
         return [[batch.logits(i) for i in rows] for rows in wanted]
 
     def load(self, plain: bool = False) -> tuple[int, int]:

@@ -79,8 +79,9 @@ class SharedModel:
                     results[i] = e
                 break
             self._learn(sum(len(parts[i].tokens) for i in live), self.model.busy_seconds - busy)
-            self.last_batch = {parts[i].slot: (len(parts[i].tokens), parts[i].outputs == "all") for i in live}
-            for i, r in zip(live, rows):
+            self.last_batch = {parts[i].slot: (len(parts[i].tokens), parts[i].outputs == "all")
+                               for i, r in zip(live, rows) if not isinstance(r, ContextFull)}
+            for i, r in zip(live, rows):  # rows, or a ContextFull of a part decoded alone
                 results[i] = r
             break
         return results
