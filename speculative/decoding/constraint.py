@@ -291,10 +291,13 @@ def forced(state: GrammarState, limit: int) -> Forced:
 
 
 def _tokenized(state: GrammarState, text: bytes, limit: int) -> list[int]:
-    """`text` as the model spells it, as far as the grammar admits it (all of it, normally)."""
+    """`text` as the model spells it, as far as the grammar admits it (all of it, normally), less
+    the token that ends it: the text stops where the grammar admits several bytes, and the model
+    often spells its end together with what comes next (a key's closing `"` as `":`)."""
+    spelled = state.tokenize(text)
     tokens: list[int] = []
     walk = state
-    for token in state.tokenize(text)[:limit]:
+    for token in spelled[:limit] if len(spelled) > limit else spelled[:-1]:
         if not walk.admitted(np.array([token], dtype=np.int32))[0]:
             break
         tokens.append(token)
