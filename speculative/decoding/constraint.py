@@ -128,10 +128,15 @@ def _successor(text: bytes) -> bytes:
     return stripped[:-1] + bytes([stripped[-1] + 1]) if stripped else b""
 
 
-def admissible(state: GrammarState) -> np.ndarray:
-    """Every token the grammar admits now (sorted ids)."""
-    ids = state.index.could_follow(state)
-    return np.sort(ids[state.admitted(ids)]) if len(ids) else ids
+def admissible(state: GrammarState, scores: np.ndarray | None = None) -> np.ndarray:
+    """Every token the grammar admits now (sorted ids). With `scores`: those not scored -inf,
+    and GrammarDeadEnd where there is none."""
+    return _admitted(state, state.index.could_follow(state), scores)
+
+
+def _admitted(state: GrammarState, ids: np.ndarray, scores: np.ndarray | None) -> np.ndarray:
+    ids = np.sort(ids[state.admitted(ids)]) if len(ids) else ids
+    return ids if scores is None else _found(ids[np.isfinite(scores[ids])])
 
 
 def best(state: GrammarState, scores: np.ndarray, k: int) -> np.ndarray:
@@ -145,9 +150,8 @@ def best(state: GrammarState, scores: np.ndarray, k: int) -> np.ndarray:
         hits = _best_of(state, scores, ROUNDS[1])
         if len(hits) >= k:
             return hits[:k]
-    ids = candidates[state.admitted(candidates)]
-    ids = ids[np.isfinite(scores[ids])]
-    return _found(ids[np.argsort(-scores[ids], kind="stable")][:k])
+    ids = _admitted(state, candidates, scores)
+    return ids[np.argsort(-scores[ids], kind="stable")][:k]
 
 
 def _best_of(state: GrammarState, scores: np.ndarray, size: int) -> np.ndarray:

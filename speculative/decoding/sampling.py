@@ -21,7 +21,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from speculative.decoding.constraint import GrammarDeadEnd, GrammarState, admissible, best, best_one
+from speculative.decoding.constraint import GrammarState, admissible, best, best_one
 from speculative.decoding.settings import SamplerSettings
 
 Dist = tuple[np.ndarray, np.ndarray]  # token ids and their probabilities (summing to 1)
@@ -206,10 +206,7 @@ class Sampler:
             penalized_first = "e" in s.sequence[: s.sequence.index("k")]
             ids = best(grammar, self._scores(logits, history) if penalized_first else logits, s.top_k)
         else:
-            ids = admissible(grammar)
-            ids = ids[np.isfinite(logits[ids])]
-            if not len(ids):
-                raise GrammarDeadEnd("the grammar admits no token here: generation cannot go on")
+            ids = admissible(grammar, logits)
         ids, z = self._chain(ids, np.asarray(logits[ids], dtype=np.float32), history)
         if s.greedy:
             return one_hot(int(ids[int(np.argmax(z))]))
