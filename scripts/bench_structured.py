@@ -36,12 +36,14 @@ checks), the finish reason, whether a constrained answer parses as JSON, and (gr
 its text equals constrained target-only's: on a batch-invariant build it must; on the stock
 build a near-tie may part them, which is reported, not failed.
 
-Then the pinned llama-server (scripts/bench_parallel.py builds and caches it), the target alone,
-`-np 1 -c 4096 -t THREADS`, its defaults otherwise (flash attention on, where speculate's -fa
-auto is off on a CPU): each request through /v1/chat/completions, greedy, with `response_format`
-json_schema and without, interleaved; then llama-server with `-md DRAFT` (its own speculative
-decoding, its defaults), constrained. Its speed is the answer's `timings.predicted_per_second`.
---no-llama-server skips both.
+The pinned llama-server (scripts/bench_parallel.py builds and caches it) runs beside it, twice:
+the target alone, `-np 1 -c 4096 -t THREADS`, its defaults otherwise (flash attention on, where
+speculate's -fa auto is off on a CPU), asked through /v1/chat/completions, greedy, with
+`response_format` json_schema and without; and with `-md DRAFT` (its own speculative decoding,
+its defaults), constrained. Its three configurations join each request's greedy rotation, so a
+request's runs, speculate's and llama-server's, come back to back and share whatever the machine
+was doing then; a server waits idle while the others run. Its speed is the answer's
+`timings.predicted_per_second`. --no-llama-server skips them.
 
 Summary per request set (extract, logs) and decoding (greedy, sampled): mean tokens/s of each
 configuration, its mean per-request speedup over constrained target-only (sampled: over
@@ -66,6 +68,7 @@ models, --limit 3: 3 minutes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -202,15 +205,22 @@ def warm_up(engine, request: Request, prompt: list[int], bench: argparse.Namespa
                  config.spec(16), bench.seed)
 
 
-def greedy_pass(engine, requests: list[Request], prompts: dict, bench: argparse.Namespace) -> list[dict]:
-    """Every request under every greedy configuration; each constrained text compared with the
-    reference's; the pool learns the reference's tokens once the request's runs are done."""
-    runs = []
+def greedy_pass(engine, requests: list[Request], prompts: dict, bench: argparse.Namespace,
+                servers: dict[str, Server]) -> tuple[list[dict], list[dict]]:
+    """Every request under every greedy configuration, llama-server's (`servers`: label -> the
+    server that runs it) among them; each constrained text compared with the reference's; the
+    pool learns the reference's tokens once the request's runs are done. The runs of speculate,
+    and of llama-server."""
+    runs, served = [], []
     learn, engine.learn = engine.learn, False
+    configs = GREEDY + list(servers)
     try:
         for i, request in enumerate(requests):
             got = {}
-            for config in run_order(GREEDY, i % len(GREEDY), len(GREEDY)):
+            for config in run_order(configs, i % len(configs), len(configs)):
+                if isinstance(config, str):
+                    served.append(ask_server(servers[config], request, config, bench.n_predict))
+                    continue
                 got[config.label] = measure(engine, request, prompts[request.id], config, True, bench)
             reference = got[REFERENCE][0]["text"]
             for config in GREEDY:
@@ -221,7 +231,7 @@ def greedy_pass(engine, requests: list[Request], prompts: dict, bench: argparse.
                 engine.pool.add(got[REFERENCE][1])
     finally:
         engine.learn = learn
-    return runs
+    return runs, served
 
 
 def sampled_pass(engine, requests: list[Request], prompts: dict, bench: argparse.Namespace) -> list[dict]:
@@ -236,8 +246,10 @@ def sampled_pass(engine, requests: list[Request], prompts: dict, bench: argparse
     return runs
 
 
-def run_engine(bench: argparse.Namespace, requests: list[Request]) -> list[dict]:
-    """Every speculate run, in one process with the target and the draft model loaded once."""
+def run_all(bench: argparse.Namespace, requests: list[Request],
+            servers: dict[str, Server]) -> tuple[list[dict], list[dict]]:
+    """Every speculate run, in one process with the target and the draft model loaded once, and
+    llama-server's among its greedy ones: (speculate's runs, llama-server's)."""
     from speculative.engine.engine import Engine  # loads llama.cpp
 
     target = ModelSpec(bench.target_path, bench.target_name, n_ctx=CTX, n_threads=bench.threads)
@@ -245,7 +257,11 @@ def run_engine(bench: argparse.Namespace, requests: list[Request]) -> list[dict]
     with Engine(target, draft) as engine:
         prompts = {r.id: engine.chat_tokens(r.messages) for r in requests}
         warm_up(engine, requests[0], prompts[requests[0].id], bench)
-        return greedy_pass(engine, requests, prompts, bench) + sampled_pass(engine, requests, prompts, bench)
+        for label, server in servers.items():  # untimed, as the engine's warm-up
+            ask_server(server, requests[0], label, 16)
+        runs, served = greedy_pass(engine, requests, prompts, bench, servers)
+        write(bench, requests, runs, served)  # an hour's runs are kept whatever comes next
+        return runs + sampled_pass(engine, requests, prompts, bench), served
 
 
 def ask_server(server: Server, request: Request, label: str, n_predict: int) -> dict:
@@ -270,26 +286,21 @@ def ask_server(server: Server, request: Request, label: str, n_predict: int) -> 
     return run
 
 
-def run_server(bench: argparse.Namespace, requests: list[Request], labels: list[str], work: Path) -> list[dict]:
-    """The pinned llama-server (with -md for SERVER_MD), every request under each of `labels`,
-    interleaved as the engine's runs are, after an untimed warm-up request."""
-    draft = ["-md", str(bench.draft_path)] if SERVER_MD in labels else []
-    flags = ["-m", str(bench.target_path), *draft, "-np", "1", "-c", str(CTX), "-t", str(bench.threads)]
-    log = work / f"llama-server{'-md' if draft else ''}.log"
-    try:
-        server = Server(flags, log, command=[str(bench.llama_server)], env=dict(os.environ))
-    except SystemExit as e:  # Server gives up with sys.exit and the log's tail
-        print(f"llama-server {' '.join(flags)} did not start: {e}", file=sys.stderr)
-        return []
-    runs = []
-    try:
-        ask_server(server, requests[0], labels[0], 16)
-        for i, request in enumerate(requests):
-            for label in run_order(labels, i % len(labels), len(labels)):
-                runs.append(ask_server(server, request, label, bench.n_predict))
-    finally:
-        server.close()
-    return runs
+def start_servers(bench: argparse.Namespace, work: Path, stack: contextlib.ExitStack) -> dict[str, Server]:
+    """The pinned llama-server, alone and with -md: label -> the server that runs it (none where
+    one did not start, which is said)."""
+    servers: dict[str, Server] = {}
+    for labels, draft in (([SERVER_U, SERVER_C], []), ([SERVER_MD], ["-md", str(bench.draft_path)])):
+        flags = ["-m", str(bench.target_path), *draft, "-np", "1", "-c", str(CTX), "-t", str(bench.threads)]
+        log = work / f"llama-server{'-md' if draft else ''}.log"
+        try:
+            server = Server(flags, log, command=[str(bench.llama_server)], env=dict(os.environ))
+        except SystemExit as e:  # Server gives up with sys.exit and the log's tail
+            print(f"llama-server {' '.join(flags)} did not start: {e}", file=sys.stderr)
+            continue
+        stack.callback(server.close)
+        servers.update(dict.fromkeys(labels, server))
+    return servers
 
 
 def total(runs: list[dict], key: str) -> float:
@@ -460,13 +471,9 @@ def main(argv: list[str] | None = None) -> int:
     bench.draft_path, bench.draft_name = resolve(bench.draft, registry, pull)
     bench.llama_server = None if bench.no_llama_server else llama_server_binary()
     requests = load_requests(bench.limit)
-    runs = run_engine(bench, requests)
-    write(bench, requests, runs, [])  # an hour's runs are kept whatever comes next
-    served: list[dict] = []
-    if not bench.no_llama_server:
-        with tempfile.TemporaryDirectory(prefix="bench-structured-") as tmp:
-            served = (run_server(bench, requests, [SERVER_C, SERVER_U], Path(tmp))
-                      + run_server(bench, requests, [SERVER_MD], Path(tmp)))
+    with tempfile.TemporaryDirectory(prefix="bench-structured-") as tmp, contextlib.ExitStack() as stack:
+        servers = {} if bench.no_llama_server else start_servers(bench, Path(tmp), stack)
+        runs, served = run_all(bench, requests, servers)
     rows, cost_rows = summarise(runs, served), costs(runs)
     found = goals(rows, cost_rows, runs)
     print_tables(rows, cost_rows, found)
