@@ -60,8 +60,8 @@ Prints the tables as Markdown; -o writes {"meta", "args", "runs", "llama_server"
 "costs", "goals"} as JSON.
 
 Time: with the defaults (the Qwen 1.5B/0.5B pair, 34 requests, 9 configurations and 3 of
-llama-server's, up to 160 tokens each) one to two hours on the 2-core development machine (the
-sampled constrained runs are the slow ones); run it on an idle machine. On SmolLM2 135M as both
+llama-server's, up to 160 tokens each) 41 minutes on the 2-core development machine (the sampled
+rejection runs are the slow ones); run it on an idle machine. On SmolLM2 135M as both
 models, --limit 3: 3 minutes.
 """
 
