@@ -92,6 +92,7 @@ else:
 from scripts.bench_parallel import CTX, llama_server_binary  # noqa: E402
 from scripts.results import meta  # noqa: E402
 from scripts.served import Server  # noqa: E402
+from scripts.tables import fraction, opt  # noqa: E402
 from speculative.decoding.settings import (DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, ModelSpec,  # noqa: E402
                                            SamplerSettings, SpecSettings)
 from speculative.engine.bench import run_order  # noqa: E402
@@ -175,12 +176,17 @@ def parses(text: str) -> bool:
         return False
 
 
+def sampling(request: Request, config: Config, greedy: bool, seed: int) -> SamplerSettings:
+    """How a run samples: greedy or at TEMP, under the request's grammar where it is constrained."""
+    return SamplerSettings(temp=0.0 if greedy else TEMP, seed=seed,
+                           grammar=request.grammar if config.constrained else "")
+
+
 def measure(engine, request: Request, prompt: list[int], config: Config, greedy: bool,
             bench: argparse.Namespace) -> tuple[dict, list[int]]:
     """One run: its figures, and its tokens."""
-    sampling = SamplerSettings(temp=0.0 if greedy else TEMP, seed=bench.seed,
-                               grammar=request.grammar if config.constrained else "")
-    final = complete(engine, prompt, sampling, config.spec(bench.n_predict), bench.seed)
+    final = complete(engine, prompt, sampling(request, config, greedy, bench.seed), config.spec(bench.n_predict),
+                     bench.seed)
     s = final.stats
     run = {"request": request.id, "set": request.set, "mode": "greedy" if greedy else "sampled",
            "config": config.label, "constrained": config.constrained, "tokens": s.n_predict,
@@ -200,9 +206,7 @@ def measure(engine, request: Request, prompt: list[int], config: Config, greedy:
 def warm_up(engine, request: Request, prompt: list[int], bench: argparse.Namespace) -> None:
     """Untimed: page the weights in, build the grammar's vocabulary index, let auto calibrate."""
     for config, greedy in ((GREEDY[0], True), (GREEDY[2], True), (SAMPLED[3], False)):
-        complete(engine, prompt, SamplerSettings(temp=0.0 if greedy else TEMP, seed=bench.seed,
-                                                 grammar=request.grammar if config.constrained else ""),
-                 config.spec(16), bench.seed)
+        complete(engine, prompt, sampling(request, config, greedy, bench.seed), config.spec(16), bench.seed)
 
 
 def greedy_pass(engine, requests: list[Request], prompts: dict, bench: argparse.Namespace,
@@ -402,14 +406,6 @@ def goals(rows: list[dict], cost_rows: list[dict], runs: list[dict]) -> list[dic
                             "detail": f"{speed[AUTO]:.2f} t/s against {speed[server]:.2f} t/s "
                                       f"({speed[AUTO] / speed[server]:.2f}x)"})
     return out
-
-
-def opt(value, fmt: str, suffix: str = "") -> str:
-    return "-" if value is None else format(value, fmt) + suffix
-
-
-def fraction(count: int | None, of: int) -> str:
-    return "-" if count is None else f"{count}/{of}"
 
 
 def print_tables(rows: list[dict], cost_rows: list[dict], found: list[dict]) -> None:

@@ -53,6 +53,16 @@ def header(*names: str) -> list[str]:
     return [row(*names), row(*["---"] * len(names))]
 
 
+def opt(value, fmt: str, suffix: str = "") -> str:
+    """A number that may be missing ("-")."""
+    return "-" if value is None else format(value, fmt) + suffix
+
+
+def fraction(count: int | None, of: int) -> str:
+    """count/of, or "-" where nothing was counted."""
+    return "-" if count is None else f"{count}/{of}"
+
+
 def median(values):
     return statistics.median(list(values))
 
@@ -300,9 +310,6 @@ def replay(data) -> list[str]:
 def parallel(data) -> list[str]:
     """bench_parallel.py's table: per configuration, throughput (median, min-max), its ratio to
     batch -np 1 none, latency, memory, answers unlike -np 1's and the largest margin where they part."""
-    def opt(value, fmt: str) -> str:
-        return "-" if value is None else format(value, fmt)
-
     lines = header("config", "N", "tokens/s, median (min-max)", "vs batch -np 1 none",
                    "ceiling: N tokens in one batch vs N decodes", "p50 s", "p95 s",
                    "peak RSS MiB", "KV MiB", f"answers unlike -np 1's (of {len(data['meta']['requests'])})",
@@ -333,12 +340,6 @@ def structured(data) -> list[str]:
     """bench_structured.py's table: per request set, decoding and configuration, speed, speedup over
     constrained target-only, the answer's shares of forced tokens of kind (a) and (b), the grammar's
     own cost, valid JSON and identity with constrained target-only."""
-    def opt(value, fmt: str, suffix: str = "") -> str:
-        return "-" if value is None else format(value, fmt) + suffix
-
-    def part(count, of) -> str:
-        return "-" if count is None else f"{count}/{of}"
-
     lines = header("set", "decoding", "config", "runs", "tokens", "mean t/s", "vs constrained target-only",
                    "kind (a)", "kind (b) accepted (drafted)", "grammar ms/token", "valid JSON",
                    "same text as constrained target-only")
@@ -346,8 +347,8 @@ def structured(data) -> list[str]:
         lines.append(row(r["set"], r["mode"], r["config"], r["runs"], f"{r['tokens']:.0f}", opt(r["mean_tps"], ".2f"),
                          opt(r["speedup"], ".2f", "x"), f"{100 * r['kind_a_share']:.1f}%",
                          f"{100 * r['kind_b_share']:.1f}% ({r['kind_b_accepted']:.0f}/{r['kind_b_drafted']:.0f})",
-                         f"{r['grammar_ms_per_token']:.3f}", part(r["json_ok"], r["constrained"]),
-                         part(r["same_as_reference"], r["compared"])))
+                         f"{r['grammar_ms_per_token']:.3f}", fraction(r["json_ok"], r["constrained"]),
+                         fraction(r["same_as_reference"], r["compared"])))
     return lines
 
 
