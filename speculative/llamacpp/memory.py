@@ -56,9 +56,9 @@ class Sequences(Context):
         latest decode, and either every part is one token (nothing to undo) or the parts are of
         one length, of consecutive sequences, and fill one ubatch. A decode of one sequence
         moves nothing. In order of their sequences: llama.cpp puts consecutive ones together."""
-        first = [part.seqs[0][0] if len(part.seqs) else -1 for part in parts]
         if not self.rollback_limit or len(parts) < 2:  # an attention cache moves nothing
             return list(range(len(parts))), True
+        first = [part.seqs[0][0] if len(part.seqs) else -1 for part in parts]
         order = sorted(range(len(parts)), key=first.__getitem__)
         lengths = {len(part.tokens) for part in parts}
         seqs = sorted(first)
