@@ -43,10 +43,10 @@ its defaults otherwise, asked through /v1/chat/completions, greedy, with `respon
 json_schema and without; and with `-md DRAFT --spec-type draft-simple` (its draft-model
 speculation at its defaults, --draft-max 3), constrained: the pinned build loads `-md` alone and
 drafts nothing (its speculative types default to none), so the goal against it holds only where
-its timings report drafted tokens (`draft_n`). Its three configurations join each request's greedy rotation, so a
-request's runs, speculate's and llama-server's, come back to back and share whatever the machine
-was doing then; a server waits idle while the others run. Its speed is the answer's
-`timings.predicted_per_second`. --no-llama-server skips them.
+its timings report drafted tokens (`draft_n`). Its three configurations join each request's
+greedy rotation, so a request's runs, speculate's and llama-server's, come back to back and
+share whatever the machine was doing then; a server waits idle while the others run. Its speed
+is the answer's `timings.predicted_per_second`. --no-llama-server skips them.
 
 Summary per request set (extract, logs) and decoding (greedy, sampled): mean tokens/s of each
 configuration, its mean per-request speedup over constrained target-only (sampled: over
