@@ -106,6 +106,11 @@ NGRAM_N_AUTO = 3
 MAX_BRANCHES = 16  # -np: more branches than this make verify batches that never pay
 POOL_TOKENS = 200_000  # --spec-pool-tokens: most tokens the pool keeps (about 1 MB on disk)
 FLASH_ATTN_MODES = ("auto", "on", "off")  # -fa
+# -ctk/-ctv: llama.cpp's KV cache types (common/arg.cpp kv_cache_types), and their ggml block
+# sizes: a quantized type packs this many values of a head's row together
+CACHE_TYPES = {"f32": 1, "f16": 1, "bf16": 1, "q8_0": 32, "q4_0": 32, "q4_1": 32, "iq4_nl": 32, "q5_0": 32, "q5_1": 32}
+LOAD_MODES = ("auto", "none", "mmap", "mlock", "mmap+mlock", "dio")  # -lm (llama_load_mode, from -1)
+SPLIT_MODES = ("none", "layer", "row", "tensor")  # -sm (llama_split_mode)
 
 
 @dataclass(frozen=True)
@@ -263,7 +268,8 @@ class SpecSettings:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A model file and how it loads: the model flags (-m/-md, -c, -ngl, -t, -fa, --lora, -dev)."""
+    """A model file and how it loads: the model flags (-m/-md, -c, -ngl, -t, -fa, --lora, -dev, and
+    llama.cpp's memory flags: -ctk/-ctv, -ub, -lm, -sm/-ts/-mg, -ot and the MoE placements)."""
     path: Path
     name: str
     n_ctx: int = 4096
@@ -280,6 +286,17 @@ class ModelSpec:
     mtp_sidecar: Path | None = None  # an MTP head file (-md) that drafts for it instead (draft-mtp)
     feature_drafter: Path | None = None  # an EAGLE-3, DFlash or DSpark drafter (-md) reading its layer inputs
     devices: tuple[str, ...] | None = None  # devices for its offloaded layers (None: llama.cpp's choice)
+    cache_type_k: str = "f16"  # -ctk/-ctv (the draft's: -ctkd/-ctvd), CACHE_TYPES
+    cache_type_v: str = "f16"
+    n_ubatch: int = 512  # -ub: most tokens in one physical batch (at most n_batch)
+    load_mode: str = "auto"  # -lm, LOAD_MODES
+    split_mode: str = "layer"  # -sm, SPLIT_MODES
+    tensor_split: tuple[float, ...] = ()  # -ts: each device's share of the layers (empty: by free memory)
+    main_gpu: int = 0  # -mg
+    overrides: tuple[tuple[str, str], ...] = ()  # -ot, -cmoe, -ncmoe, -ncffn: (regex, buffer type), first match wins
+    # a head drafting beside it (MTP head, EAGLE-3, DFlash) takes the draft's -ctkd/-ctvd and -otd/-cmoed
+    head_cache_types: tuple[str, str] = ("f16", "f16")
+    head_overrides: tuple[tuple[str, str], ...] = ()
 
     def lora_info(self) -> list[dict]:
         """The adapters, for JSON output."""

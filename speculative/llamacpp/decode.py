@@ -66,11 +66,12 @@ def decode_on_one_thread(ctx, raw, encode: bool = False) -> int:
             raise
 
 
-def flash_attn_type(mode: str, on_gpu: bool) -> int:
+def flash_attn_type(mode: str, on_gpu: bool, quantized_v: bool = False) -> int:
     """llama.cpp's flash-attention setting for -fa MODE. `auto` is llama.cpp's auto on this
     machine's GPUs and off elsewhere: on the CPU the flash-attention kernel is batch-variant (see
-    LlamaModel.kernels) and decodes no faster, and an RPC server's device may be a CPU."""
-    if mode == "on":
+    LlamaModel.kernels) and decodes no faster, and an RPC server's device may be a CPU. A
+    quantized V cache needs it: auto turns it on (options.py has said so, and refused -fa off)."""
+    if mode == "on" or (mode == "auto" and quantized_v):
         return ll.LLAMA_FLASH_ATTN_TYPE_ENABLED
     if mode == "off" or not on_gpu:
         return ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -93,12 +94,19 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def context_params(n_ctx: int, n_batch: int, threads: int, fa_type: int, n_seq: int = 1, kv_unified: bool = True):
-    """llama.cpp's context parameters as speculate sets them for every context."""
+# enum ggml_type of the KV cache types (settings.CACHE_TYPES)
+GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
+
+
+def context_params(n_ctx: int, n_batch: int, threads: int, fa_type: int, n_seq: int = 1, kv_unified: bool = True,
+                   n_ubatch: int = 512, cache_types: tuple[str, str] = ("f16", "f16")):
+    """llama.cpp's context parameters as speculate sets them for every context: the KV cache of
+    cache_types (K, V)."""
     cparams = ll.llama_context_default_params()
     cparams.n_ctx = n_ctx
     cparams.n_batch = n_batch
-    cparams.n_ubatch = min(n_batch, 512)
+    cparams.n_ubatch = min(n_batch, n_ubatch)
+    cparams.type_k, cparams.type_v = (GGML_TYPES[t] for t in cache_types)
     cparams.n_seq_max = n_seq
     # branches share the prompt's cells: one cache, not n_seq slices (unless asked: --no-kv-unified)
     cparams.kv_unified = kv_unified
@@ -108,6 +116,13 @@ def context_params(n_ctx: int, n_batch: int, threads: int, fa_type: int, n_seq: 
     cparams.no_perf = True
     cparams.flash_attn_type = fa_type
     return cparams
+
+
+def head_context_params(target, n_seq: int):
+    """Context parameters for a head drafting beside `target` (a LlamaModel): its context's size,
+    batches and attention, the draft's -ctkd/-ctvd."""
+    return context_params(ll.llama_n_ctx(target._ctx), target.n_batch, target.n_threads, target._flash_attn_type,
+                          n_seq, target.kv_unified, target.n_ubatch, target.spec.head_cache_types)
 
 
 @dataclass(frozen=True)

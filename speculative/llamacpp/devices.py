@@ -17,6 +17,7 @@ from typing import Sequence
 
 import llama_cpp as ll
 
+from speculative.decoding.settings import LOAD_MODES, SPLIT_MODES
 from speculative.errors import ModelError
 
 _initialised = False
@@ -111,7 +112,8 @@ def _lib():
                 ("ggml_backend_dev_backend_reg", p, [p]), ("ggml_backend_reg_name", s, [p]),
                 ("ggml_backend_reg_by_name", p, [s]), ("ggml_backend_reg_get_proc_address", p, [p, s]),
                 ("ggml_backend_reg_dev_count", n, [p]), ("ggml_backend_reg_dev_get", p, [p, n]),
-                ("ggml_backend_register", None, [p]), ("ggml_set_abort_callback", p, [p])):
+                ("ggml_backend_register", None, [p]), ("ggml_set_abort_callback", p, [p]),
+                ("ggml_backend_dev_buffer_type", p, [p]), ("ggml_backend_buft_name", s, [p])):
             getattr(lib, name).restype = restype
             getattr(lib, name).argtypes = argtypes
         _ggml = lib
@@ -136,6 +138,11 @@ def offload_devices(remote: bool | None = None) -> list[str]:
             if kind in (DEV_GPU, DEV_IGPU) and (remote is None or rpc == remote)]
 
 
+def max_devices() -> int:
+    """llama.cpp's most devices a model splits over (-ts takes fewer values)."""
+    return ll.llama_max_devices()
+
+
 def cpu_devices() -> list[str]:
     return [name for name, (kind, _) in _devices().items() if kind == DEV_CPU]
 
@@ -153,18 +160,63 @@ def _device(name: str) -> int:
     raise ModelError(f"no device {name!r} (available: {', '.join(_devices())})")
 
 
-def model_params(n_gpu_layers: int, devices: Sequence[str] | None):
-    """Model parameters with n_gpu_layers (-1: llama.cpp's default) and, unless None,
-    the devices for the offloaded layers (empty: none, the CPU keeps them); the array llama.cpp
-    reads them from is returned too, to be kept until the model has loaded."""
+def buffer_types() -> dict[str, int]:
+    """The buffer types -ot may name: each device's own, by name (as llama.cpp's
+    parse_tensor_buffer_overrides lists them: "CPU", "CUDA0", "RPC0[127.0.0.1:50052]", ...)."""
+    lib = _lib()
+    out = {}
+    for i in range(lib.ggml_backend_dev_count()):
+        buft = lib.ggml_backend_dev_buffer_type(lib.ggml_backend_dev_get(i))
+        if buft:
+            out[lib.ggml_backend_buft_name(buft).decode()] = buft
+    return out
+
+
+class _Override(ctypes.Structure):  # struct llama_model_tensor_buft_override
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def model_params(n_gpu_layers: int, devices: Sequence[str] | None, split_mode: str = "layer", main_gpu: int = 0,
+                 tensor_split: Sequence[float] = (), load_mode: str = "auto",
+                 overrides: Sequence[tuple[str, str]] = ()):
+    """Model parameters: n_gpu_layers (-1: llama.cpp's default); unless None, the devices for the
+    offloaded layers (empty: none, the CPU keeps them); -sm, -mg, -ts, -lm; and the -ot overrides,
+    (pattern, buffer type name) in order. What llama.cpp reads through pointers (the device list,
+    the split, the overrides and their strings) is returned too, to be kept until the model has
+    loaded."""
     mparams = ll.llama_model_default_params()
     if n_gpu_layers >= 0:
         mparams.n_gpu_layers = n_gpu_layers
-    devs = None
+    mparams.split_mode = SPLIT_MODES.index(split_mode)
+    mparams.main_gpu = main_gpu
+    mparams.load_mode = LOAD_MODES.index(load_mode) - 1  # llama_load_mode: auto is -1
+    keep: list = []
     if devices is not None:  # NULL-terminated; llama.cpp's default selection may skip RPC devices
         devs = (ctypes.c_void_p * (len(devices) + 1))(*(_device(name) for name in devices), None)
         mparams.devices = ctypes.addressof(devs)
-    return mparams, devs
+        keep.append(devs)
+    if tensor_split:
+        split = (ctypes.c_float * ll.llama_max_devices())(*tensor_split)
+        mparams.tensor_split = split
+        keep.append(split)
+    if overrides:
+        known = buffer_types()
+        patterns = [pattern.encode() for pattern, _ in overrides]
+        array = (_Override * (len(overrides) + 1))(  # NULL-terminated: a {NULL, NULL} entry
+            *(_Override(pattern, known[buft]) for pattern, (_, buft) in zip(patterns, overrides)), _Override())
+        mparams.tensor_buft_overrides = ctypes.addressof(array)
+        keep += [array, patterns]
+    return mparams, keep
+
+
+def head_model_params(target):
+    """Model parameters for a head that drafts beside `target` (a LlamaModel; an MTP head file,
+    EAGLE-3, DFlash): its layers, devices, split and load mode, and the draft's -otd (llama.cpp
+    gives its draft contexts the target's parameters but the draft's overrides); with what to
+    keep alive."""
+    spec = target.spec
+    return model_params(target.n_gpu_layers, target.devices, spec.split_mode, spec.main_gpu, spec.tensor_split,
+                        spec.load_mode, spec.head_overrides)
 
 
 def placement(n_gpu_layers: int, devices: Sequence[str] | None) -> str:

@@ -32,8 +32,8 @@ import numpy as np
 
 from speculative.errors import GenerationError, ModelError
 from speculative.llamacpp import ext
-from speculative.llamacpp.decode import Batch, context_params
-from speculative.llamacpp.devices import model_params
+from speculative.llamacpp.decode import Batch, head_context_params
+from speculative.llamacpp.devices import head_model_params
 from speculative.llamacpp.identity import file_identity
 from speculative.llamacpp.mtp import HeadOutputs, HeadPart, MtpHead
 from speculative.llamacpp.nextn import NextnRows
@@ -42,12 +42,11 @@ def open_drafter(path: Path, target, what: str):
     """A drafter file's weights and its context beside `target`'s (a model.LlamaModel): as many
     positions and sequences, and the target's context as its ctx_other, whose token embeddings
     and output projection llama.cpp uses where the drafter has none of its own."""
-    mparams, _devs = model_params(target.n_gpu_layers, target.devices)
+    mparams, _keep = head_model_params(target)
     model = ll.llama_model_load_from_file(str(path).encode(), mparams)
     if not model:
         raise ModelError(f"{path}: llama.cpp could not load this {what} drafter")
-    cparams = context_params(ll.llama_n_ctx(target._ctx), target.n_batch, target.n_threads,
-                             target._flash_attn_type, target.n_slots, target.kv_unified)
+    cparams = head_context_params(target, target.n_slots)
     cparams.ctx_other = target._ctx
     ctx = ll.llama_init_from_model(model, cparams)
     if not ctx:

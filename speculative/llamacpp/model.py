@@ -31,7 +31,7 @@ import llama_cpp as ll
 import numpy as np
 
 from speculative.decoding.backend import Outputs
-from speculative.decoding.settings import ModelSpec
+from speculative.decoding.settings import CACHE_TYPES, ModelSpec
 from speculative.errors import ContextFull, GenerationError, ModelError
 from speculative.llamacpp import identity
 from speculative.llamacpp.decode import (Batch, Part, context_kernels, context_params, default_threads,
@@ -42,6 +42,7 @@ from speculative.llamacpp.memory import Sequences
 from speculative.llamacpp.heads import HeadRows
 from speculative.llamacpp.nextn import NextnRows
 from speculative.llamacpp.tokenizer import Tokenizer
+from speculative.models.gguf_meta import kv_cache_bytes
 
 
 class LlamaModel(Sequences, HeadRows, Tokenizer):
@@ -63,6 +64,7 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
         self.devices = None if spec.devices is None else tuple(spec.devices)  # None: llama.cpp's choice
         self.n_gpu_layers = spec.n_gpu_layers
         self.flash_attn = spec.flash_attn
+        self.spec = spec  # how it loads (heads beside it load as it did: split, load mode)
         # NextN (MTP) layers cost memory and load time: loaded only where they may draft
         self._load_weights(spec.mtp and nextn != "none", causal)
         self._create_context(spec)
@@ -74,7 +76,9 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
         self._warm_up()
 
     def _load_weights(self, load_mtp: bool, causal: bool) -> None:
-        mparams, _devs = model_params(self.n_gpu_layers, self.devices)
+        spec = self.spec
+        mparams, _keep = model_params(self.n_gpu_layers, self.devices, spec.split_mode, spec.main_gpu,
+                                      spec.tensor_split, spec.load_mode, spec.overrides)
         mparams.load_mtp = load_mtp
         model = self._model = load_weights(self.path, mparams, self.arch, causal)
         # A recurrent state (Mamba, RWKV; the hybrids' recurrent layers) is one per sequence:
@@ -86,9 +90,10 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
         self.n_threads = spec.n_threads or default_threads()
         # by the devices the layers are on: llama_supports_gpu_offload() is true in any RPC build
         self.placement = placement(spec.n_gpu_layers, self.devices)
-        cparams = context_params(spec.n_ctx, spec.n_batch, self.n_threads,
-                                 flash_attn_type(spec.flash_attn, self.placement == "gpu"),
-                                 spec.n_seq * spec.n_slots, spec.kv_unified)
+        self.cache_types = (spec.cache_type_k, spec.cache_type_v)
+        fa = flash_attn_type(spec.flash_attn, self.placement == "gpu", CACHE_TYPES[spec.cache_type_v] > 1)
+        cparams = context_params(spec.n_ctx, spec.n_batch, self.n_threads, fa, spec.n_seq * spec.n_slots,
+                                 spec.kv_unified, spec.n_ubatch, self.cache_types)
         cparams.n_rs_seq = spec.n_rs_seq if self.recurrent else 0  # llama.cpp clamps it to 0 where unsupported
         log_errors()  # only this call's
         ctx = ll.llama_init_from_model(self._model, cparams)
@@ -114,7 +119,12 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
         self.kv_unified = spec.kv_unified
         if self.recurrent:  # the latest decode's last n_rs_seq tokens can be undone, once
             self.rollback_limit = ll.llama_n_rs_seq(ctx)
+        # what llama.cpp allocated for its KV cache (its "llama_kv_cache: size = ..." line), from the
+        # metadata and the cache types: None where the metadata does not say (gguf_meta.kv_cache_bytes)
+        self.kv_cells = allocated
+        self.kv_bytes = kv_cache_bytes(self.path, allocated, *self.cache_types)
         self._flash_attn_type = cparams.flash_attn_type
+        self.flash_attn_on = self._flash_attn_type != ll.LLAMA_FLASH_ATTN_TYPE_DISABLED  # auto: a GPU's choice
         self.kernels = context_kernels(self.placement == "gpu", self._flash_attn_type)
 
     def _apply_loras(self) -> None:

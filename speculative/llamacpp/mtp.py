@@ -33,8 +33,8 @@ import numpy as np
 
 from speculative.errors import ModelError
 from speculative.llamacpp import ext
-from speculative.llamacpp.decode import Batch, Context, context_params
-from speculative.llamacpp.devices import model_params
+from speculative.llamacpp.decode import Batch, Context, head_context_params
+from speculative.llamacpp.devices import head_model_params
 from speculative.llamacpp.identity import file_identity
 from speculative.llamacpp.nextn import NextnRows
 from speculative.models.gguf_meta import preflight, read_metadata
@@ -131,7 +131,7 @@ class MtpHead(Context):
     def _load(self, path: Path, target: LlamaModel):
         """An MTP head file's weights, its NextN layers loaded (its trunk is not in it)."""
         preflight(path)
-        mparams, _devs = model_params(target.n_gpu_layers, target.devices)
+        mparams, _keep = head_model_params(target)
         mparams.load_mtp = True
         self._own = ll.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._own:
@@ -145,8 +145,7 @@ class MtpHead(Context):
 
     def _create_context(self, model, target: LlamaModel, sidecar: Path | None) -> None:
         """The MTP context on `model`'s weights, beside the target's."""
-        cparams = context_params(ll.llama_n_ctx(target._ctx), target.n_batch, target.n_threads,
-                                 target._flash_attn_type, target.n_slots * self._seqs_per_slot, target.kv_unified)
+        cparams = head_context_params(target, target.n_slots * self._seqs_per_slot)
         cparams.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP
         cparams.ctx_other = target._ctx  # llama.cpp shares the target's memory where the architecture does
         self._ctx = ll.llama_init_from_model(model, cparams)

@@ -211,6 +211,74 @@ def nextn_kind(path: Path) -> str:
     return "none" if nextn not in found else "layers" if trunk in found else "head"
 
 
+def tensor_names(path: Path) -> list[str]:
+    """The names of a model's tensors, from all of its files if it is split."""
+    names: list[str] = []
+
+    def walk(cur: _Cursor) -> int:
+        return _split_count(cur, _walk(cur, lambda name, dims, at: names.append(name)))
+
+    for part in _other_splits(path, _mapped(Path(path), "invalid GGUF", walk)):
+        _mapped(part, "invalid GGUF", walk)
+    return names
+
+
+def head_sizes(path: Path) -> tuple[set[int], set[int]] | None:
+    """The sizes of a model's attention heads, K's and V's (each layer's: head_count may be per
+    layer), as llama.cpp's hparams read them (key_length, value_length, else the embedding
+    length over the heads); None where the metadata does not say."""
+    arch = read_metadata(path, ["general.architecture"]).get("general.architecture")
+    if not isinstance(arch, str):
+        return None
+    keys = [f"{arch}.{k}" for k in ("attention.key_length", "attention.value_length", "embedding_length",
+                                    "attention.head_count")]
+    meta = read_metadata(path, keys)
+    k, v, embd, heads = (meta.get(key) for key in keys)
+    counts = [h for h in (heads if isinstance(heads, list) else [heads]) if isinstance(h, int) and h > 0]
+    default = {embd // h for h in counts} if isinstance(embd, int) and counts else set()
+    sizes = ({k} if isinstance(k, int) else default, {v} if isinstance(v, int) else default)
+    return sizes if sizes[0] and sizes[1] else None
+
+
+# bytes of a block of each KV cache type, and the values in it (ggml's type traits)
+CACHE_BLOCKS = {"f32": (4, 1), "f16": (2, 1), "bf16": (2, 1), "q8_0": (34, 32), "q4_0": (18, 32),
+                "q4_1": (20, 32), "iq4_nl": (18, 32), "q5_0": (22, 32), "q5_1": (24, 32)}
+
+
+def kv_cache_bytes(path: Path, cells: int, type_k: str, type_v: str) -> int | None:
+    """What llama.cpp allocates for a KV cache of `cells` cells of these types: per attention
+    layer (a hybrid's recurrent layers, whose head_count_kv is 0, hold none) a row of K
+    (key_length x head_count_kv values) and one of V per cell. None where the metadata does not
+    say, or the attention is of another kind (MLA's compressed rows)."""
+    arch = read_metadata(path, ["general.architecture"]).get("general.architecture")
+    if not isinstance(arch, str):
+        return None
+    keys = [f"{arch}.{k}" for k in ("block_count", "attention.head_count", "attention.head_count_kv",
+                                    "attention.key_length", "attention.value_length", "embedding_length",
+                                    "attention.kv_lora_rank", "nextn_predict_layers")]
+    n_layer, heads, heads_kv, k_len, v_len, embd, mla, nextn = (read_metadata(path, keys).get(k) for k in keys)
+    if not isinstance(n_layer, int) or mla is not None:
+        return None
+    n_layer -= nextn if isinstance(nextn, int) else 0  # NextN layers: their own context's, if loaded
+
+    def per_layer(value) -> list:
+        return value[:n_layer] if isinstance(value, list) else [value] * n_layer
+
+    total = 0
+    for h, h_kv in zip(per_layer(heads), per_layer(heads if heads_kv is None else heads_kv)):
+        if not h_kv:
+            continue
+        if not (isinstance(h, int) and h > 0 and isinstance(h_kv, int)):
+            return None
+        for length, kind in ((k_len, type_k), (v_len, type_v)):
+            width = (length if isinstance(length, int) else embd // h if isinstance(embd, int) else 0) * h_kv
+            size, block = CACHE_BLOCKS[kind]
+            if not width or width % block:
+                return None
+            total += cells * width // block * size
+    return total
+
+
 def has_nextn_layers(path: Path) -> bool:
     return nextn_kind(path) != "none"
 
