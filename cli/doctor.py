@@ -11,7 +11,8 @@ from . import options
 from .render import PipeConsole, quiet_pipe
 
 
-@options.with_options(options.MODELS.only("model", "n_gpu_layers", "threads", "flash_attn"),
+@options.with_options(options.MODELS.only("model", "n_gpu_layers", "threads", "flash_attn", "rpc", "device",
+                                          *options.TARGET_MEMORY_FLAGS),
                       options.SLOTS.only("parallel", "kv_unified"))
 def doctor_command(
     models: options.ModelOptions,
@@ -36,6 +37,8 @@ def doctor_command(
             "llama_cpp_python": bindings_version(), "system_info": system_info(),
             "gpu_offload": gpu_offload(), "rpc": rpc_available(), "model": target.name, "placement": m.placement,
             "n_gpu_layers": m.n_gpu_layers, "threads": m.n_threads, "flash_attn": m.flash_attn,
+            "flash_attn_on": m.flash_attn_on, "cache_type_k": m.cache_types[0], "cache_type_v": m.cache_types[1],
+            "overrides": [list(o) for o in target.overrides],
             "batch_variant_kernels": m.kernels, "recurrent": m.recurrent, "architecture": m.arch,
             "checks": [c.to_dict() for c in checks],
             "batch_invariant": all(c.max_abs_diff == 0.0 for c in checks),
@@ -58,8 +61,10 @@ def _print(report: dict, json_output: bool) -> None:
     out.print(f"llama.cpp: {report['system_info'].strip()}")
     out.print(f"model: {report['model']} ({report['architecture']}"
               f"{', recurrent layers: probed at every position of a batch' if report['recurrent'] else ''}), "
-              f"{report['threads']} threads, -ngl {report['n_gpu_layers']}, -fa {report['flash_attn']}, "
-              f"layers on {'the CPU' if report['placement'] == 'cpu' else 'a GPU'}")
+              f"{report['threads']} threads, -ngl {report['n_gpu_layers']}, -fa {report['flash_attn']} "
+              f"({'on' if report['flash_attn_on'] else 'off'}), KV cache K {report['cache_type_k']} V "
+              f"{report['cache_type_v']}, layers on {'the CPU' if report['placement'] == 'cpu' else 'a GPU'}"
+              + "".join(f", {pattern} in {buft}" for pattern, buft in report["overrides"]))
     out.print("kernels of this build and settings that may change with batch size: "
               f"{', '.join(report['batch_variant_kernels']) or 'none'} (measured below)")
     checks = report["checks"]

@@ -13,12 +13,14 @@ from typing import Callable, List, Optional
 
 import typer
 
-from speculative.decoding.settings import (DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, FLASH_ATTN_MODES, NGRAM_CACHE_DRAFT,
-                                           NGRAM_N_AUTO, NGRAM_N_FIXED, POOL_TOKENS, LookupCacheSettings, ModelSpec,
-                                           NgramModSettings, NgramSettings, SamplerSettings, SpecSettings)
+from speculative.decoding.settings import (CACHE_TYPES, DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, FLASH_ATTN_MODES, LOAD_MODES,
+                                           NGRAM_CACHE_DRAFT, NGRAM_N_AUTO, NGRAM_N_FIXED, POOL_TOKENS, SPLIT_MODES,
+                                           LookupCacheSettings, ModelSpec, NgramModSettings, NgramSettings,
+                                           SamplerSettings, SpecSettings)
 from speculative.errors import UsageError
 from speculative.models.registry import Registry, check_gguf_file
 
+from . import memory
 from .models import resolve_models
 
 M, D, S, R = "Models", "Speculation", "Sampling", "Requests at once"
@@ -82,6 +84,66 @@ DEVICE_DRAFT = typer.Option(
     None, "-devd", "--device-draft", "--spec-draft-device", rich_help_panel=M, metavar="<dev1,dev2,..>",
     help="Devices for the draft model's offloaded layers (none: the CPU; default with --rpc: this "
          "machine's GPUs, else -dev).")
+_KV_TYPES = ", ".join(CACHE_TYPES)
+CACHE_TYPE_K = typer.Option(
+    ModelSpec.cache_type_k, "-ctk", "--cache-type-k", rich_help_panel=M, metavar="TYPE",
+    envvar="LLAMA_ARG_CACHE_TYPE_K", show_envvar=False, help=f"KV cache type for K: {_KV_TYPES}.")
+CACHE_TYPE_V = typer.Option(
+    ModelSpec.cache_type_v, "-ctv", "--cache-type-v", rich_help_panel=M, metavar="TYPE",
+    envvar="LLAMA_ARG_CACHE_TYPE_V", show_envvar=False,
+    help="KV cache type for V (a quantized one needs flash attention: -fa auto turns it on).")
+CACHE_TYPE_K_DRAFT = typer.Option(
+    ModelSpec.cache_type_k, "-ctkd", "--spec-draft-type-k", "--cache-type-k-draft", rich_help_panel=M,
+    metavar="TYPE", envvar="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K", show_envvar=False,
+    help="KV cache type for K of the draft model or head (f16 whatever -ctk says, as llama.cpp).")
+CACHE_TYPE_V_DRAFT = typer.Option(
+    ModelSpec.cache_type_v, "-ctvd", "--spec-draft-type-v", "--cache-type-v-draft", rich_help_panel=M,
+    metavar="TYPE", envvar="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V", show_envvar=False,
+    help="KV cache type for V of the draft model or head (f16 whatever -ctv says).")
+OVERRIDE_TENSOR = typer.Option(
+    None, "-ot", "--override-tensor", rich_help_panel=M, metavar="<tensor name pattern>=<buffer type>,...",
+    envvar="LLAMA_ARG_OVERRIDE_TENSOR", show_envvar=False,
+    help="Keep the target's tensors whose names match a pattern (an ECMAScript regular expression, "
+         "searched) in that buffer type (CPU, or a device's: CUDA0, RPC0[host:port], ...); the first "
+         "match wins. Repeatable.")
+OVERRIDE_TENSOR_DRAFT = typer.Option(
+    None, "-otd", "--spec-draft-override-tensor", "--override-tensor-draft", rich_help_panel=M,
+    metavar="<tensor name pattern>=<buffer type>,...", help="As -ot, for the draft model or head.")
+CPU_MOE = typer.Option(
+    False, "-cmoe", "--cpu-moe", rich_help_panel=M, envvar="LLAMA_ARG_CPU_MOE", show_envvar=False,
+    help="Keep every Mixture-of-Experts expert tensor of the target in host memory.")
+N_CPU_MOE = typer.Option(
+    0, "-ncmoe", "--n-cpu-moe", rich_help_panel=M, metavar="N", envvar="LLAMA_ARG_N_CPU_MOE", show_envvar=False,
+    help="Keep the expert tensors of the target's first N layers in host memory.")
+N_CPU_FFN = typer.Option(
+    0, "-ncffn", "--n-cpu-ffn", rich_help_panel=M, metavar="N", envvar="LLAMA_ARG_N_CPU_FFN", show_envvar=False,
+    help="Keep the dense FFN tensors of the target's first N layers in host memory.")
+CPU_MOE_DRAFT = typer.Option(
+    False, "-cmoed", "--spec-draft-cpu-moe", "--cpu-moe-draft", rich_help_panel=M,
+    envvar="LLAMA_ARG_SPEC_DRAFT_CPU_MOE", show_envvar=False, help="As -cmoe, for the draft model.")
+N_CPU_MOE_DRAFT = typer.Option(
+    0, "-ncmoed", "--spec-draft-n-cpu-moe", "--spec-draft-ncmoe", "--n-cpu-moe-draft", rich_help_panel=M,
+    metavar="N", envvar="LLAMA_ARG_SPEC_DRAFT_N_CPU_MOE", show_envvar=False, help="As -ncmoe, for the draft model.")
+UBATCH_SIZE = typer.Option(
+    ModelSpec.n_ubatch, "-ub", "--ubatch-size", rich_help_panel=M, metavar="N", envvar="LLAMA_ARG_UBATCH",
+    show_envvar=False, help="Most tokens in one physical batch (both models; at most -b).")
+LOAD_MODE = typer.Option(
+    ModelSpec.load_mode, "-lm", "--load-mode", rich_help_panel=M, metavar="MODE", envvar="LLAMA_ARG_LOAD_MODE",
+    show_envvar=False, help=f"How the weights load (both models): {', '.join(LOAD_MODES)}.")
+SPLIT_MODE = typer.Option(
+    ModelSpec.split_mode, "-sm", "--split-mode", rich_help_panel=M, metavar="{" + ",".join(SPLIT_MODES) + "}",
+    envvar="LLAMA_ARG_SPLIT_MODE", show_envvar=False,
+    help="How the offloaded layers split over several devices: none (the -mg device alone), layer, row, tensor.")
+TENSOR_SPLIT = typer.Option(
+    None, "-ts", "--tensor-split", rich_help_panel=M, metavar="N0,N1,N2,...", envvar="LLAMA_ARG_TENSOR_SPLIT",
+    show_envvar=False, help="Each device's share of the offloaded layers, e.g. 3,1.")
+MAIN_GPU = typer.Option(
+    ModelSpec.main_gpu, "-mg", "--main-gpu", rich_help_panel=M, metavar="INDEX", envvar="LLAMA_ARG_MAIN_GPU",
+    show_envvar=False, help="The device of -sm none (and of -sm row's intermediate results).")
+SWA_FULL = typer.Option(
+    False, "--swa-full", rich_help_panel=M, envvar="LLAMA_ARG_SWA_FULL", show_envvar=False,
+    help="Accepted, changes nothing: speculate always keeps the full sliding-window cache, which exact "
+         "rollback needs.")
 LORA = typer.Option(
     None, "--lora", rich_help_panel=M, metavar="FNAME",
     help="LoRA adapter (GGUF) for the target, at scale 1; repeat or comma-separate for several.")
@@ -344,6 +406,23 @@ class ModelOptions:
     hf_repo_draft: Optional[str] = None
     hf_file: Optional[str] = None
     hf_token: Optional[str] = None
+    cache_type_k: str = ModelSpec.cache_type_k
+    cache_type_v: str = ModelSpec.cache_type_v
+    cache_type_k_draft: str = ModelSpec.cache_type_k  # llama.cpp's draft default, whatever -ctk says
+    cache_type_v_draft: str = ModelSpec.cache_type_v
+    override_tensor: Optional[List[str]] = None
+    override_tensor_draft: Optional[List[str]] = None
+    cpu_moe: bool = False
+    n_cpu_moe: int = 0
+    n_cpu_ffn: int = 0
+    cpu_moe_draft: bool = False
+    n_cpu_moe_draft: int = 0
+    ubatch_size: int = ModelSpec.n_ubatch
+    load_mode: str = ModelSpec.load_mode
+    split_mode: str = ModelSpec.split_mode
+    tensor_split: Optional[str] = None
+    main_gpu: int = ModelSpec.main_gpu
+    swa_full: bool = False  # accepted: the full sliding-window cache is always kept
 
     @property
     def draft_available(self) -> bool:
@@ -401,12 +480,20 @@ class ModelOptions:
                              f"got {self.flash_attn!r}")
         if self.lora_draft and not use_draft:
             raise UsageError("--lora-draft is for the draft model, which this run does not load")
+        memory.check_values(self)
+        placed = memory.overrides(self.override_tensor, self.cpu_moe, self.n_cpu_moe, self.n_cpu_ffn, "-ot")
+        placed_draft = memory.overrides(self.override_tensor_draft, self.cpu_moe_draft, self.n_cpu_moe_draft, 0,
+                                        "-otd")
         loras = ([(name, 1.0) for name in _names(self.lora, "--lora")] + _scaled(self.lora_scaled),
                  [(name, 1.0) for name in _names(self.lora_draft, "--lora-draft")])
         # llama.cpp loads from here on (imported this late, a refused command line answers at once)
         from speculative.engine.engine import MAX_SNAPSHOTS
+        from speculative.llamacpp.devices import max_devices
 
+        split = memory.tensor_split(self.tensor_split, max_devices())
         devices = self._devices()  # RPC servers checked and registered before anything loads
+        memory.check_buffer_types(placed, "-ot")
+        memory.check_buffer_types(placed_draft, "-otd")
         # -md is resolved for draft-mtp too: it may be an MTP head file (convert_hf_to_gguf.py --mtp)
         # and for the drafters of a file of their own (draft-eagle3, ...), which it names
         with_md = use_draft or ((mtp or features) is not None and (self.model_draft or self.hf_repo_draft) is not None)
@@ -416,6 +503,7 @@ class ModelOptions:
             n_batch=self.batch_size, flash_attn=self.flash_attn, loras=tuple(_adapters(names) for names in loras),
             hf_repo=(self.hf_repo, self.hf_repo_draft), hf_file=self.hf_file, hf_token=self.hf_token)
         target, draft = _place_head(target, draft, use_draft, mtp, features)
+        target, draft = memory.apply(target, draft, self, placed, placed_draft, split)
         target = replace(target, n_rs_seq=min(longest_draft, MAX_SNAPSHOTS), devices=devices[0],
                          mtp=mtp is not None and not target.mtp_sidecar and not target.feature_drafter)
         draft = None if draft is None else replace(draft, devices=devices[1])
@@ -592,7 +680,19 @@ MODELS = Group("models", (
     ("batch_size", int, BATCH_SIZE), ("flash_attn", str, FLASH_ATTN), ("lora", Optional[List[str]], LORA),
     ("lora_scaled", Optional[List[str]], LORA_SCALED), ("lora_draft", Optional[List[str]], LORA_DRAFT),
     ("rpc", Optional[str], RPC), ("device", Optional[str], DEVICE), ("device_draft", Optional[str], DEVICE_DRAFT),
+    ("cache_type_k", str, CACHE_TYPE_K), ("cache_type_v", str, CACHE_TYPE_V),
+    ("cache_type_k_draft", str, CACHE_TYPE_K_DRAFT), ("cache_type_v_draft", str, CACHE_TYPE_V_DRAFT),
+    ("override_tensor", Optional[List[str]], OVERRIDE_TENSOR),
+    ("override_tensor_draft", Optional[List[str]], OVERRIDE_TENSOR_DRAFT),
+    ("cpu_moe", bool, CPU_MOE), ("n_cpu_moe", int, N_CPU_MOE), ("n_cpu_ffn", int, N_CPU_FFN),
+    ("cpu_moe_draft", bool, CPU_MOE_DRAFT), ("n_cpu_moe_draft", int, N_CPU_MOE_DRAFT),
+    ("ubatch_size", int, UBATCH_SIZE), ("load_mode", str, LOAD_MODE), ("split_mode", str, SPLIT_MODE),
+    ("tensor_split", Optional[str], TENSOR_SPLIT), ("main_gpu", int, MAIN_GPU), ("swa_full", bool, SWA_FULL),
 ), ModelOptions)
+
+# the memory flags of the target alone (doctor's)
+TARGET_MEMORY_FLAGS = ("cache_type_k", "cache_type_v", "override_tensor", "cpu_moe", "n_cpu_moe", "n_cpu_ffn",
+                       "ubatch_size", "load_mode", "split_mode", "tensor_split", "main_gpu", "swa_full")
 
 SAMPLING = Group("sampling", (
     ("temp", float, TEMP), ("top_k", int, TOP_K), ("top_p", float, TOP_P), ("min_p", float, MIN_P),

@@ -99,12 +99,12 @@ def run_and_render(target: ModelSpec, draft: ModelSpec | None, text: str, sampli
             out.write(json.dumps(result, ensure_ascii=False) + "\n")
         else:
             out.write(final.tail + "\n")
-            print_stats(final.stats, spec, seed, target, draft, color, final.notes)
+            print_stats(final.stats, spec, seed, target, draft, color, final.notes, (engine.target, engine.draft))
     return EXIT_INTERRUPTED if interrupted else 0
 
 
 def print_stats(stats: Stats, spec: SpecSettings, seed: int, target: ModelSpec, draft: ModelSpec | None,
-                color: bool, notes: list[str]) -> None:
+                color: bool, notes: list[str], engine_models: tuple = (None, None)) -> None:
     """llama.cpp's block first (as llama-speculative prints it), then what it does not show."""
     lines = [
         "",
@@ -151,10 +151,18 @@ def print_stats(stats: Stats, spec: SpecSettings, seed: int, target: ModelSpec, 
         + (f", drafter {target.feature_drafter.name}" if target.feature_drafter else "") + ")",
         f"finish    = {stats.finish_reason}, seed {seed}",
     ]
+    kv = [kv_line(role, model) for role, model in zip(("target", "draft"), engine_models) if model is not None]
+    lines += [f"kv cache  = {', '.join(kv)}"] if kv else []
     lines += [f"note      = {note}" for note in notes]
     if color and (spec.drafters or spec.auto):
         lines.append(f"colors    = {GREEN}accepted draft tokens{RESET}, plain: the target's own tokens")
     print("\n".join(lines), file=sys.stderr)
+
+
+def kv_line(role: str, model) -> str:
+    """A model's KV cache: its size (as llama.cpp allocated it), types and cells."""
+    size = f"{model.kv_bytes / 2**20:.2f} MiB" if model.kv_bytes is not None else "size unknown"
+    return f"{role} {size} (K {model.cache_types[0]}, V {model.cache_types[1]}, {model.kv_cells} cells)"
 
 
 def cached_note(stats: Stats) -> str:
@@ -169,7 +177,9 @@ def _model_info(spec: ModelSpec, model) -> dict:
             "n_gpu_layers": spec.n_gpu_layers, "n_threads": model.n_threads, "loras": spec.lora_info(),
             "nextn_layers": model.nextn_layers,  # NextN (MTP) layers loaded to draft with (draft-mtp)
             "mtp_head": str(spec.mtp_sidecar) if spec.mtp_sidecar else None,  # an MTP head file (-md) instead
-            "feature_drafter": str(spec.feature_drafter) if spec.feature_drafter else None}  # EAGLE-3, DFlash, DSpark (-md)
+            "feature_drafter": str(spec.feature_drafter) if spec.feature_drafter else None,  # EAGLE-3, DFlash, DSpark (-md)
+            "cache_type_k": model.cache_types[0], "cache_type_v": model.cache_types[1], "kv_bytes": model.kv_bytes,
+            "flash_attn": model.flash_attn_on, "n_ubatch": model.n_ubatch, "overrides": [list(o) for o in spec.overrides]}
 
 
 def _settings(sampling: SamplerSettings, spec: SpecSettings, seed: int, use_chat: bool, engine: Engine) -> dict:
