@@ -80,6 +80,7 @@ ARCH_INFO: dict[str, ArchInfo] = {
     "granitehybrid": ArchInfo(hybrid=True, n_layer=4),
     "gemma4": ArchInfo(),  # sliding-window attention, the last layer full (a Gemma-4 assistant shares both)
     "hy_v3": ArchInfo(mtp=True, mtp_chain=True),  # dense Hunyuan-V3: llama.cpp chains several NextN blocks of it
+    "qwen3moe": ArchInfo(n_layer=3),  # Mixture of Experts: each layer's FFN is MOE_EXPERTS experts (-cmoe's tensors)
     "bert": ArchInfo(generative=False),  # encoder only: embeddings, no causal LM head
     "dream": ArchInfo(generative=False, diffusion=True),  # non-causal attention
     "llada": ArchInfo(generative=False, diffusion=True),
@@ -91,6 +92,7 @@ LOGIT_STD = 3.0  # standard deviation of the (non-special) logits
 CHAIN = 1.5  # strength of the successor bias (see _Weights.embeddings); 0: none
 NEXTN_HIDDEN = 0.3  # how much of the trunk's hidden state the NextN projection mixes in
 RESIDUAL_GAIN = 1.0  # the scale of what each layer adds to the residual stream, times 1/sqrt(n_layer)
+MOE_EXPERTS, MOE_USED = 4, 2  # qwen3moe: experts per layer, and how many each token goes through
 GEMMA4_FULL_EVERY = 6  # Gemma 4: five sliding-window layers, then a full one (counted from the last)
 GEMMA4_SLIDING_WINDOW = 64
 GEMMA4_ROPE_BASE, GEMMA4_ROPE_BASE_SWA = 1e6, 1e4
@@ -179,7 +181,8 @@ _MATRICES = ("token_embd.weight", "output.weight", "position_embd.weight", "attn
              "ssm_dt.weight", "ssm_alpha.weight", "ssm_beta.weight", "shortconv.in_proj.weight",
              "shortconv.out_proj.weight", "time_mix_key.weight", "time_mix_value.weight",
              "time_mix_receptance.weight", "time_mix_output.weight", "channel_mix_key.weight",
-             "channel_mix_value.weight", "nextn.eh_proj.weight")
+             "channel_mix_value.weight", "nextn.eh_proj.weight", "ffn_gate_inp.weight", "ffn_gate_exps.weight",
+             "ffn_up_exps.weight", "ffn_down_exps.weight")
 
 
 class _Weights:
@@ -630,6 +633,37 @@ def _write_hy_v3(w: gguf.GGUFWriter, t: _Weights, d: Dims, mtp: int) -> None:
             t.norm(b + "nextn.shared_head_norm.weight", d.n_embd)
 
 
+def _write_qwen3moe(w: gguf.GGUFWriter, t: _Weights, d: Dims, mtp: bool) -> None:
+    """Qwen3-MoE (Qwen3-30B-A3B's architecture): Qwen3's attention (q and k normed per head) and
+    in every layer a router over MOE_EXPERTS experts, MOE_USED of them per token; the experts'
+    matrices stacked in one tensor each (blk.N.ffn_{gate,up,down}_exps, which -cmoe keeps on the CPU)."""
+    _attention_kv(w, d)
+    w.add_key_length(d.head_dim)
+    w.add_value_length(d.head_dim)
+    w.add_expert_count(MOE_EXPERTS)
+    w.add_expert_used_count(MOE_USED)
+    n_ff_exp = d.n_ff // MOE_USED
+    w.add_expert_feed_forward_length(n_ff_exp)
+    t.embeddings(d.n_embd, d.n_vocab, len(SPECIALS))
+    t.norm("output_norm.weight", d.n_embd)
+    kv, q = d.head_dim * d.n_head_kv, d.head_dim * d.n_head
+    for i in range(d.n_layer):
+        b = f"blk.{i}."
+        t.norm(b + "attn_norm.weight", d.n_embd)
+        t.linear(b + "attn_q.weight", d.n_embd, q)
+        t.linear(b + "attn_k.weight", d.n_embd, kv)
+        t.linear(b + "attn_v.weight", d.n_embd, kv)
+        t.norm(b + "attn_q_norm.weight", d.head_dim)
+        t.norm(b + "attn_k_norm.weight", d.head_dim)
+        t.out(b + "attn_output.weight", q, d.n_embd)
+        t.norm(b + "ffn_norm.weight", d.n_embd)
+        t.linear(b + "ffn_gate_inp.weight", d.n_embd, MOE_EXPERTS)
+        t.add(b + "ffn_gate_exps.weight", t.normal((d.n_embd, n_ff_exp, MOE_EXPERTS), 1 / np.sqrt(d.n_embd)))
+        t.add(b + "ffn_up_exps.weight", t.normal((d.n_embd, n_ff_exp, MOE_EXPERTS), 1 / np.sqrt(d.n_embd)))
+        t.add(b + "ffn_down_exps.weight", t.normal((n_ff_exp, d.n_embd, MOE_EXPERTS),
+                                                   t.residual_gain / np.sqrt(n_ff_exp)))
+
+
 def _write_granitehybrid(w: gguf.GGUFWriter, t: _Weights, d: Dims, mtp: bool) -> None:
     """Mamba-2 layers with an attention layer every 4th (head_count_kv 0 marks Mamba-2)."""
     d_inner, d_conv, d_state, n_group = 2 * d.n_embd, 4, 16, 1  # llama.cpp: d_inner == 2 * n_embd
@@ -704,6 +738,7 @@ _WRITERS = {
     "granitehybrid": _write_granitehybrid,
     "gemma4": _write_gemma4,
     "hy_v3": _write_hy_v3,
+    "qwen3moe": _write_qwen3moe,
     "bert": _write_bert,
     "dream": _write_llama_like("dream"),
     "llada": _write_llama_like("llada"),

@@ -237,6 +237,7 @@ class BatchVariant(FakeBackend):
     rollback_limit = 0
     # what doctor's report shows of a loaded model
     placement, n_gpu_layers, n_threads, flash_attn, kernels, recurrent, arch = "cpu", 0, 1, "off", [], True, "toy"
+    flash_attn_on, cache_types = False, ("f16", "f16")
 
     def __init__(self, from_batch: int, drift: float):
         super().__init__(ToyModel(seed=4), n_ctx=512)
