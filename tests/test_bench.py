@@ -142,6 +142,24 @@ def test_each_repeat_runs_the_configurations_from_another_place(monkeypatch):
     assert all(r.speedup == 1.0 for r in runs)  # every run as fast as the target-only runs around it
 
 
+def test_a_prompt_the_target_answers_with_nothing_is_left_out_and_said(monkeypatch):
+    """A model that ends at once (its first token is the end) has no decode speed to divide by."""
+    ran, said = [], []
+
+    def fake_run(engine, tokens, config, sampling, seed, prompt, repeat):
+        ran.append(config.label)
+        return [], bench.Run(prompt.id, prompt.category, config.label, repeat, 0, 0.0)
+
+    monkeypatch.setattr(bench, "_run", fake_run)
+    monkeypatch.setattr(bench, "prompt_tokens", lambda engine, prompt: [1])
+    engine = type("Engine", (), {"notify": staticmethod(said.append)})()
+    baseline, *rest = [bench.Config(name, SpecSettings()) for name in ("target only", "a")]
+    runs = bench._prompt_runs(engine, bench.BenchPrompt("poem", "c", prompt="x"), baseline, rest,
+                              SamplerSettings(temp=0.0), 1, 2, None)
+    assert runs == [] and ran == ["target only"]
+    assert said == ["bench: poem: the target's answer is empty, so it has no speed to compare; left out"]
+
+
 class Calibrated:
     """What modelled_speedup reads of an engine: calibrated costs by role, nothing else (a role
     not given is a model the engine did not load: asking for its costs is an error)."""

@@ -182,8 +182,9 @@ def run_bench(engine: Engine, prompts: list[BenchPrompt], configs: list[Config],
         _warm_up(engine, prompts[0], baseline, sampling, seed)
         for prompt in prompts:
             own = replace(sampling, grammar=prompt.grammar) if prompt.grammar else sampling
-            runs += _prompt_runs(engine, prompt, baseline, rest, own, seed, repeats, on_run)
-            if engine.pool is not None and learn:
+            own_runs = _prompt_runs(engine, prompt, baseline, rest, own, seed, repeats, on_run)
+            runs += own_runs
+            if engine.pool is not None and learn and own_runs:
                 engine.pool.add(runs[-1].tokens)  # the target-only output (the last run appended)
     finally:
         engine.learn = learn
@@ -205,6 +206,11 @@ def _prompt_runs(engine: Engine, prompt: BenchPrompt, baseline: Config, rest: li
 
     for repeat in range(repeats):
         base_tokens, first = run(baseline, repeat)
+        if not base_tokens:  # the target ends at once: no decode to time (and nothing to draft)
+            if engine.notify:
+                engine.notify(f"bench: {prompt.id}: the target's answer is empty, so it has no speed to compare; "
+                              "left out")
+            return []
         bases = [first]
         order = run_order(rest, repeat, repeats)
         for start in range(0, len(order), BASELINE_EVERY):
