@@ -363,6 +363,27 @@ def structured_costs(data) -> list[str]:
     return lines
 
 
+def kv(data) -> list[str]:
+    """bench_kv.py's table: per KV cache type, the models' KV bytes (and the target's against f16's),
+    llama.cpp's own figure, flash attention, how many target-only answers changed against f16's,
+    the prompts timed (an empty answer is not), target-only speed, auto's speedup and the answers
+    where auto parts from target-only."""
+    f16 = next((r["target_kv_bytes"] for r in data["rows"] if r["type"] == "f16"), None)
+    lines = header("KV cache (-ctk, -ctv)", "target KV", "of f16's", "draft KV (f16)", "llama.cpp's log",
+                   "flash attention", "target-only answers unlike f16's", "prompts timed", "target-only t/s",
+                   "auto t/s", "auto's speedup (worst prompt)", "auto's answers unlike target-only (largest top-2 margin)")
+    for r in data["rows"]:
+        mib = r["target_kv_bytes"] / 2**20
+        lines.append(row(r["type"], f"{mib:.1f} MiB", opt(r["target_kv_bytes"] / f16 if f16 else None, ".0%"),
+                         f"{r['draft_kv_bytes'] / 2**20:.1f} MiB",
+                         " + ".join(f"{b / 2**20:.1f}" for b in r["logged_kv_bytes"]) + " MiB",
+                         "on" if r["flash_attn"] else "off", f"{r['unlike_first']} of {r['prompts']}",
+                         f"{r['timed']} of {r['prompts']}", f"{r['none_tps']:.2f}", f"{r['auto_tps']:.2f}",
+                         f"{r['auto_speedup']:.2f}x ({r['auto_min_speedup']:.2f}x)",
+                         f"{r['mismatches']}" + (f" ({max(r['margins']):.2f})" if r["margins"] else "")))
+    return lines
+
+
 TABLES = {t.name: t for t in [
     Table("recurrent", ("recurrent.json",), "python scripts/bench_recurrent.py -o docs/results/recurrent.json",
           recurrent),
@@ -403,6 +424,7 @@ TABLES = {t.name: t for t in [
     Table("structured-costs", ("structured.json.gz",),
           "python scripts/bench_structured.py -o structured.json (then gzip into docs/results/; the stock build)",
           structured_costs),
+    Table("kv", ("kv.json.gz",), "python scripts/bench_kv.py -o kv.json (the stock build; then gzipped into docs/results/)", kv),
     Table("builds", ("builds.json",),
           "python scripts/compare_builds.py .venv .venv-test --env-b GGML_CPU_TILED_MM=0 -o docs/results/builds.json",
           builds),
