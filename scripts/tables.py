@@ -363,6 +363,32 @@ def structured_costs(data) -> list[str]:
     return lines
 
 
+def structured_steps(data) -> list[str]:
+    """bench_structured.py's runs of target-only decoding, speculate's and llama-server's, counted
+    alike: each tool's own t/s, and its one-token decodes per second. speculate's t/s is the
+    answer's tokens over every step after the prompt batch (the first decodes the prompt's last
+    token, the last yields the end token, not counted); llama-server's is its decodes after the
+    first token (which its prompt batch yields) per second, predicted_n - 1 over predicted_ms.
+    The ratio is the median of each request's decodes per second, llama-server's over speculate's."""
+    mine = {(r["request"], r["config"]): r for r in data["runs"] if r["mode"] == "greedy"}
+    lines = header("set", "decoding", "speculate t/s", "llama-server t/s", "ratio of t/s",
+                   "speculate decodes/s", "llama-server decodes/s", "ratio of decodes/s (median of requests)")
+    for set_name in dict.fromkeys(r["set"] for r in data["runs"]):
+        for ours, theirs in (("constrained target-only", "llama-server constrained"),
+                             ("unconstrained target-only", "llama-server unconstrained")):
+            pairs = [(mine[(r["request"], ours)], r) for r in data["llama_server"]
+                     if r["set"] == set_name and r["config"] == theirs and (r["request"], ours) in mine]
+            if not pairs:
+                continue
+            tps = [statistics.mean(r["tps"] for r in side) for side in zip(*pairs)]
+            steps = [sum(r["steps"] for r, _ in pairs) / sum(r["decode_s"] for r, _ in pairs),
+                     sum(r["tokens"] - 1 for _, r in pairs) / sum(r["decode_s"] for _, r in pairs)]
+            ratio = statistics.median((t["tokens"] - 1) / t["decode_s"] / (s["steps"] / s["decode_s"]) for s, t in pairs)
+            lines.append(row(set_name, ours.split()[0], f"{tps[0]:.2f}", f"{tps[1]:.2f}", f"{tps[1] / tps[0]:.3f}x",
+                             f"{steps[0]:.2f}", f"{steps[1]:.2f}", f"{ratio:.3f}x"))
+    return lines
+
+
 def kv(data) -> list[str]:
     """bench_kv.py's table: per KV cache type, the models' KV bytes (and the target's against f16's),
     llama.cpp's own figure, flash attention, how many target-only answers changed against f16's,
@@ -424,6 +450,9 @@ TABLES = {t.name: t for t in [
     Table("structured-costs", ("structured.json.gz",),
           "python scripts/bench_structured.py -o structured.json (then gzip into docs/results/; the stock build)",
           structured_costs),
+    Table("structured-steps", ("structured.json.gz",),
+          "python scripts/bench_structured.py -o structured.json (then gzip into docs/results/; the stock build)",
+          structured_steps),
     Table("kv", ("kv.json.gz",), "python scripts/bench_kv.py -o kv.json (the stock build; then gzipped into docs/results/)", kv),
     Table("builds", ("builds.json",),
           "python scripts/compare_builds.py .venv .venv-test --env-b GGML_CPU_TILED_MM=0 -o docs/results/builds.json",
