@@ -19,12 +19,19 @@ VENV=${SPECULATE_TEST_VENV:-.venv-test}
 LLAMA_VERSION=0.3.36
 LLAMA_CMAKE_ARGS="-DGGML_LLAMAFILE=OFF -DGGML_CPU_REPACK=OFF -DLLAVA_BUILD=OFF -DGGML_RPC=ON"
 TEST_MODELS="smollm2-135m-instruct qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct"
+# On a CPU with AMX (Intel Xeon since Sapphire Rapids) the native build compiles llama.cpp's AMX
+# matmul, which takes a different path by batch size and, pinned here, crashes (llama.cpp issue
+# 20824): left out of the build (speculate also keeps weights out of it at run time)
+LLAMA_CFLAGS=""
+if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
+    LLAMA_CFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+fi
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 
 machine=$(uname -m; "$VENV/bin/python" -c 'import sys; print(sys.version_info[:2])'; grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
-key=$(printf '%s\n%s\n%s\n' "$LLAMA_VERSION" "$LLAMA_CMAKE_ARGS" "$machine" | sha256sum | cut -c1-16)
+key=$(printf '%s\n%s\n%s\n%s\n' "$LLAMA_VERSION" "$LLAMA_CMAKE_ARGS" "$LLAMA_CFLAGS" "$machine" | sha256sum | cut -c1-16)
 sdist=.cache/sdist/llama_cpp_python-$LLAMA_VERSION.tar.gz
 if [ ! -f "$sdist" ]; then
     "$VENV/bin/python" -m pip download --quiet --no-binary :all: --no-deps \
@@ -32,9 +39,9 @@ if [ ! -f "$sdist" ]; then
 fi
 wheels=.cache/wheels/$key
 if ! ls "$wheels"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
-    echo "building llama-cpp-python $LLAMA_VERSION with CMAKE_ARGS=\"$LLAMA_CMAKE_ARGS\" (several minutes)"
+    echo "building llama-cpp-python $LLAMA_VERSION with CMAKE_ARGS=\"$LLAMA_CMAKE_ARGS\"${LLAMA_CFLAGS:+ CFLAGS=\"$LLAMA_CFLAGS\"} (several minutes)"
     start=$SECONDS
-    CMAKE_ARGS="$LLAMA_CMAKE_ARGS" "$VENV/bin/python" -m pip wheel --quiet --no-deps --no-cache-dir \
+    CMAKE_ARGS="$LLAMA_CMAKE_ARGS" CFLAGS="${CFLAGS:-} $LLAMA_CFLAGS" CXXFLAGS="${CXXFLAGS:-} $LLAMA_CFLAGS" "$VENV/bin/python" -m pip wheel --quiet --no-deps --no-cache-dir \
         "$sdist" -w "$wheels.tmp"
     mv "$wheels.tmp" "$wheels"
     echo "built in $((SECONDS - start)) s"

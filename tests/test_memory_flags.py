@@ -86,6 +86,19 @@ def test_overrides_come_as_llama_cpp_builds_them():
     assert re.search(placed[-1][0], "blk.0.ffn_down.weight") and not re.search(placed[-1][0], "blk.0.ffn_down_exps.weight")
 
 
+def test_weights_stay_out_of_the_amx_buffer_type_where_the_cpu_backend_lists_it(monkeypatch):
+    """The pinned llama.cpp's AMX matmul crashes: where the CPU backend lists an AMX buffer type,
+    models load as llama.cpp's --no-repack loads them; elsewhere with its default."""
+    from speculative.llamacpp import devices
+
+    listed = devices.cpu_extra_buffer_types()  # this build on this CPU
+    assert all(isinstance(name, str) and name for name in listed)
+    assert ("AMX" not in listed) or "AMX_INT8 = 1" in devices.system_info()
+    for bufts, extra in ((["AMX", "CPU_REPACK"], False), (["CPU_REPACK"], True), ([], True)):
+        monkeypatch.setattr(devices, "_extra_bufts", bufts)
+        assert devices.model_params(-1, None)[0].use_extra_bufts is extra, bufts
+
+
 # -- with models ---------------------------------------------------------------------
 
 

@@ -153,6 +153,28 @@ def gpu_offload() -> bool:
     return bool(offload_devices(remote=False))
 
 
+def cpu_extra_buffer_types() -> list[str]:
+    """The CPU backend's extra buffer types for weights, which llama.cpp tries before plain host
+    memory ("AMX", "CPU_REPACK", ...)."""
+    global _extra_bufts
+    if _extra_bufts is None:
+        lib, _extra_bufts = _lib(), []
+        cpu = next((dev for dev in map(lib.ggml_backend_dev_get, range(lib.ggml_backend_dev_count()))
+                    if lib.ggml_backend_dev_type(dev) == DEV_CPU), None)
+        fn = cpu and lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(cpu),
+                                                           b"ggml_backend_dev_get_extra_bufts")
+        if fn:
+            bufts = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(fn)(cpu)
+            i = 0
+            while bufts and bufts[i]:
+                _extra_bufts.append(lib.ggml_backend_buft_name(bufts[i]).decode())
+                i += 1
+    return _extra_bufts
+
+
+_extra_bufts: list[str] | None = None
+
+
 def _device(name: str) -> int:
     dev = _lib().ggml_backend_dev_by_name(name.encode())
     if dev:
@@ -185,6 +207,12 @@ def model_params(n_gpu_layers: int, devices: Sequence[str] | None, split_mode: s
     the split, the overrides and their strings) is returned too, to be kept until the model has
     loaded."""
     mparams = ll.llama_model_default_params()
+    # The pinned llama.cpp's AMX matmul crashes (SIGSEGV in ggml_backend_amx_mul_mat, loading an
+    # invalid tile configuration: llama.cpp issue 20824, pull request 26954) on the CPUs that have
+    # AMX (Intel Xeon since Sapphire Rapids), in any build compiled for them (-march=native): the
+    # weights stay out of the CPU's extra buffer types there, as llama.cpp's --no-repack keeps them
+    if "AMX" in cpu_extra_buffer_types():
+        mparams.use_extra_bufts = False
     if n_gpu_layers >= 0:
         mparams.n_gpu_layers = n_gpu_layers
     mparams.split_mode = SPLIT_MODES.index(split_mode)
