@@ -20,8 +20,8 @@ LLAMA_VERSION=0.3.36
 LLAMA_CMAKE_ARGS="-DGGML_LLAMAFILE=OFF -DGGML_CPU_REPACK=OFF -DLLAVA_BUILD=OFF -DGGML_RPC=ON"
 TEST_MODELS="smollm2-135m-instruct qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct"
 # On a CPU with AMX (Intel Xeon since Sapphire Rapids) the native build compiles llama.cpp's AMX
-# matmul, which takes a different path by batch size and, pinned here, crashes (llama.cpp issue
-# 20824): left out of the build (speculate also keeps weights out of it at run time)
+# matmul, which crashes in the pinned version (llama.cpp issue 20824): left out of the build,
+# since tests also load models with llama.cpp's defaults (speculate keeps weights out of it itself)
 LLAMA_CFLAGS=""
 if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
     LLAMA_CFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
