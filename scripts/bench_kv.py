@@ -33,17 +33,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from scripts.results import meta  # noqa: E402
 from scripts.tables import kv as kv_table  # noqa: E402
 
 
@@ -117,12 +116,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     bench = parse_args(argv)
-    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    data = {"meta": {"date": started, "command": ["python", "scripts/bench_kv.py", *(argv or sys.argv[1:])],
-                     "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                                 "platform": platform.platform()},
-                     "model": bench.model, "draft": bench.draft, "ctx": bench.ctx, "n_predict": bench.n_predict,
-                     "threads": bench.threads, "limit": bench.limit},
+    data = {"meta": meta(model=bench.model, draft=bench.draft, ctx=bench.ctx, n_predict=bench.n_predict,
+                         threads=bench.threads, limit=bench.limit),
             "rows": [], "bench": {}}
     with tempfile.TemporaryDirectory(prefix="bench-kv-") as tmp:
         for kind in bench.types.split(","):

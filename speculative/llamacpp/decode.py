@@ -19,6 +19,7 @@ from typing import Iterator, Sequence
 
 import llama_cpp as ll
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from speculative.errors import GenerationError
 from speculative.llamacpp import interrupt
@@ -94,10 +95,6 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-# enum ggml_type of the KV cache types (settings.CACHE_TYPES)
-GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20, "bf16": 30}
-
-
 def context_params(n_ctx: int, n_batch: int, threads: int, fa_type: int, n_seq: int = 1, kv_unified: bool = True,
                    n_ubatch: int = 512, cache_types: tuple[str, str] = ("f16", "f16")):
     """llama.cpp's context parameters as speculate sets them for every context: the KV cache of
@@ -106,7 +103,7 @@ def context_params(n_ctx: int, n_batch: int, threads: int, fa_type: int, n_seq: 
     cparams.n_ctx = n_ctx
     cparams.n_batch = n_batch
     cparams.n_ubatch = min(n_batch, n_ubatch)
-    cparams.type_k, cparams.type_v = (GGML_TYPES[t] for t in cache_types)
+    cparams.type_k, cparams.type_v = (GGMLQuantizationType[t.upper()] for t in cache_types)  # enum ggml_type
     cparams.n_seq_max = n_seq
     # branches share the prompt's cells: one cache, not n_seq slices (unless asked: --no-kv-unified)
     cparams.kv_unified = kv_unified

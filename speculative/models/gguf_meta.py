@@ -240,11 +240,6 @@ def head_sizes(path: Path) -> tuple[set[int], set[int]] | None:
     return sizes if sizes[0] and sizes[1] else None
 
 
-# bytes of a block of each KV cache type, and the values in it (ggml's type traits)
-CACHE_BLOCKS = {"f32": (4, 1), "f16": (2, 1), "bf16": (2, 1), "q8_0": (34, 32), "q4_0": (18, 32),
-                "q4_1": (20, 32), "iq4_nl": (18, 32), "q5_0": (22, 32), "q5_1": (24, 32)}
-
-
 def kv_cache_bytes(path: Path, cells: int, type_k: str, type_v: str) -> int | None:
     """What llama.cpp allocates for a KV cache of `cells` cells of these types: per attention
     layer (a hybrid's recurrent layers, whose head_count_kv is 0, hold none) a row of K
@@ -272,7 +267,7 @@ def kv_cache_bytes(path: Path, cells: int, type_k: str, type_v: str) -> int | No
             return None
         for length, kind in ((k_len, type_k), (v_len, type_v)):
             width = (length if isinstance(length, int) else embd // h if isinstance(embd, int) else 0) * h_kv
-            size, block = CACHE_BLOCKS[kind]
+            block, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind.upper()]]  # values, bytes
             if not width or width % block:
                 return None
             total += cells * width // block * size
