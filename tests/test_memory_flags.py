@@ -11,6 +11,7 @@ import re
 import pytest
 
 from cli import memory
+from speculative.decoding.settings import CACHE_TYPES
 from speculative.models.gguf_meta import kv_cache_bytes, tensor_names
 from tests.conftest import SMOL, speculate, speculate_here, speculate_json
 from tests.gguf_builder import write_tiny_llama
@@ -72,6 +73,14 @@ def test_every_command_that_loads_a_model_takes_them(command):
     assert all((flag in out) == (command != "doctor") for flag in draft_flags), command
 
 
+def test_the_cache_types_block_sizes_are_ggmls():
+    """settings.CACHE_TYPES (checked before anything loads, without the gguf package) holds the
+    values per block that ggml's type traits give, which the KV bytes are computed from."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    assert {name: GGML_QUANT_SIZES[GGMLQuantizationType[name.upper()]][0] for name in CACHE_TYPES} == CACHE_TYPES
+
+
 def test_overrides_come_as_llama_cpp_builds_them():
     placed = memory.overrides(["token_embd=CPU,output=CPU", r"blk\.0\.attn=CPU"], True, 2, 1, "-ot")
     assert placed == (("token_embd", "CPU"), ("output", "CPU"), (r"blk\.0\.attn", "CPU"), (memory.FFN_EXPS, "CPU"),
@@ -86,17 +95,21 @@ def test_overrides_come_as_llama_cpp_builds_them():
     assert re.search(placed[-1][0], "blk.0.ffn_down.weight") and not re.search(placed[-1][0], "blk.0.ffn_down_exps.weight")
 
 
-def test_weights_stay_out_of_the_amx_buffer_type_where_the_cpu_backend_lists_it(monkeypatch):
-    """The pinned llama.cpp's AMX matmul crashes: where the CPU backend lists an AMX buffer type,
-    models load as llama.cpp's --no-repack loads them; elsewhere with its default."""
+def test_weights_stay_out_of_the_amx_buffer_type_and_repacking_stays():
+    """The pinned llama.cpp's AMX matmul crashes: AMX is taken out of the list llama.cpp places
+    weights from, whatever else it lists (repacking) kept in order."""
+    import ctypes
+
     from speculative.llamacpp import devices
 
-    listed = devices.cpu_extra_buffer_types()  # this build on this CPU
-    assert all(isinstance(name, str) and name for name in listed)
-    assert ("AMX" not in listed) or "AMX_INT8 = 1" in devices.system_info()
-    for bufts, extra in ((["AMX", "CPU_REPACK"], False), (["CPU_REPACK"], True), ([], True)):
-        monkeypatch.setattr(devices, "_extra_bufts", bufts)
-        assert devices.model_params(-1, None)[0].use_extra_bufts is extra, bufts
+    listed = devices.weight_buffer_types()  # this build on this CPU, after the change
+    assert "AMX" not in listed and all(isinstance(name, str) and name for name in listed)
+    assert devices.model_params(-1, None)[0].use_extra_bufts  # llama.cpp's default: repacking where built
+    names = {1: "AMX", 2: "CPU_REPACK", 3: "KLEIDIAI"}
+    for before, after in (([1, 2], [2]), ([2, 1, 3], [2, 3]), ([2], [2]), ([1], []), ([], [])):
+        bufts = (ctypes.c_void_p * (len(before) + 1))(*before, None)
+        assert devices.drop_buffer_type(bufts, names.get, "AMX") == [names[b] for b in after]
+        assert list(bufts)[:len(after) + 1] == [*after, None], before
 
 
 # -- with models ---------------------------------------------------------------------

@@ -94,6 +94,7 @@ DEV_CPU, DEV_GPU, DEV_IGPU = 0, 1, 2  # enum ggml_backend_dev_type
 _ggml = None
 _rpc_servers: dict[str, list[str]] = {}  # endpoint -> names of its devices, registered once
 _abort_hook = None  # the ggml_set_abort_callback function, kept alive
+_weight_bufts: list[str] | None = None  # weight_buffer_types(), once AMX is out
 _ABORT_HOOK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
 
 
@@ -153,26 +154,37 @@ def gpu_offload() -> bool:
     return bool(offload_devices(remote=False))
 
 
-def cpu_extra_buffer_types() -> list[str]:
-    """The CPU backend's extra buffer types for weights, which llama.cpp tries before plain host
-    memory ("AMX", "CPU_REPACK", ...)."""
-    global _extra_bufts
-    if _extra_bufts is None:
-        lib, _extra_bufts = _lib(), []
+def weight_buffer_types() -> list[str]:
+    """The CPU backend's extra buffer types that llama.cpp may put weights in, before plain host
+    memory ("CPU_REPACK", ...), read once. AMX is taken out of that list (llama.cpp's own,
+    NULL-terminated, which only the weight loader reads): the pinned llama.cpp's AMX matmul
+    crashes (SIGSEGV in ggml_backend_amx_mul_mat, loading an invalid tile configuration: llama.cpp
+    issue 20824, pull request 26954) on the CPUs that have AMX (Intel Xeon since Sapphire Rapids)
+    in any build compiled for them (-march=native). Repacking stays; no weight reaches AMX, so its
+    kernels never run."""
+    global _weight_bufts
+    if _weight_bufts is None:
+        lib, _weight_bufts = _lib(), []
         cpu = next((dev for dev in map(lib.ggml_backend_dev_get, range(lib.ggml_backend_dev_count()))
                     if lib.ggml_backend_dev_type(dev) == DEV_CPU), None)
         fn = cpu and lib.ggml_backend_reg_get_proc_address(lib.ggml_backend_dev_backend_reg(cpu),
                                                            b"ggml_backend_dev_get_extra_bufts")
         if fn:
             bufts = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(fn)(cpu)
-            i = 0
-            while bufts and bufts[i]:
-                _extra_bufts.append(lib.ggml_backend_buft_name(bufts[i]).decode())
-                i += 1
-    return _extra_bufts
+            _weight_bufts = drop_buffer_type(bufts, lambda buft: lib.ggml_backend_buft_name(buft).decode(), "AMX")
+    return _weight_bufts
 
 
-_extra_bufts: list[str] | None = None
+def drop_buffer_type(bufts, name_of, unwanted: str) -> list[str]:
+    """Take the buffer type named `unwanted` out of the NULL-terminated array `bufts`, in place;
+    the names of those left, in order."""
+    items = []
+    while bufts[len(items)]:
+        items.append(bufts[len(items)])
+    kept = [buft for buft in items if name_of(buft) != unwanted]
+    for i, buft in enumerate([*kept, None]):
+        bufts[i] = buft
+    return [name_of(buft) for buft in kept]
 
 
 def _device(name: str) -> int:
@@ -207,12 +219,7 @@ def model_params(n_gpu_layers: int, devices: Sequence[str] | None, split_mode: s
     the split, the overrides and their strings) is returned too, to be kept until the model has
     loaded."""
     mparams = ll.llama_model_default_params()
-    # The pinned llama.cpp's AMX matmul crashes (SIGSEGV in ggml_backend_amx_mul_mat, loading an
-    # invalid tile configuration: llama.cpp issue 20824, pull request 26954) on the CPUs that have
-    # AMX (Intel Xeon since Sapphire Rapids), in any build compiled for them (-march=native): the
-    # weights stay out of the CPU's extra buffer types there, as llama.cpp's --no-repack keeps them
-    if "AMX" in cpu_extra_buffer_types():
-        mparams.use_extra_bufts = False
+    weight_buffer_types()  # AMX out of the CPU's extra buffer types before any weight is placed
     if n_gpu_layers >= 0:
         mparams.n_gpu_layers = n_gpu_layers
     mparams.split_mode = SPLIT_MODES.index(split_mode)
@@ -224,7 +231,7 @@ def model_params(n_gpu_layers: int, devices: Sequence[str] | None, split_mode: s
         mparams.devices = ctypes.addressof(devs)
         keep.append(devs)
     if tensor_split:
-        split = (ctypes.c_float * ll.llama_max_devices())(*tensor_split)
+        split = (ctypes.c_float * max_devices())(*tensor_split)
         mparams.tensor_split = split
         keep.append(split)
     if overrides:
