@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import replace
 
 import typer
@@ -18,10 +19,17 @@ def doctor_command(
     models: options.ModelOptions,
     slots: options.SlotOptions,
     json_output: bool = typer.Option(False, "--json", help="One JSON object instead of the report."),
+    reset_costs: bool = typer.Option(
+        False, "--reset-costs",
+        help="Forget what passes cost on this machine (auto's prices, learnt as runs go, in costs.json in "
+             "speculate's home), of every model or only -m's, and exit: the next run calibrates again."),
 ) -> None:
     """Report the llama.cpp build and measure whether it scores a position the same alone and
     inside a batch (then greedy speculative output is token-identical to target-only output), and
     a request the same alone and among -np others (then serve's and batch's answers are)."""
+    if reset_costs:
+        _reset_costs(models)
+        return
     n_ctx = 512 if slots.kv_unified else 512 * slots.n_slots  # 512 for each request either way
     target, _ = replace(models, ctx_size=n_ctx, batch_size=512).specs(use_draft=False)
     target = slots.apply(target)
@@ -48,6 +56,21 @@ def doctor_command(
         }
     with quiet_pipe():
         _print(report, json_output)
+
+
+def _reset_costs(models: options.ModelOptions) -> None:
+    """--reset-costs: every model's costs, or with -m (or -hf) only those of that file."""
+    from speculative.engine import costs
+    from speculative.files import content_identity
+
+    keep = lambda identity: False  # noqa: E731
+    if models.model is not None or models.hf_repo is not None:
+        target, _ = models.specs(use_draft=False)
+        mine = content_identity(target.path)
+        keep = lambda identity: {k: identity.get(k) for k in mine} != mine  # noqa: E731
+    forgotten = costs.reset(keep=keep)
+    print(f"forgot the costs of {forgotten} model{'s' * (forgotten != 1)} ({costs.book_path()}): the next run "
+          "calibrates again", file=sys.stderr)
 
 
 def _print(report: dict, json_output: bool) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -74,3 +76,22 @@ def check_ours(path: Path, flag: str, stranger: Callable[[BinaryIO], str | None]
         raise UsageError(f"{flag} {path}: {unreadable.format(e.strerror or e)}") from None
     if what is not None:
         raise UsageError(f"{flag} {path}: {refusal.format(what)}")
+
+
+def content_identity(path: Path) -> dict:
+    """A file by its content: its size and a hash of its first and last MiB (a GGUF's header and
+    its last tensors), whatever its name or folder: the same file reached through another name,
+    or downloaded again, is the same file."""
+    stat = Path(path).stat()
+    return _content_identity(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _content_identity(path: str, size: int, mtime_ns: int) -> dict:  # read once per version of a file
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        digest.update(f.read(1 << 20))
+        if size > 2 << 20:
+            f.seek(size - (1 << 20))
+            digest.update(f.read())
+    return {"size": size, "sha256_head_tail": digest.hexdigest()[:32]}

@@ -110,6 +110,22 @@ def probe_command(*args: str) -> list[str]:
     return [sys.executable, str(PROBE), *args]
 
 
+def plant_costs(home: Path, cost) -> None:
+    """Make the book of costs under `home` (SPECULATE_HOME, which a run has calibrated in) say that
+    a pass of b tokens of the model of an entry's identity costs cost(identity, b) seconds, and
+    nothing else, for every size a run may ask (whether or not the machine let the calibration be
+    kept): what auto plans with then does not depend on this machine's load. Live passes go, and
+    the prices of earlier runs, so that the next run prices what is planted."""
+    path = home / "costs.json"
+    book = json.loads(path.read_text())
+    assert book["models"], "nothing calibrated under " + str(home)
+    for entry in book["models"].values():
+        one = cost(entry["identity"], 1)
+        entry.update(seconds=[one] * 16, ratios={}, prices={},
+                     calibrated={str(b): cost(entry["identity"], b) / one for b in range(2, 65)})
+    path.write_text(json.dumps(book))
+
+
 def speculate_json(*args: str, **kw) -> dict:
     proc = speculate(*args, "--json", **kw)
     assert proc.returncode == 0, proc.stderr

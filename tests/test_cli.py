@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
+import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
+from speculative.engine import calibrate, costs
 from tests.conftest import QWEN, QWEN_DRAFT, SMOL, probe_command, speculate, speculate_json
 from tests.gguf_builder import write_chain_llama
 
@@ -307,28 +312,68 @@ def test_auto_reports_its_plans_and_python_overhead(model_path):
     assert "n_draft   = 16" in proc.stderr  # auto's cap
 
 
+def costs_home(tmp_path: Path, model_path) -> dict:
+    """A speculate home of its own (its own book of costs) that finds the pulled models."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models").symlink_to(model_path(SMOL).parent)
+    return {"SPECULATE_HOME": str(home)}
+
+
+def book(env: dict) -> dict:
+    return json.loads((Path(env["SPECULATE_HOME"]) / "costs.json").read_text())["models"]
+
+
 @pytest.mark.real
-def test_a_calibration_measured_under_load_is_measured_again(model_path, tmp_path):
-    """A stored calibration that says the target is far slower than it runs (as if measured while
-    something else ran) is forgotten after a run, and the next run measures again. The stored
-    costs are written here, not measured, so that nothing depends on the load: v(b) = b x 60 s
-    makes drafting never pay (every step is a plain one, which times the machine), and a plain
-    step would have to take over 23 s (48 of them: past the test's time limit) for the run not
-    to look faster. A run of one token calibrates without timing enough steps to judge it."""
-    env = {"SPECULATE_HOME": str(tmp_path)}
-    flags = ("-m", str(model_path(SMOL)), "-p", "def fib(n):", "--temp", "0", "-t", "1")
-    assert "calibrating" in speculate(*flags, "-n", "1", env=env).stderr
-    path = tmp_path / "calibration.json"
-    (key, entry), = json.loads(path.read_text()).items()
-    planted = [60.0 * b for b in range(1, len(entry["seconds"]) + 1)]
-    path.write_text(json.dumps({key: {**entry, "seconds": planted}}))
-    proc = speculate(*flags, "-n", "48", env=env)
-    assert proc.returncode == 0 and "faster than its calibration" in proc.stderr, proc.stderr
-    assert json.loads(path.read_text()) == {}
-    proc = speculate(*flags, "-n", "1", env=env)
-    assert proc.returncode == 0 and "calibrating" in proc.stderr, proc.stderr
-    (again, measured), = json.loads(path.read_text()).items()
-    assert again == key and len(measured["seconds"]) == len(planted) and measured["seconds"] != planted
+def test_costs_are_known_by_the_file_not_the_name_it_was_given(model_path, tmp_path):
+    """By its registry name, by its path, a copy of it under another name: one model, calibrated
+    once (again only where a busy machine kept a calibration from being kept)."""
+    env = costs_home(tmp_path, model_path)
+    flags = ("-p", "def fib(n):", "-n", "1", "--temp", "0", "-t", "1", "--draft-max", "4")
+    copy = tmp_path / "elsewhere.gguf"
+    shutil.copyfile(model_path(SMOL), copy)
+    kept = False
+    for model in (SMOL, str(model_path(SMOL)), str(copy)):
+        proc = speculate("-m", model, *flags, env=env)
+        assert proc.returncode == 0 and ("calibrating" in proc.stderr) != kept, proc.stderr
+        kept = kept or "not kept" not in proc.stderr
+    assert len(book(env)) == 1
+    other = speculate("-m", SMOL, *flags, "-t", "2", env=env)  # other threads (the last -t counts): another
+    assert other.returncode == 0 and "calibrating" in other.stderr, other.stderr
+    assert len(book(env)) == 2
+
+
+@pytest.mark.real
+def test_a_busy_machine_no_longer_decides_later_runs(model_path, tmp_path):
+    """Calibrated while two processes keep both cores busy, the costs either agree with
+    themselves (load that slows every size alike leaves their ratios, which choose draft
+    lengths) or are not kept; and what the busy passes cost no longer counts once a quiet run
+    has timed its own: the next run prices a pass at what the quiet one's cost."""
+    env = costs_home(tmp_path, model_path)
+    flags = ("-m", SMOL, "-p", "def fib(n):", "--temp", "0", "-t", "2", "--draft-max", "4")
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        busy = speculate(*flags, "-n", "1", env=env)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert busy.returncode == 0 and "calibrated in" in busy.stderr, busy.stderr
+    (entry,) = book(env).values()
+    kept = "not kept" not in busy.stderr
+    assert bool(entry["calibrated"]) == kept
+    if kept:  # agreeing with itself: each size is dearer than one token, as every CPU kernel makes it
+        assert all(ratio >= calibrate.CHEAPER for ratio in entry["calibrated"].values())
+    loaded = entry["seconds"]
+    quiet = speculate(*flags, "-n", "40", "--spec-type", "none", "--ignore-eos", env=env)  # 40 single-token passes
+    assert quiet.returncode == 0, quiet.stderr
+    (entry,) = book(env).values()
+    assert len(entry["seconds"]) == costs.SAMPLES and not set(loaded) & set(entry["seconds"])
+    later = speculate(*flags, "-n", "1", env=env)
+    assert later.returncode == 0 and ("calibrating" in later.stderr) != kept, later.stderr
+    (entry,) = book(env).values()
+    now = float(np.median(entry["seconds"][: costs.SAMPLES]))
+    assert entry["prices"]["seconds"] == pytest.approx(now, rel=costs.DRIFT)
 
 
 @pytest.mark.real

@@ -14,7 +14,8 @@ from speculative.decoding.settings import SamplerSettings, SpecSettings
 from speculative.drafters import Chain, ModelDrafter, NgramMapK, NgramSimple
 from speculative.drafters.auto import Acceptance, Auto, best_plan, expected_tokens
 from speculative.drafters.ngram import NgramIndex
-from speculative.engine.calibrate import _timed, batch_costs
+from speculative.engine import calibrate
+from speculative.engine.costs import SAMPLES, CostBook, ModelCosts, reset
 from tests.fakes import Clock, FakeBackend, ToyModel, plain_decode
 
 GREEDY = SamplerSettings(temp=0.0)
@@ -96,10 +97,21 @@ def cyclic_model() -> ToyModel:
     return model
 
 
-def run_auto(model, drafters, verify_costs, n=60, draft_costs=None, calibrated=None):
-    """`calibrated`: what auto was told verifies cost (default: what they do cost)."""
+def run_auto(model, drafters, verify_costs, n=60, draft_costs=None, calibrated=None, book=None):
+    """`calibrated`: what auto was told verifies cost (default: what they do cost); `book`: a
+    model's entry that learns what the passes cost, as a model's on_pass does."""
     clock = Clock(verify_costs)
-    target = Cache(clock.timed(FakeBackend(model)))
+    backend = clock.timed(FakeBackend(model))
+    if book is not None:
+        verify = backend.decode_branches
+
+        def timed(tokens, positions, seqs):
+            start = clock.now
+            rows = verify(tokens, positions, seqs)
+            book.record(len(tokens), seconds=clock.now - start)
+            return rows
+        backend.decode_branches = timed
+    target = Cache(backend)
     auto = Auto(drafters, calibrated or verify_costs, k_max=8, draft_costs=draft_costs)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("speculative.decoding.loop.time", clock)
@@ -141,71 +153,152 @@ def test_auto_learns_while_declining():
     assert most_seen.trials.sum() > 5 and (most_seen.rates()[:4] > 0.8).all()
 
 
-# -- calibration ---------------------------------------------------------------
+# -- what passes cost: calibration and the book of costs ------------------------------
 
 
-def test_calibration_is_measured_once_and_cached(tmp_path, monkeypatch):
-    clock = Clock(lambda b: 1e-3 * b, redecode=True)  # a batch of b tokens takes b ms
-    monkeypatch.setattr("speculative.engine.calibrate.time", clock)
-    backend = clock.timed(FakeBackend(ToyModel(seed=0)))
+TOY = {"model": "toy"}  # a model's identity in the book
+
+
+def calibrated(clock: Clock, sizes: list[int], spikes: dict | None = None, book: CostBook | None = None) -> ModelCosts:
+    """A model's book entry after calibrating `sizes` on the fake clock, with `spikes` (round, size)
+    -> seconds of load added to those decodes (round 0 is the untimed one, and each attempt has
+    its rounds)."""
+    spikes = dict(spikes or {})
+    backend = FakeBackend(ToyModel(seed=0))
+    rounds_seen: dict[int, int] = {}
+
+    def decoded(tokens, pos, outputs, decode=backend.decode):
+        b = len(tokens)
+        if outputs == "all":
+            r = rounds_seen[b] = rounds_seen.get(b, -1) + 1
+            clock.now += clock.cost(b) + spikes.pop((r, b), 0.0)
+        return decode(tokens, pos, outputs)
+
+    backend.decode = decoded
     cache = Cache(backend)
-    identity = {"name": "toy", "threads": 2}
-    messages = []
-    first = batch_costs(cache, 5, identity, messages.append, path=tmp_path / "cal.json")
-    assert first == pytest.approx([1e-3 * b for b in range(1, 6)]) and messages
-    assert backend.cache == [] and len(cache) == 0  # the cache is left empty
-    messages.clear()
-    assert batch_costs(cache, 4, identity, messages.append, path=tmp_path / "cal.json") == first[:4]
-    assert messages == []  # no new measurement
-    other = batch_costs(cache, 4, {**identity, "threads": 4}, messages.append, path=tmp_path / "cal.json")
-    assert messages and len(other) == 4
+    timings, why = calibrate.calibrate(lambda sizes, report: calibrate.measure(cache, sizes, report), sizes)
+    assert len(cache) == 0 and backend.cache == []  # the cache is left empty
+    costs = (book or CostBook()).model(TOY)
+    costs.record_rounds(timings.rounds, keep=why is None)
+    return costs
 
 
-def test_calibration_keeps_each_sizes_best_round(monkeypatch):
-    """A moment of load spoils one round's time of one size, not the calibration."""
-    clock = Clock([])
-    spikes = {5: 1.0}  # the first timed decode of 5 tokens meets another process
-    warmed = set()
-
-    def decode(batch):
-        if len(batch) not in warmed:  # the untimed first decode of each size
-            warmed.add(len(batch))
-        else:
-            clock.now += spikes.pop(len(batch), 0.0)
-        clock.now += 1e-3 * len(batch)
-
+def test_a_calibration_times_each_size_in_rounds_and_the_ratios_follow(monkeypatch):
+    clock = Clock(lambda b: 1e-3 * b)  # a batch of b tokens takes b ms
     monkeypatch.setattr("speculative.engine.calibrate.time", clock)
-    costs = _timed(9, 100, decode, lambda: None)
-    assert costs == pytest.approx([1e-3 * b for b in range(1, 10)])
+    costs = calibrated(clock, calibrate.target_sizes(17))
+    assert costs.measured() == [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17]
+    assert costs.seconds() == pytest.approx(1e-3)
+    assert [costs.ratio(b) for b in (2, 9, 11, 17, 21)] == pytest.approx([2, 9, 11, 17, 21])  # 11: between
+    assert costs.price(4) == pytest.approx(4e-3)
 
 
-def test_a_calibration_measured_under_load_is_noticed():
+def test_a_moment_of_load_spoils_one_rounds_figure_not_the_calibration(monkeypatch):
+    clock = Clock(lambda b: 1e-3 * b)
+    monkeypatch.setattr("speculative.engine.calibrate.time", clock)
+    costs = calibrated(clock, list(range(1, 10)), spikes={(2, 5): 1.0})  # one decode meets another process
+    assert [costs.price(b) for b in range(1, 10)] == pytest.approx([1e-3 * b for b in range(1, 10)])
+    assert costs.to_dict(None)["calibrated"]["5"] == pytest.approx(5.0)  # agreeing with itself, it is kept
+
+
+def test_a_calibration_that_disagrees_with_itself_is_measured_again(monkeypatch):
+    clock = Clock(lambda b: 1e-3 * b)
+    monkeypatch.setattr("speculative.engine.calibrate.time", clock)
+    busy = {(1, b): 0.05 * b for b in range(2, 10)}  # the first attempt's first round: every size loaded
+    costs = calibrated(clock, list(range(1, 10)), spikes=busy)
+    assert [costs.price(b) for b in range(1, 10)] == pytest.approx([1e-3 * b for b in range(1, 10)])
+    kept = costs.to_dict(None)  # the second attempt's
+    assert kept["calibrated"]["9"] == pytest.approx(9.0) and len(kept["seconds"]) == calibrate.ROUNDS
+
+
+def test_a_calibration_still_busy_after_every_attempt_is_used_and_not_kept(monkeypatch, tmp_path):
+    clock = Clock(lambda b: 1e-3 * b)
+    monkeypatch.setattr("speculative.engine.calibrate.time", clock)
+    busy = {(r, b): 0.05 * b for r in range(1, (calibrate.ROUNDS + 1) * calibrate.ATTEMPTS, 2) for b in range(2, 10)}
+    book = CostBook(tmp_path / "costs.json")
+    costs = calibrated(clock, list(range(1, 10)), spikes=busy, book=book)
+    assert costs.price(2) > 0  # this process plans with it ...
+    book.save()
+    assert CostBook(tmp_path / "costs.json").model(TOY).measured() == []  # ... and no other
+
+
+def test_a_calibration_with_a_batch_cheaper_than_a_token_is_not_trusted():
+    timings = calibrate.Timings({1: [1e-2] * 3, 2: [2e-3] * 3})  # the single token met the load, every round
+    assert "0.20x one token's time" in calibrate.disagreement(timings)
+    assert calibrate.disagreement(calibrate.Timings({1: [1e-3] * 3, 2: [2e-3] * 3}, again=3e-3)) == \
+        "one token took 3.00x as long at the end"
+    assert calibrate.disagreement(calibrate.Timings({1: [1e-3] * 3, 2: [2e-3] * 3}, again=1.1e-3)) is None
+
+
+def test_a_busy_while_moves_the_seconds_not_the_ratios():
+    """A round measured while the machine ran at a third of its speed: its ratios are the quiet
+    rounds' (each round's sizes are taken to its own single token)."""
+    costs = ModelCosts({"model": "toy"})
+    costs.record_rounds({1: [1e-3, 3e-3, 1e-3], 4: [2e-3, 6e-3, 2e-3], 8: [5e-3, 15e-3, 5e-3]})
+    assert [costs.ratio(b) for b in (4, 8)] == pytest.approx([2.0, 5.0])
+    assert costs.seconds() == pytest.approx(1e-3)
+
+
+def test_prices_hold_for_an_engine_and_follow_only_real_drift(tmp_path):
+    path = tmp_path / "costs.json"
+    book = CostBook(path)
+    first = book.model(TOY)
+    first.record_rounds({1: [1e-3] * 3, 2: [1.5e-3] * 3})
+    assert first.price(2) == pytest.approx(1.5e-3)
+    for _ in range(SAMPLES):
+        first.record(2, seconds=1.55e-3)  # a little dearer than calibrated
+    assert first.price(2) == pytest.approx(1.5e-3)  # an engine's prices are fixed once asked for
+    book.save()
+    book = CostBook(path)
+    second = book.model(TOY)  # the next process: within DRIFT of the last one's prices, those
+    assert second.ratio(2) == pytest.approx(1.55) and second.price(2) == pytest.approx(1.5e-3)
+    for _ in range(SAMPLES):
+        second.record(2, seconds=3e-3)  # twice as dear, pass after pass
+    assert second.price(2) == pytest.approx(1.5e-3)
+    book.save()
+    assert CostBook(path).model(TOY).price(2) == pytest.approx(3e-3)  # moved beyond DRIFT: followed
+
+
+def test_runs_teach_the_book_what_each_draft_size_really_costs(tmp_path):
+    """A calibration that made drafts look cheap (a short context, a lucky moment) is corrected by
+    the drafts' own passes: after a few runs auto no longer drafts, each run planned with the
+    prices the book had when it started."""
     model = cyclic_model()
-    real = [1e-3 * b for b in range(1, 10)]
-    _, auto = run_auto(model, [NgramSimple(n=2, m=8)], real, calibrated=[4 * c for c in real])
-    assert auto.calibration_stale()
-    assert any("4.0x faster than its calibration" in note for note in auto.summary())
-    # a machine slower than at calibration (throttled, shared) is what speed_factor is for
-    _, auto = run_auto(model, [NgramSimple(n=2, m=8)], real, calibrated=[c / 4 for c in real])
-    assert not auto.calibration_stale() and auto.speed_factor == pytest.approx(4.0, rel=0.05)
-
-
-def test_auto_learns_what_each_draft_size_really_costs():
-    """A calibration that makes drafts look cheap (measured on a short context, or in a busy
-    moment) is corrected by the drafts' own verify times: auto stops drafting."""
-    model = cyclic_model()
+    path = tmp_path / "costs.json"
+    book = CostBook(path)
+    book.model(TOY).record_rounds({b: [1e-3] * 3 for b in range(1, 10)})  # flat: drafting looks free
+    book.save()
     real = [1e-3] + [12e-3] * 8  # any draft costs more than its tokens save
-    events, auto = run_auto(model, [NgramSimple(n=2, m=8)], real, n=120, calibrated=[1e-3] * 9)
-    drafted = [e.n_drafted for e in events if isinstance(e, Step) and e.n_drafted]
-    assert [e.id for e in events if isinstance(e, Token)] == plain_decode(model, [1, 2, 3], 120, Sampler(GREEDY, 0))
-    assert 0 < len(drafted) <= 4  # a few drafts teach it
-    assert auto.speed_factor == pytest.approx(1.0) and auto.verify[max(drafted) + 1] > 6e-3
+    drafts = []
+    for _ in range(6):
+        book = CostBook(path)
+        costs = book.model(TOY)
+        events, _ = run_auto(model, [NgramSimple(n=2, m=8)], real, n=60,
+                             calibrated=[costs.price(b) for b in range(1, 10)], book=costs)
+        assert [e.id for e in events if isinstance(e, Token)] == plain_decode(model, [1, 2, 3], 60, Sampler(GREEDY, 0))
+        drafts.append(sum(1 for e in events if isinstance(e, Step) and e.n_drafted))
+        book.save()
+    assert drafts[0] > 0 and drafts[-1] == 0, drafts
 
 
-def test_a_damaged_calibration_cache_is_measured_again(tmp_path):
-    path = tmp_path / "cal.json"
-    path.write_text("{not json")
-    assert len(batch_costs(Cache(FakeBackend(ToyModel())), 3, {"name": "toy"}, path=path)) == 3
+def test_a_damaged_or_foreign_book_is_timed_again(tmp_path):
+    path = tmp_path / "costs.json"
+    for text in ("{not json", '{"format": 1}', '{"format": 2, "models": {"k": {"identity": {}, "seconds": [-1]}}}'):
+        path.write_text(text)
+        assert CostBook(path).model({}).measured() == []
+
+
+def test_reset_forgets_every_model_or_those_it_is_told_to(tmp_path):
+    path = tmp_path / "costs.json"
+    book = CostBook(path)
+    for name in ("a", "b"):
+        book.model({"model": name}).record_rounds({1: [1e-3] * 3})
+    book.save()
+    (tmp_path / "calibration.json").write_text("{}")  # an older version's
+    assert reset(path, keep=lambda identity: identity["model"] == "b") == 1
+    assert not (tmp_path / "calibration.json").exists()
+    assert CostBook(path).model({"model": "a"}).measured() == [] and CostBook(path).model({"model": "b"}).measured()
+    assert reset(path) == 1 and reset(tmp_path / "none.json") == 0
 
 
 @pytest.mark.parametrize("cost", [1e-3])

@@ -20,6 +20,7 @@ from scripts.tiny_drafters import write_drafter
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.engine.engine import Engine
 from speculative.errors import ModelError
+from speculative.files import content_identity
 from speculative.llamacpp import ext
 from speculative.drafters import MtpDrafter
 from tests.conftest import alone_and_together, speculate, speculate_json
@@ -144,8 +145,9 @@ def test_auto_takes_the_drafter_from_the_file(tiny, tmp_path):
     assert named["tokens"] == out["tokens"] and named["n_drafted"] > 0
     assert {p["drafter"] for p in named["plans"]} - {"none"} == {"draft-eagle3"}
     # auto's choices include it, calibrated as a head (what auto then does is this machine's business)
-    stored = json.loads((tmp_path / "calibration.json").read_text())
-    assert any(entry["identity"].get("name") == "eagle3.gguf (EAGLE-3)" for entry in stored.values())
+    stored = json.loads((tmp_path / "costs.json").read_text())["models"]
+    head = content_identity(tiny["own"])
+    assert any(entry["identity"].get("head") == head for entry in stored.values())
 
 
 @real

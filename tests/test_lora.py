@@ -14,6 +14,7 @@ from gguf import GGUFReader
 
 from speculative.decoding.settings import ModelSpec
 from speculative.errors import ModelError
+from speculative.files import content_identity
 from speculative.llamacpp.model import LlamaModel
 from speculative.models.gguf_meta import preflight_adapter
 from tests.conftest import SMOL, speculate, speculate_here, speculate_json
@@ -113,8 +114,7 @@ def test_an_adapter_changes_the_logits_and_scale_0_leaves_them(tiny, tmp_path):
     assert not np.allclose(base, scaled)
     assert np.array_equal(base, zero)
     # calibrations: one with the adapter is its own; scale 0 runs (and costs) as none
-    assert scaled_id["loras"] == [{"file": str(lora.resolve()), "size": lora.stat().st_size,
-                                   "mtime_ns": lora.stat().st_mtime_ns}]
+    assert scaled_id["loras"] == [content_identity(lora)]
     assert zero_id == base_id and "loras" not in base_id
 
 

@@ -31,7 +31,7 @@ from speculative.engine.engine import Engine
 from speculative.errors import UsageError
 from speculative.llamacpp.doctor import batch_invariance
 from speculative.llamacpp.nextn import NextnRows
-from tests.conftest import alone_and_together, speculate, speculate_json
+from tests.conftest import alone_and_together, plant_costs, speculate, speculate_json
 from tests.fakes import Clock, FakeBackend, ToyModel, plain_decode
 
 GREEDY = SamplerSettings(temp=0.0)
@@ -417,14 +417,11 @@ def test_a_head_file_of_another_width_exits_3(tiny):
 
 
 def price(home: Path, target: float, head: float) -> None:
-    """Make the calibrations a run measured under `home` say that every target pass costs
-    `target` seconds and every MTP head step `head` (the calibration file: calibrate.py)."""
-    path = home / "calibration.json"
-    stored = json.loads(path.read_text())
-    assert sorted("mtp" in entry["identity"] for entry in stored.values()) == [False, True], stored
-    for entry in stored.values():
-        entry["seconds"] = [head if "mtp" in entry["identity"] else target] * len(entry["seconds"])
-    path.write_text(json.dumps(stored))
+    """Make the book of costs a run measured under `home` say that every target pass costs
+    `target` seconds and every MTP head step `head` (a head's entry names its head)."""
+    assert sorted("head" in entry["identity"] for entry in json.loads((home / "costs.json").read_text())["models"]
+                  .values()) == [False, True]
+    plant_costs(home, lambda identity, b: head if "head" in identity else target)
 
 
 @real

@@ -16,7 +16,7 @@ from speculative.drafters.pool import AGREED, MAGIC, Pool, PoolDrafter, PoolFile
 from speculative.errors import UsageError
 from speculative.files import locked
 
-from .conftest import SMOL, speculate, speculate_json
+from .conftest import SMOL, plant_costs, speculate, speculate_json
 
 A = fingerprint([b"a", b"b"], "gpt2", 1, 2)
 B = fingerprint([b"a", b"c"], "gpt2", 1, 2)
@@ -169,17 +169,13 @@ FLAGS = ("-n", "48", "--temp", "0", "-t", "1")
 
 @pytest.fixture
 def flat_costs(model_path, tmp_path) -> dict:
-    """The environment of a speculate home whose calibration says a batch of any size costs as
+    """The environment of a speculate home whose book of costs says a batch of any size costs as
     much as one token, and less than this machine ever takes: whether auto drafts from a proposal
-    then does not depend on a calibration measured under whatever load there is (drafts are cheap,
-    and in proportion they stay so as the run learns the machine's speed), and never going faster
-    than its calibration, the run does not drop it for a measured one."""
+    then does not depend on costs measured under whatever load there is."""
     env = {"SPECULATE_HOME": str(tmp_path / "home")}
     proc = speculate("-m", str(model_path(SMOL)), "-p", "hi", "-n", "1", "--temp", "0", "-t", "1", env=env)
     assert proc.returncode == 0 and "calibrating" in proc.stderr, proc.stderr
-    path = tmp_path / "home" / "calibration.json"
-    (key, entry), = json.loads(path.read_text()).items()
-    path.write_text(json.dumps({key: {**entry, "seconds": [1e-4] * 64}}))
+    plant_costs(tmp_path / "home", lambda identity, b: 1e-4)
     return env
 
 

@@ -408,23 +408,29 @@ def test_a_slots_rollback_survives_the_batches_of_others(tiny, arch, unified, fi
 @real
 @pytest.mark.parametrize("arch, unified", [("llama", True), ("llama", False), ("lfm2", True), ("mamba", True)],
                          ids=["attention unified", "attention streams", "hybrid", "recurrent"])
-def test_auto_times_the_pass_of_several_requests_for_each_memory(tiny, arch, unified, tmp_path, monkeypatch):
-    """-np 3: auto's costs of a pass with one request's b tokens and one token of each of 1 and 2
-    others, measured on the model's own sequences (what llama.cpp runs for them depends on the
-    memory: split_equal slices per sequence with streams or a recurrent state), kept under a key
-    of the sequences and the layout, every sequence empty after; once the slots run requests,
-    nothing more is measured (it would decode into their sequences)."""
+def test_auto_prices_the_pass_of_several_requests_for_each_memory(tiny, arch, unified, tmp_path, monkeypatch):
+    """-np 3: auto's prices of a pass with one request's b tokens and one token of each of 1 and 2
+    others come from one request's calibration, as llama.cpp runs such a pass for the memory: one
+    batch in a unified cache, equal slices per sequence (split_equal) with streams or a recurrent
+    state. Nothing is measured on the slots' sequences (every one empty after), and once the
+    slots run requests nothing more is calibrated (it would decode into their sequences)."""
     monkeypatch.setenv("SPECULATE_HOME", str(tmp_path))
     spec = ModelSpec(tiny(arch), arch, n_ctx=512, n_threads=THREADS, n_rs_seq=4, n_slots=3, kv_unified=unified)
     with Engine(spec) as engine:
         auto = engine.factory.make(SpecSettings(types=("auto",), draft_max=4))
         assert [len(row) for row in auto.shared] == [6, 6]  # v_o(b) at index b, b = 1..5
-        assert all((row[1:] > 0).all() for row in auto.shared)
-        stored = json.loads((tmp_path / "calibration.json").read_text())
-        layouts = sorted((e["identity"].get("sequences", 1), e["identity"].get("kv_unified")) for e in stored.values())
-        assert layouts == [(1, None), (2, unified), (3, unified)]
+        costs = engine.book.model(engine.target.identity())
+        one_batch = unified and not engine.target.recurrent
+        for o, row in enumerate(auto.shared, 1):
+            for b in range(1, 6):
+                tokens, sequences = b + o, o + 1
+                ratio = costs.ratio(tokens) if one_batch else costs.ratio(sequences) + (
+                    costs.ratio(tokens - sequences) if tokens > sequences else 0.0)
+                assert row[b] == pytest.approx(costs.price(1) * ratio)
+        assert costs.measured() == [1, 2, 3, 4, 5]  # one request's sizes, nothing of -np's
+        assert len(engine.book._models) == 1
         model = engine.target
         assert all(ll.llama_memory_seq_pos_max(model._mem, s) == -1 for s in range(model.n_slots * model.n_seq))
         Parallel(engine, 3)
-        assert len(engine.costs("target", 9, 3)) == 5  # what was measured: none decoded now
-    assert (tmp_path / "calibration.json").read_text() == json.dumps(stored, indent=1)
+        assert len(engine.costs("target", 9, 3)) == 9  # sizes 6-9 priced beyond what was calibrated ...
+        assert costs.measured() == [1, 2, 3, 4, 5]  # ... not measured

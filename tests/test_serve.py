@@ -426,15 +426,26 @@ def test_a_requests_own_speculation_overrides_the_servers(server):
         assert status == 400 and message in answer["error"]["message"], answer
 
 
-def test_auto_asked_by_a_request_of_a_server_started_without_it_is_a_400(model_path, tmp_path):
-    """With slots running, auto's costs cannot be measured (it would decode into their
-    sequences): a request's own auto on a server that did not calibrate at start is refused."""
-    server = start_server(model_path, tmp_path, "-np", "2", "--spec-type", "none", "-c", "1024")
+def test_auto_asked_by_a_request_is_priced_from_the_book_or_refused(model_path, tmp_path):
+    """With slots running, nothing can be calibrated (it would decode into their sequences): a
+    request's own auto on a server started without it is served where the book of costs knows
+    the model, and refused (400) where it does not."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models").symlink_to(model_path(SMOL).parent)
+    env = {"SPECULATE_HOME": str(home)}
+    body = {"prompt": "Once upon a time", "max_tokens": 4, "speculative.type": "auto"}
+    server = start_server(model_path, tmp_path, "-np", "2", "--spec-type", "none", "-c", "1024", env=env)
     try:
-        body = {"prompt": "Once upon a time", "max_tokens": 4, "speculative.type": "auto"}
         status, _, answer = server.request("POST", "/v1/completions", body)
         assert status == 400 and "start with --spec-type auto" in answer["error"]["message"], answer
         assert completion(server, **{**body, "speculative.type": "ngram-simple"})["choices"][0]["text"]
+    finally:
+        stop_server(server)
+    assert speculate("-m", str(model_path(SMOL)), "-p", "hi", "-n", "1", "-c", "1024", env=env).returncode == 0
+    server = start_server(model_path, tmp_path, "-np", "2", "--spec-type", "none", "-c", "1024", env=env)
+    try:
+        assert completion(server, **body)["choices"][0]["text"]
     finally:
         stop_server(server)
 

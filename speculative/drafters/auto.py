@@ -16,12 +16,13 @@ a checkpoint, and when more tokens than it can undo are rejected, a restore and
 the accepted ones decoded again (Rewind).
 
 Where the numbers come from:
-  v(b)     a calibration of this model on this machine (speculative/engine/calibrate.py),
-           scaled by how fast the machine runs right now: plain steps' verify times
-           update one running factor (a laptop that throttles, a noisy VM), and each
-           draft's corrects its own batch size (Auto.verify).
-  c_draft  the draft model's calibrated cost per token, then its measured one;
-           n-gram lookups are timed too (microseconds).
+  v(b)     the prices of the target's passes on this machine (speculative/engine/costs.py:
+           what its passes have cost, learnt as they run, calibrated first), fixed for the
+           run: auto plans with what it is given and times nothing itself, so that a
+           request is planned, and its verify passes shaped, the same way every time it
+           comes (on a batch-variant build, the shape decides the logits' last bits).
+  c_draft  the draft model's price per token likewise; n-gram lookups cost nothing to
+           choose (every free drafter proposes every step, chosen or not).
   a_i      running counts that favour the last few dozen tokens. Free drafters
            (n-gram) propose every step and each proposal is scored token by token
            against what the target really produced, verified or not, so their
@@ -56,12 +57,8 @@ FREE_PRIOR = {0: 0.4, 1: 0.7, 2: 0.9, 3: 0.6, 4: 0.8,  # 4: earlier outputs agre
 CONTINUE_PRIOR = 0.85   # ... and of each later token, given the ones before it
 PRIOR_WEIGHT = 3.0
 DECAY = 0.9                # per step: evidence older than a few dozen tokens fades
-COST_EMA = 0.1             # weight of a new timing in the running costs
-SHAPE_EMA = 0.3            # ... and in a batch size's own correction (rarer: learnt faster)
 MODEL_ACCEPTANCE_CEILING = 0.95
 CAUTION = 0.5  # free drafters bet on their first-token estimate less this many standard deviations
-STALE_BELOW = 0.5  # verifies this much faster than calibrated, over STALE_AFTER steps: the
-STALE_AFTER = 16   # calibration was measured while the machine was busy (Auto.calibration_stale)
 SLOTS = (0, 1, 4)  # the first draft position of each pooled acceptance estimate (Acceptance):
                    # a short match often yields a few tokens of a common phrase and stops, a
                    # copied passage goes on for dozens, so tokens 2-4 and 5 on are told apart
@@ -174,20 +171,15 @@ class Auto(Drafter):
                  shared_costs: Sequence[Sequence[float]] = ()):
         """`load`: what other requests put in the target's passes (Backend.load), when several run
         at once: each step then plans for the whole pass; shared_costs[o - 1][b - 1] is its
-        calibrated cost with b tokens of this request and one of each of o others."""
+        price with b tokens of this request and one of each of o others."""
         self.drafters = drafters
         self.load = load
         if load is not None and not shared_costs:
             raise ValueError("auto among other requests needs the costs of their passes (shared_costs)")
         self.shared = [np.array([np.inf, *row], dtype=float) for row in shared_costs]  # v_o(b) at index b
-        self._others = 0  # tokens other requests put in this step's pass, as planned
         self.rewind = rewind  # what drafting costs a target that cannot undo every draft
         self.k_max = k_max
-        self.calibrated = np.array([np.inf, *verify_costs], dtype=float)  # v(b) at index b
-        self.speed_factor = 1.0   # how much slower than at calibration the machine runs now ...
-        self.n_timed = 0          # (from this many plain decoding steps)
-        self.shape = np.ones(len(self.calibrated))  # ... and each batch size b > 1 on top of that
-        self._shaped = np.arange(len(self.calibrated)) == 1  # sizes timed so far (1: speed_factor's)
+        self.verify = np.array([np.inf, *verify_costs], dtype=float)  # v(b) at index b
         self.draft_cost = {d.name: (draft_costs or {}).get(d.name, 0.0) for d in drafters}
         # per token a draft model must catch up on before drafting (what it did not see)
         self.catchup_cost = {d.name: (catchup_costs or {}).get(d.name, 0.0) for d in drafters}
@@ -197,7 +189,6 @@ class Auto(Drafter):
         self.chosen: set[str] = set()               # drafters that drafted at least once
         self._pending: list[list] = []              # [estimates, where, proposal, scored]
         self._proposals: dict[str, Draft] = {}      # this step's free proposals
-        self._catchup = 0.0                         # this step's planned catch-up cost
         self.t_plan = 0.0   # seconds auto itself spent planning and scoring (not in drafters' calls)
         self._t_drafters = 0.0  # of a propose or accept call, the seconds spent inside the drafters
 
@@ -208,13 +199,6 @@ class Auto(Drafter):
             prior = FREE_PRIOR.get(kind, 0.5) if free else MODEL_PRIOR
             self.acceptance[(name, kind)] = Acceptance(self.k_max, prior)
         return self.acceptance[(name, kind)]
-
-    @property
-    def verify(self) -> np.ndarray:
-        """v(b) as it is now: the calibration, scaled by the machine's speed, and by what drafts of
-        each size really cost (sizes not timed yet: as the nearest that were, so that one dear
-        draft makes its neighbours dear too, not one more bet each)."""
-        return self.calibrated * self.speed_factor * self._correction()
 
     def prefill(self, prompt: Sequence[int]) -> None:
         """Every drafter's prefill, but a model's that auto would not draft with now, at its
@@ -240,8 +224,8 @@ class Auto(Drafter):
     def _propose(self, context: Sequence[int], k: int) -> Draft:
         self._score_pending(context)
         k = min(k, self.k_max)
-        self._others, scored = self.load() if self.load is not None else (0, 0)
-        verify = self._pass_costs(self._others)
+        others, scored = self.load() if self.load is not None else (0, 0)
+        verify = self._pass_costs(others)
         best: tuple[float, Drafter | None, int] = ((1.0 + scored) * (1.0 + MARGIN) / verify[1], None, 0)
         self._proposals = {}
         for d in self.drafters:
@@ -264,31 +248,24 @@ class Auto(Drafter):
 
     def _pass_costs(self, others: int) -> np.ndarray:
         """w(b): what the target's pass costs with b tokens of this request and one of each of
-        `others` requests, as calibrated for that pass (scaled as `verify` scales v); beyond the
-        requests calibrated, each more adds what the last one did."""
+        `others` requests, as priced for that pass; beyond the requests priced, each more adds
+        what the last one did."""
         verify = self.verify
         if not others:
             return verify
         rows = self.shared
         o = min(others, len(rows))
         last = _padded(rows[o - 1], len(verify))
-        before = _padded(rows[o - 2], len(verify)) if o > 1 else self.calibrated
+        before = _padded(rows[o - 2], len(verify)) if o > 1 else verify
         grown = last.copy()
         grown[1:] += (others - o) * np.maximum(last[1:] - before[1:], 0.0)
-        return grown * self.speed_factor * self._correction()
-
-    def _correction(self) -> np.ndarray:
-        """What drafts of each size have really cost, against their calibration (`verify`'s shape)."""
-        sizes = np.flatnonzero(self._shaped)
-        return np.interp(np.arange(len(self.shape)), sizes, self.shape[sizes])
+        return grown
 
     def _plan_free(self, d: Drafter, context: Sequence[int], k: int, verify: np.ndarray,
                    others: float = 0.0) -> tuple[int, float]:
         t0 = time.perf_counter()
         draft = d.propose(context, k)
-        took = time.perf_counter() - t0
-        self._t_drafters += took
-        self.draft_cost[d.name] += COST_EMA * (took - self.draft_cost[d.name])
+        self._t_drafters += time.perf_counter() - t0
         self._proposals[d.name] = draft
         sure = draft.certain  # tokens a grammar admits alone: accepted whatever the estimates say
         if len(draft.tokens) > sure:  # the others are scored against what really followed
@@ -303,8 +280,8 @@ class Auto(Drafter):
         if not d.can_draft(context) or self._hopeless(d, k, verify, others):
             return 0, 0.0
         # Unused, its estimates fade back to the prior, so it is tried again in time.
-        self._catchup = self.catchup_cost[d.name] * d.behind(context)
-        plan = best_plan(self.estimates(d).rates(), verify, cost, k, self._catchup, self.rewind, others)
+        catchup = self.catchup_cost[d.name] * d.behind(context)
+        plan = best_plan(self.estimates(d).rates(), verify, cost, k, catchup, self.rewind, others)
         self.best_ratio[d.name] = max(self.best_ratio.get(d.name, 0.0), plan[1] * verify[1] / (1.0 + others))
         return plan
 
@@ -346,37 +323,16 @@ class Auto(Drafter):
             d.accept(outcome)
 
     def _learn(self, outcome: Outcome) -> None:
-        """Costs and the model drafters' acceptance, from what verification made of a draft."""
+        """The model drafters' acceptance, from what verification made of a draft (the free ones'
+        is scored against the text: _score_pending)."""
         drafted, m, source = outcome.draft.tokens, outcome.n_accepted, outcome.draft.source
-        b = len(drafted) + 1
-        checkpointed = self.rewind is not None and len(drafted) > self.rewind.limit  # not a plain verify
-        alone = not self._others  # a pass shared with other requests (and their waits): not this one's cost
-        if alone and b == 1:  # plain decoding, most steps: how fast the machine runs now
-            self.speed_factor += COST_EMA * (outcome.t_verify / self.calibrated[1] - self.speed_factor)
-            self.n_timed += 1
-        elif alone and b < len(self.calibrated) and not checkpointed:  # a draft: what its size really costs
-            ratio = outcome.t_verify / (self.calibrated[b] * self.speed_factor)
-            self.shape[b] += SHAPE_EMA * (ratio - self.shape[b])
-            self._shaped[b] = True
         model = next((d for d in self.drafters if d.name == source and not d.free), None)
         if drafted and model is not None:
             self.estimates(model, outcome.draft.kind).observe_draft(len(drafted), m)
-            per_token = max(outcome.t_draft - self._catchup, 0.0) / len(drafted)
-            self.draft_cost[source] += COST_EMA * (per_token - self.draft_cost[source])
-
-    def calibration_stale(self) -> bool:
-        """Whether the target verified far faster than its calibration says, step after step.
-        A machine slower than at calibration (throttled, shared) is what speed_factor is for;
-        one much faster had a calibration measured while something else ran, which makes every
-        size look slow and distorts the ratios between sizes that choose draft lengths."""
-        return self.n_timed >= STALE_AFTER and self.speed_factor < STALE_BELOW
 
     def summary(self) -> list[str]:
         """Why auto never tried a drafter (a model's, not a free one), if it did not."""
         never = [f"auto never chose {name}: at best it was expected at {ratio:.2f}x the target alone's speed"
                  for name, ratio in self.best_ratio.items() if name not in self.chosen and name not in self.declined]
-        stale = [f"the target verified {1 / self.speed_factor:.1f}x faster than its calibration says "
-                 "(measured while the machine was busy?): it is measured again at the next run"
-                 ] if self.calibration_stale() else []
-        return [*(f"auto declined {name}: {why}" for name, why in self.declined.items()), *never, *stale,
+        return [*(f"auto declined {name}: {why}" for name, why in self.declined.items()), *never,
                 *(note for d in self.drafters for note in d.summary())]

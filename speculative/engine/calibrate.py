@@ -1,201 +1,186 @@
-"""What a forward pass costs on this machine, by batch size, measured once and kept.
+"""What a model's passes cost, measured on the loaded model before the first run that needs
+it, in a few seconds: the book of costs (costs.py) learns the rest from the passes runs make.
 
-`--spec-type auto` needs v(b), the target's time to score a batch of b tokens,
-for b = 1..k_max+1 (the curve is not monotonic on CPUs: kernels change with the
-batch size), and the draft's time per token. They are measured on the loaded
-model, then cached in $SPECULATE_HOME/calibration.json under a key of everything
-that changes them: the model file, threads, GPU layers, batch sizes, the
-llama.cpp build and its devices.
+For a target, `--spec-type auto` needs one request's verify passes of b = 1..k_max + 1 tokens
+(the curve is not monotonic on CPUs: kernels change with the batch size); for a draft model
+or a head, a token alone and one within a batch of CATCHUP_BATCH (factory.py). Each size is
+decoded after a short context, like a real step, ROUNDS times in rounds over all the sizes,
+so that a moment of load spoils one round's figure of one size and the ratios between sizes
+of a round hold.
 
-With several requests at once (-np N) a step's pass carries the others' tokens too, and
-what llama.cpp runs for it depends on the memory: in one unified pool of KV cells, one
-batch; with a KV stream per sequence, or a recurrent state, slices of equal length per
-sequence (split_equal), so a pass of one request's b tokens and one token of each other
-costs what no single-sequence batch shows. `measure_shared` times exactly that pass, for
-each number of requests, under a key that adds the sequences and the memory's layout.
+A calibration that disagrees with itself (a size whose rounds are far apart, a batch that
+costs less than a token alone, a single token that costs something else at the end than in
+the rounds) was measured while the machine was busy: it is measured again, and if it still
+disagrees it is used by this process and not kept, so that a busy moment does not decide
+later runs' plans. Several requests' passes (serve's and batch's -np) are not calibrated:
+the book derives them from one request's until their own passes have been timed.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from speculative.decoding.cache import Cache, MtpCache
-from speculative.files import locked, write_atomic
-from speculative.llamacpp.decode import Part
-from speculative.models.registry import home
+from speculative.engine.costs import ModelCosts
 
 FILLER_TOKENS = 32   # the batches are scored after a short context, like a real step
-QUICK_REPEATS = 3    # every size is timed this many times, in rounds over the sizes: best of each
+ROUNDS = 3           # every size is timed this many times, in rounds over the sizes
 DENSE_UP_TO = 9      # kernels switch below here (8 rows on x86): every size is timed ...
 SPARSE_STEP = 4      # ... and beyond, every 4th
+ATTEMPTS = 3         # a calibration that disagrees with itself is measured up to this many times
+SPREAD = 1.3         # a size's rounds differ by more than this factor: it met a busy moment ...
+NOISY_SHARE = 0.25   # ... and more than this share of sizes did: the calibration disagrees
+CHEAPER = 0.75       # a batch timed below this share of one token's time: the token met load
+AGAIN = 0.3          # one token re-timed at the end this much off the rounds: the load changed
+
+Progress = Callable[[str], None]
 
 
-def cache_path() -> Path:
-    return home() / "calibration.json"
+@dataclass(frozen=True)
+class Timings:
+    """A calibration's measurements: rounds[b][r], round r's seconds for b tokens; `again`, one
+    token timed once more after the rounds (None when size 1 was not timed)."""
+    rounds: dict[int, list[float]]
+    again: float | None = None
 
 
-def batch_costs(cache: Cache | MtpCache, max_batch: int, identity: dict, notify: Callable[[str], None] | None = None,
-                path: Path | None = None, measured_by: Callable[..., list[float]] | None = None) -> list[float]:
-    """v(1..max_batch) in seconds, from the cache or measured now (and cached) by
-    `measured_by`: `measure` (the default), `measure_shared` or `measure_mtp`."""
-    path = path or cache_path()
-    key = _key(identity)
-    stored = _load(path)
-    known = stored.get(key, {}).get("seconds", [])
-    if len(known) >= max_batch:
-        return known[:max_batch]
+def target_sizes(max_batch: int) -> list[int]:
+    """The sizes timed for passes of up to max_batch tokens (the ones between are interpolated)."""
+    return sorted({*range(1, min(max_batch, DENSE_UP_TO) + 1), *range(DENSE_UP_TO, max_batch + 1, SPARSE_STEP),
+                   max_batch})
+
+
+def calibrate(measure: Callable[[list[int], Progress], Timings], sizes: list[int],
+              progress: Progress | None = None) -> tuple[Timings, str | None]:
+    """`measure(sizes, progress)` up to ATTEMPTS times, until it agrees with itself: its timings
+    and None, or the last attempt's and why they were not trusted."""
+    why = None
+    for attempt in range(ATTEMPTS):
+        report = progress
+        if progress is not None and attempt:
+            report = lambda text, attempt=attempt: progress(f"{text} (again: {why})")  # noqa: E731
+        timings = measure(sizes, report or (lambda text: None))
+        why = disagreement(timings)
+        if why is None:
+            return timings, None
+    return timings, why
+
+
+def into(costs: ModelCosts, name: str, measure: Callable[[list[int], Progress], Timings], sizes: list[int],
+         notify: Callable[[str], None] | None = None, progress: Progress | None = None) -> None:
+    """Calibrate a model's passes of these sizes into its entry of the book of costs, saying so
+    (`notify`) and how far it is (`progress`, cleared with "" at the end); a calibration that
+    still disagrees with itself after every attempt is used and not kept (ModelCosts.record_rounds)."""
+    what = f"{name}'s passes of {sizes[0]}-{sizes[-1]} tokens" if len(sizes) > 1 else f"{name}'s passes"
     if notify:
-        others = identity.get("sequences", 1) - 1
-        beside = f" beside a token of {others} other request{'s' * (others > 1)}" if others else ""
-        notify(f"calibrating {identity.get('name', 'the model')}: verify cost of batches of 1-{max_batch} "
-               f"tokens{beside} (once for this model, threads and build; cached in {path})")
+        notify(f"calibrating {what} (once for this model file, build and settings)")
+    show = progress or (lambda text: None)
     t0 = time.perf_counter()
-    costs = (measured_by or measure)(cache, max_batch)
+    try:
+        timings, why = calibrate(measure, sizes, lambda text: show(f"calibrating {name}: {text}"))
+    finally:
+        show("")
+    costs.record_rounds(timings.rounds, keep=why is None)
     if notify:
-        notify("calibrated in {:.1f} s: {}".format(
-            time.perf_counter() - t0, " ".join(f"{b}:{1000 * c:.0f}ms" for b, c in enumerate(costs, 1))))
-    _update(path, lambda stored: stored.update({key: {"identity": identity, "seconds": costs}}))
-    return costs
+        took = time.perf_counter() - t0
+        summary = " ".join(f"{b}:{1000 * float(np.median(t)):.0f}ms" for b, t in timings.rounds.items())
+        notify(f"calibrated in {took:.1f} s: {summary}" if why is None else
+               f"calibrated in {took:.1f} s while the machine was busy ({why}): used by this run, not kept")
 
 
-def forget(identity: dict, path: Path | None = None) -> None:
-    """Drop a model's calibration, so that the next run measures it again."""
-    _update(path or cache_path(), lambda stored: stored.pop(_key(identity), None))
+def disagreement(timings: Timings) -> str | None:
+    """Why these timings do not agree with themselves (None: they do)."""
+    rounds = timings.rounds
+    spreads = {b: max(times) / min(times) for b, times in rounds.items()}
+    noisy = [b for b, spread in spreads.items() if spread > SPREAD]
+    if len(noisy) > NOISY_SHARE * len(spreads):
+        b = max(noisy, key=spreads.get)
+        return f"{len(noisy)} of {len(spreads)} sizes differ between rounds, {b} tokens by {spreads[b]:.1f}x"
+    if 1 not in rounds:
+        return None
+    single = float(np.median(rounds[1]))
+    cheaper = [b for b, times in rounds.items() if b > 1 and np.median(times) < CHEAPER * single]
+    if cheaper:
+        return f"{cheaper[0]} tokens took {np.median(rounds[cheaper[0]]) / single:.2f}x one token's time"
+    if timings.again is not None and abs(timings.again / single - 1.0) > AGAIN:
+        return f"one token took {timings.again / single:.2f}x as long at the end"
+    return None
 
 
-def _key(identity: dict) -> str:
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
-
-
-def measure(cache: Cache, max_batch: int) -> list[float]:
-    """v(1..max_batch): one decode of b tokens after FILLER_TOKENS of context is timed
-    for every b up to DENSE_UP_TO, and for every SPARSE_STEP-th b beyond, where costs
-    change slowly; the sizes between are interpolated. It keeps calibration to seconds.
-    The cache is left empty."""
+def measure(cache: Cache, sizes: list[int], progress: Progress) -> Timings:
+    """A model's passes of one sequence's b tokens, all rows scored, after FILLER_TOKENS of
+    context. The cache is left empty."""
     model = cache.model
-    n_fill = max(0, min(FILLER_TOKENS, model.n_ctx - max_batch))  # a tiny -c still calibrates
+    n_fill = max(0, min(FILLER_TOKENS, model.n_ctx - max(sizes)))  # a tiny -c still calibrates
     cache.sync(_tokens(1000, n_fill, model.n_vocab))
     cache.checkpoint()  # a recurrent state comes back here after each batch
-    costs = _timed(max_batch, model.n_vocab, lambda batch: cache.extend(batch, "all"), lambda: cache.rollback(n_fill))
-    cache.forget()
-    return costs
-
-
-def measure_shared(cache: Cache, max_batch: int, n_seqs: int) -> list[float]:
-    """v_n(1..max_batch): one pass with b tokens of one request and one token of each of
-    n_seqs - 1 others (each slot's first sequence, after FILLER_TOKENS of its own), timed as
-    `measure` times one sequence's batches: what a step costs a request planning its draft
-    among n_seqs - 1 others that decode plainly (drafters/auto.py). Every sequence of the
-    model must be free (it runs before the slots take requests); all are left empty."""
-    model = cache.model
-    cache.forget()
-    n_fill = max(0, min(FILLER_TOKENS, model.n_ctx - max_batch, model.n_batch // n_seqs))
-    slots = range(n_seqs)
-    fill = [Part(_tokens(1000 + 97 * s, n_fill, model.n_vocab), range(n_fill), [(s * model.n_seq,)] * n_fill,
-                 "none", s) for s in slots]
-
-    def filled() -> None:
-        if n_fill:
-            model.decode_parts(fill)
-
-    def undo() -> None:
-        if model.rollback_limit is None:  # attention caches drop the pass's cells
-            for s in slots:
-                model.trim(n_fill, s)
-        else:  # a recurrent state rolls back once, and only so far: start again from the filler
-            model.clear()
-            filled()
-
-    def decode(batch: list[int]) -> None:
-        model.decode_parts([Part(batch, range(n_fill, n_fill + len(batch)), [(0,)] * len(batch), "all", 0),
-                            *(Part([(3000 + s) % model.n_vocab], [n_fill], [(s * model.n_seq,)], "all", s)
-                              for s in slots[1:])])
-
-    filled()
     try:
-        return _timed(max_batch, model.n_vocab, decode, undo)
+        return _timed(sizes, model.n_vocab, lambda batch: cache.extend(batch, "all"), lambda: cache.rollback(n_fill),
+                      progress)
     finally:
-        model.clear()
+        cache.forget()
 
 
-def measure_mtp(mtp: MtpCache, max_batch: int) -> list[float]:
-    """An MTP head's v(1..max_batch), measured as `measure` does: entries decoded after
-    FILLER_TOKENS of its own, on rows of zeros (what a row holds does not change the cost).
-    The head is left empty."""
+def measure_mtp(mtp: MtpCache, sizes: list[int], progress: Progress) -> Timings:
+    """An MTP head's entries, timed as `measure` times a model's, after FILLER_TOKENS of its own,
+    on rows of zeros (what a row holds does not change the cost). The head is left empty."""
     head = mtp.head
     if head.shared_memory:  # no cache of its own: it only ever decodes one entry, b of them b times
         row = np.zeros((1, head.n_embd), dtype=np.float32)
-        one = _timed(1, head.n_vocab, lambda batch: head.decode(batch[-1:], 0, row), lambda: None)[0]
-        return [one * b for b in range(1, max_batch + 1)]
-    n_fill = max(0, min(FILLER_TOKENS, head.n_ctx - max_batch))
-    rows = np.zeros((n_fill + max_batch, head.n_embd), dtype=np.float32)
+        one = _timed([1], head.n_vocab, lambda batch: head.decode(batch[-1:], 0, row), lambda: None, progress)
+        return Timings({b: [t * b for t in one.rounds[1]] for b in sizes}, one.again)
+    n_fill = max(0, min(FILLER_TOKENS, head.n_ctx - max(sizes)))
+    rows = np.zeros((n_fill + max(sizes), head.n_embd), dtype=np.float32)
     mtp.forget()
     if n_fill:
         mtp.extend(_tokens(1000, n_fill, head.n_vocab), rows[:n_fill])
-    costs = _timed(max_batch, head.n_vocab, lambda batch: mtp.extend(batch, rows[: len(batch)]),
-                   lambda: mtp.rollback(n_fill))
-    mtp.forget()
-    return costs
+    try:
+        return _timed(sizes, head.n_vocab, lambda batch: mtp.extend(batch, rows[: len(batch)]),
+                      lambda: mtp.rollback(n_fill), progress)
+    finally:
+        mtp.forget()
 
 
 def _tokens(first: int, n: int, n_vocab: int) -> list[int]:
     return [(first + i) % n_vocab for i in range(n)]
 
 
-def _timed(max_batch: int, n_vocab: int, decode: Callable[[list[int]], object],
-           undo: Callable[[], None]) -> list[float]:
-    """Seconds `decode` takes for batches of 1..max_batch tokens, `undo` after each: every size
-    up to DENSE_UP_TO, every SPARSE_STEP-th beyond, the ones between interpolated.
-
-    Each size is timed QUICK_REPEATS times, in rounds over all the sizes, and its best time
-    kept: a moment of load (another process, a noisy VM) then spoils one round's figure, not
-    one size's, and the ratios between sizes, by which auto chooses draft lengths, hold."""
-    sizes = sorted({*range(1, min(max_batch, DENSE_UP_TO) + 1),
-                    *range(DENSE_UP_TO, max_batch + 1, SPARSE_STEP), max_batch})
+def _timed(sizes: list[int], n_vocab: int, decode: Callable[[list[int]], object], undo: Callable[[], None],
+           progress: Progress) -> Timings:
+    """Seconds `decode` takes for batches of each size, `undo` after each: ROUNDS rounds over all
+    the sizes after an untimed one (a batch of a new size sets up its graph first: over RPC, in
+    round trips), then one token once more, which `disagreement` compares with the rounds."""
     batches = [_tokens(2000, b, n_vocab) for b in sizes]
-    for batch in batches:  # untimed: a batch of a new size sets up its graph first (over RPC, in
-        decode(batch)      # round trips: seconds on a slow link, once, where generation repeats sizes)
-        undo()
-    best = [float("inf")] * len(sizes)
-    for _ in range(QUICK_REPEATS):
-        for i, batch in enumerate(batches):
-            t0 = time.perf_counter()
+    rounds: dict[int, list[float]] = {b: [] for b in sizes}
+    total, done = (ROUNDS + 1) * len(sizes), 0
+    t0 = time.perf_counter()
+    for r in range(ROUNDS + 1):
+        for b, batch in zip(sizes, batches):
+            if done:
+                left = (time.perf_counter() - t0) / done * (total - done)
+                progress(f"round {r + 1} of {ROUNDS + 1}, {b} token{'s' * (b > 1)} (about {left:.0f} s left)")
+            start = time.perf_counter()
             decode(batch)
-            best[i] = min(best[i], time.perf_counter() - t0)
+            if r:  # round 0 is the untimed one
+                rounds[b].append(time.perf_counter() - start)
             undo()
-    return [float(c) for c in np.interp(np.arange(1, max_batch + 1), sizes, best)]
+            done += 1
+    if sizes[0] != 1:
+        return Timings(rounds)
+    start = time.perf_counter()
+    decode(batches[0])
+    again = time.perf_counter() - start
+    undo()
+    return Timings(rounds, again)
 
 
-def _load(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}  # no cache yet, or a damaged one: measure again
-
-
-def _update(path: Path, change: Callable[[dict], object]) -> None:
-    """Change the stored calibrations, one process at a time (others may calibrate too)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with locked(path):
-            stored = _load(path)
-            change(stored)
-            write_atomic(path, [json.dumps(stored, indent=1).encode()])
-    except OSError:
-        pass  # a read-only home only costs a new calibration next time
-
-
-def checkpoint_costs(cache: Cache, repeats: int = QUICK_REPEATS) -> tuple[float, float]:
+def checkpoint_costs(cache: Cache, repeats: int = ROUNDS) -> tuple[float, float]:
     """Seconds to copy a recurrent state into a checkpoint and to restore it (cache.py), best
-    of a few after FILLER_TOKENS of context. Milliseconds to measure, so not kept. The cache
-    is left empty."""
+    of a few after FILLER_TOKENS of context. Milliseconds to measure. The cache is left empty."""
     model = cache.model
     n_fill = max(1, min(FILLER_TOKENS, model.n_ctx // 2))
     cache.sync(_tokens(1000, n_fill, model.n_vocab))

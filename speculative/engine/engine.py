@@ -33,6 +33,7 @@ from speculative.decoding.settings import (POOL_TOKENS, ModelSpec, SamplerSettin
 from speculative.drafters.auto import Auto
 from speculative.drafters.pool import Pool, PoolFile, fingerprint
 from speculative.engine import calibrate, chat
+from speculative.engine.costs import CostBook, ModelCosts
 from speculative.engine.factory import DrafterFactory
 from speculative.engine.persist import CachePersistence
 from speculative.errors import ModelError, UsageError
@@ -41,6 +42,7 @@ from speculative.models.vocab import Vocab, check_compatible, read_vocab
 
 
 DRAFT_SEED_OFFSET = 0x9E3779B9  # the draft samples from its own random stream, derived from --seed
+SAVE_COSTS_EVERY = 60.0  # seconds: what passes cost is saved after a run at most this often (and at close)
 
 
 # A recurrent target keeps a snapshot of its state per draftable token (llama.cpp's n_rs_seq),
@@ -53,7 +55,9 @@ class Engine:
     def __init__(self, target: ModelSpec, draft: ModelSpec | None = None,
                  notify: Callable[[str], None] | None = None, prompt_cache_file: Path | None = None,
                  prompt_cache_ro: bool = False, pool_tokens: int = POOL_TOKENS, pool_file: Path | None = None,
-                 cache_ram_mib: int = 0):
+                 cache_ram_mib: int = 0, progress: Callable[[str], None] | None = None):
+        """`notify`: one-line notices; `progress`: what a long wait (a calibration) is at now, each
+        text replacing the last ("" when it is over)."""
         target_vocab = functools.cache(lambda: read_vocab(target.path))  # read when needed, once
         for other in (draft.path if draft else None, target.mtp_sidecar, target.feature_drafter):
             if other is not None and other.resolve() != target.path.resolve():
@@ -75,8 +79,14 @@ class Engine:
         # Each model's cache, kept between runs: a prompt that starts like the last one keeps that prefix.
         self.caches = {"target": Cache(self.target), **({"draft": Cache(self.draft)} if self.draft else {})}
         self.notify = notify
+        self.progress = progress
         self.drafter: Drafter | None = None  # the drafter of the latest run
-        self._costs: dict[str, list[float]] = {}  # role -> v(1..)
+        # what every pass costs here, learnt as they run (costs.py), and saved now and then
+        self.book = CostBook()
+        for model in (self.target, self.draft):
+            if model is not None:
+                model.on_pass = self._recorder(model.identity(), model.kv_unified)
+        self._saved_at = time.monotonic()
         self.persist = CachePersistence(self.caches, self.mtp, notify, prompt_cache_file, prompt_cache_ro,
                                         cache_ram_mib)
         self._whole_prompt = False  # forget() was called: the next run keeps and restores nothing
@@ -169,15 +179,15 @@ class Engine:
                        drafting)
 
     def _after_run(self, context: list[int], n_prompt: int) -> None:
-        """The drafter and the pool learn what the run generated; auto's stale calibration is dropped."""
+        """The drafter and the pool learn what the run generated; what its passes cost is saved now
+        and then."""
         if self.drafter is not None:
             self.drafter.finish(context)
-        if isinstance(self.drafter, Auto) and self.drafter.calibration_stale():
-            calibrate.forget(self.caches["target"].model.identity())  # the next start measures it again,
-            if self.may_measure:                                       # and the next run where nothing else runs
-                self._costs.pop("target", None)
         if self.pool is not None and self.learn:
             self.pool.add(context[n_prompt:])
+        if time.monotonic() - self._saved_at > SAVE_COSTS_EVERY:
+            self._saved_at = time.monotonic()
+            self.book.save()
 
     def view(self, target: Backend, draft: Backend | None, head: MtpBackend | None) -> "Engine":
         """The engine of one of several requests that run at once (parallel.py), on `target`'s,
@@ -215,27 +225,49 @@ class Engine:
         return getattr(self.drafter, "t_plan", 0.0)
 
     def costs(self, role: str, max_batch: int, sequences: int = 1) -> list[float]:
-        """The measured decode cost of a model ("target", "draft", or "mtp": the target's MTP
-        head) for batches of 1..max_batch tokens; `sequences` > 1 (the target of several slots):
-        for passes of b tokens of one request and one of each of sequences - 1 others."""
-        key = role if sequences == 1 else f"{role} x{sequences}"
-        known = self._costs.get(key, [])
-        if len(known) >= max_batch or not self.may_measure:
-            return known[:max_batch]
-        if role == "mtp":
-            cache, model, measure = self.mtp, self.mtp.head, calibrate.measure_mtp
-            identity = {**self.target.identity(), "name": model.name, "mtp": model.file or True}
-        else:
-            cache, measure = self.caches[role], calibrate.measure
-            model, identity = cache.model, cache.model.identity()
-        if sequences > 1:
-            identity = {**identity, "sequences": sequences, "kv_unified": model.kv_unified}
-            measure = functools.partial(calibrate.measure_shared, n_seqs=sequences)
+        """What auto prices a pass of a model ("target", "draft", or "mtp": the head that drafts
+        from the target's hidden states) at, in seconds, for b = 1..max_batch tokens of one request;
+        `sequences` > 1 (the target of several slots): with one token of each of sequences - 1
+        others. From the book of costs (costs.py); a model it lacks sizes of is calibrated first,
+        unless requests run on its sequences now (may_measure): then [] if nothing was timed."""
+        model = self.mtp.head if role == "mtp" else self.caches[role].model
+        costs = self._model_costs(role)
         max_batch = min(max_batch, _largest_batch(model) - (sequences - 1))
-        if len(known) < max_batch:
-            known = self._costs[key] = calibrate.batch_costs(cache, max_batch, identity, self.notify,
-                                                             measured_by=measure)
-        return known[:max_batch]
+        sizes = calibrate.target_sizes(max_batch) if role == "target" else sorted({1, max_batch})
+        missing = [b for b in sizes if b not in costs.measured()]
+        if missing and self.may_measure:
+            self._calibrate(role, model, costs, sorted({1, *missing}))
+        if costs.seconds() is None:
+            return []
+        unified = getattr(model, "kv_unified", True) and not getattr(model, "recurrent", False)
+        return [costs.price(b + sequences - 1, sequences, unified) for b in range(1, max_batch + 1)]
+
+    def _model_costs(self, role: str) -> ModelCosts:
+        """The book's entry of a role's model (a head's: its file, or the target's NextN layers,
+        beside the target it reads)."""
+        if role != "mtp":
+            return self.book.model(self.caches[role].model.identity())
+        head = self.mtp.head
+        own = head.file or {"nextn": True}  # its file, by content; or the target's NextN layers
+        return self.book.model({**self.target.identity(), "head": own})
+
+    def _calibrate(self, role: str, model, costs: ModelCosts, sizes: list[int]) -> None:
+        """Time a model's passes of these sizes into the book (calibrate.into), its own passes
+        meanwhile not recorded as live ones."""
+        measure = calibrate.measure_mtp if role == "mtp" else calibrate.measure
+        cache = self.mtp if role == "mtp" else self.caches[role]
+        hook, model.on_pass = getattr(model, "on_pass", None), None
+        try:
+            calibrate.into(costs, model.name, lambda sizes, report: measure(cache, sizes, report), sizes,
+                           self.notify, self.progress)
+        finally:
+            model.on_pass = hook
+        self.book.save()
+
+    def _recorder(self, identity: dict, unified: bool) -> Callable[[int, int, float], None]:
+        """What a model's on_pass does: the pass goes in the book."""
+        costs = self.book.model(identity)
+        return lambda tokens, sequences, seconds: costs.record(tokens, sequences, seconds, unified)
 
     def busy_seconds(self) -> float:
         """Seconds both models have spent inside llama.cpp so far."""
@@ -245,6 +277,7 @@ class Engine:
     def close(self) -> None:
         if not self._owner:
             return
+        self.book.save()
         if self.pool_file is not None:
             try:
                 self.pool_file.save(self.pool)

@@ -15,7 +15,7 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import llama_cpp as ll
 import numpy as np
@@ -147,6 +147,7 @@ class Batch:
         self.size = size
         self.n_vocab = n_vocab
         self.busy_seconds = 0.0  # time spent inside llama_decode: the rest is Python
+        self.last_seconds = 0.0  # ... by the latest one
         self._interruptible = interruptible
         self._abortable = False  # whether the context's abort callback is set now
         self._n_branched = 0  # leading entries whose sequence ids set_seqs changed
@@ -198,7 +199,8 @@ class Batch:
             ll.llama_set_abort_callback(self._ctx, _abort if self._abortable else _no_abort, None)
         t0 = time.perf_counter()
         ret = decode_on_one_thread(self._ctx, self._raw, encode)
-        self.busy_seconds += time.perf_counter() - t0
+        self.last_seconds = time.perf_counter() - t0
+        self.busy_seconds += self.last_seconds
         # aborted, or the signal came at the last node; a small batch is not abortable, and a
         # signal that came meanwhile stops the run now
         if ret == 2 or (interrupt.poll() if self._interruptible else interrupt.signalled()):
@@ -224,11 +226,19 @@ class Context:
     _ctx = None
     _mem = None
     _batch: Batch | None = None
+    # told (tokens, sequences, seconds) of every decode that scores each row it decodes, the
+    # passes that verify drafts and decode tokens (what auto prices: engine/costs.py)
+    on_pass: Callable[[int, int, float], None] | None = None
 
     @property
     def busy_seconds(self) -> float:
         """Time spent inside llama_decode: the rest is Python."""
         return self._batch.busy_seconds if self._batch is not None else 0.0
+
+    def _timed(self, tokens: int, sequences: int = 1) -> None:
+        """The latest decode was a pass of this shape that scored every row (on_pass)."""
+        if self.on_pass is not None:
+            self.on_pass(tokens, sequences, self._batch.last_seconds)
 
     def _roll_back(self, seq: int, n_keep: int) -> None:
         """Drop sequence seq's cells (-1: every sequence's) from position n_keep on."""

@@ -35,10 +35,10 @@ import llama_cpp as ll
 import numpy as np
 
 from speculative.errors import ModelError
+from speculative.files import content_identity
 from speculative.llamacpp import ext
 from speculative.llamacpp.decode import Batch
 from speculative.llamacpp.eagle3 import open_drafter
-from speculative.llamacpp.identity import file_identity
 from speculative.llamacpp.mtp import HeadOutputs, HeadPart, MtpHead
 from speculative.llamacpp.nextn import NextnRows
 
@@ -70,7 +70,7 @@ class DflashHead(MtpHead):
         self.n_embd = features[0].n_embd  # an entry's row: the target's layer inputs side by side
         self.n_batch = target.n_batch
         self._batch = self._inject = None
-        self.file = file_identity(path)
+        self.file = content_identity(path)
         self.name = f"{path.name} ({'DSpark' if dspark else 'DFlash'})"
         self._own, self._ctx = open_drafter(path, target, "DSpark" if dspark else "DFlash")
         self._read_settings(path, dspark)

@@ -31,10 +31,10 @@ import llama_cpp as ll
 import numpy as np
 
 from speculative.errors import GenerationError, ModelError
+from speculative.files import content_identity
 from speculative.llamacpp import ext
 from speculative.llamacpp.decode import Batch, head_context_params
 from speculative.llamacpp.devices import head_model_params
-from speculative.llamacpp.identity import file_identity
 from speculative.llamacpp.mtp import HeadOutputs, HeadPart, MtpHead
 from speculative.llamacpp.nextn import NextnRows
 
@@ -75,7 +75,7 @@ class EagleHead(MtpHead):
         self.n_batch = target.n_batch
         self._own = self._ctx = None
         self._batch = self._encoder = None
-        self.file = file_identity(path)
+        self.file = content_identity(path)
         self.name = f"{path.name} (EAGLE-3)"
         self._own, self._ctx = open_drafter(path, target, "EAGLE-3")
         self.n_embd = ll.llama_model_n_embd(self._own)

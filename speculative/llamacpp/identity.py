@@ -9,6 +9,7 @@ from pathlib import Path
 import llama_cpp as ll
 
 from speculative.decoding.settings import ModelSpec
+from speculative.files import content_identity
 from speculative.llamacpp.devices import rpc_endpoints, system_info
 
 
@@ -18,10 +19,11 @@ def file_identity(path: Path) -> dict:
 
 
 def speed_identity(model) -> dict:
-    """Everything that changes how fast a LlamaModel runs here (for calibration)."""
+    """Everything that changes how fast a LlamaModel runs here (for its costs: engine/costs.py): the
+    file by its content, not by the name or path it was given."""
     # llama.cpp drops an adapter of scale 0; another scale costs the same as 1.
-    loras = [file_identity(lora) for lora, scale in model.loras if scale != 0]
-    return {"name": model.name, **file_identity(model.path), "threads": model.n_threads,
+    loras = [content_identity(lora) for lora, scale in model.loras if scale != 0]
+    return {**content_identity(model.path), "threads": model.n_threads,
             "n_gpu_layers": model.n_gpu_layers, "n_batch": model.n_batch, "build": system_info(),
             "kernels": model.kernels, "llama_cpp_python": ll.__version__,
             **({"loras": loras} if loras else {}),  # no key without: older calibrations stay valid

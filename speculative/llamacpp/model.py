@@ -185,6 +185,8 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
             self._run(n, pos + start)
             self._decoded(0, n)
             self._keep_nextn([(0, pos + start, n)])
+            if outputs == "all" or (outputs == "last" and len(tokens) == 1):  # every row scored
+                self._timed(n)
         if outputs == "all":
             return [self._batch.logits(i) for i in range(len(tokens))]
         if outputs == "last" and tokens:
@@ -202,6 +204,7 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
         self._batch.set_seqs(seqs)
         self._run(n, min(positions, default=0))
         self._decoded(0, n)
+        self._timed(n)
         if all(len(ids) == 1 and ids[0] == 0 for ids in seqs):  # a chain: positions follow each other
             self._keep_nextn([(0, positions[0], n)])
         else:  # rows of other branches would sit at the same positions
@@ -260,6 +263,8 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
         self._keep_nextn(spans)
         for part in parts:
             self._decoded(part.slot, len(part.tokens))
+        if sum(map(len, wanted)) == n:
+            self._timed(n, len(parts))
         return [[batch.logits(i) for i in rows] for rows in wanted]
 
     def load(self, plain: bool = False) -> tuple[int, int]:

@@ -32,10 +32,10 @@ import llama_cpp as ll
 import numpy as np
 
 from speculative.errors import ModelError
+from speculative.files import content_identity
 from speculative.llamacpp import ext
 from speculative.llamacpp.decode import Batch, Context, head_context_params
 from speculative.llamacpp.devices import head_model_params
-from speculative.llamacpp.identity import file_identity
 from speculative.llamacpp.nextn import NextnRows
 from speculative.models.gguf_meta import preflight, read_metadata
 
@@ -99,7 +99,7 @@ class MtpHead(Context):
         self.rows_key = self.n_embd  # what the target's kept rows are (the prompt cache's identity)
         self.n_batch = target.n_batch
         self._own = None
-        self.file = None if sidecar is None else file_identity(sidecar)  # what it runs, for calibration
+        self.file = None if sidecar is None else content_identity(sidecar)  # what it runs, by content (its costs)
         self.name = f"{target.name if sidecar is None else sidecar.name} (MTP)"
         model = target._model if sidecar is None else self._load(sidecar, target)
         arch = target.arch if sidecar is None else read_metadata(sidecar, ["general.architecture"]).get(
