@@ -185,10 +185,11 @@ DRAFT_P_SPLIT = typer.Option(
     SpecSettings.p_split, "--draft-p-split", "--spec-draft-p-split", rich_help_panel=D, metavar="P",
     help="Draft trees: a candidate the draft gives more than P starts a new branch (with more than one).")
 SPEC_ACCEPT = typer.Option(
-    SpecSettings.accept, "--spec-accept", rich_help_panel=D, metavar="rejection|match",
-    help="How sampled drafts are verified: rejection (speculative sampling: the draft model samples, "
-         "tokens are kept with probability min(1, p/q); accepts more) or match (the target samples, "
-         "a drafted token is kept when it is the one drawn). Both follow the target's distribution "
+    SpecSettings.accept, "--spec-accept", rich_help_panel=D, metavar="match|rejection",
+    help="How sampled drafts are verified: match (the default, llama.cpp's: the target samples, a drafted "
+         "token is kept when it is the one drawn; with a seed, the tokens target-only decoding gives) or "
+         "rejection (speculative sampling: the draft model samples, tokens are kept with probability "
+         "min(1, p/q); keeps more of a sampling draft's tokens). Both follow the target's distribution "
          "exactly; with --temp 0 both are greedy.")
 NGRAM_N = typer.Option(
     None, "--spec-ngram-size-n", rich_help_panel=D,

@@ -95,8 +95,12 @@ class Engine:
         self.pool = Pool(max_tokens=pool_tokens) if pool_tokens > 0 else None
         self.learn = True
         self.pool_file = self._open_pool_file(pool_file, target_vocab) if self.pool is not None else None
+        # The pool drafts a request from earlier ones' output, which would shape its verify passes
+        # by what ran before it: where those shapes change the logits' last bits (a batch-variant
+        # build), identical requests would then get different answers, so auto takes the pool by
+        # default only on an invariant one, or when asked (--spec-pool FILE, --spec-type ngram-pool)
         self.factory = DrafterFactory(self.caches, self.mtp, self.pool, self.costs, _largest_batch(self.target),
-                                      notify)
+                                      notify, pool_in_auto=pool_file is not None or self.target.batch_invariant)
         self._owner = True  # it loaded the models (a view does not: see view)
         # False once slots run requests on its models (parallel.py): measuring costs then would
         # decode into their sequences, so what was measured before is what there is

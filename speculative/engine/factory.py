@@ -37,9 +37,11 @@ class DrafterFactory:
     they share between runs."""
 
     def __init__(self, caches: dict[str, Cache], mtp: MtpCache | None, pool: Pool | None, costs: Costs,
-                 target_batch: int, notify: Callable[[str], None] | None = None):
-        """`target_batch`: the largest batch the target verifies in one step."""
+                 target_batch: int, notify: Callable[[str], None] | None = None, pool_in_auto: bool = True):
+        """`target_batch`: the largest batch the target verifies in one step; `pool_in_auto`: auto's
+        default choices include ngram-pool (see Engine)."""
         self.caches, self.mtp, self.pool, self.costs = caches, mtp, pool, costs
+        self.pool_in_auto = pool_in_auto
         self.target = caches["target"].model
         self.draft = caches["draft"].model if "draft" in caches else None
         self.target_batch = target_batch
@@ -52,7 +54,7 @@ class DrafterFactory:
         """The drafter --spec-type asks for: one, a chain, or auto over several.
         `draft_sampler`: the draft model samples with it (else it drafts greedily); `constraint`:
         the run's grammar, which every drafter drafts under (and auto's choices add `forced`)."""
-        names = spec.drafters or ("ngram-simple", *(("ngram-pool",) if self.pool else ()),
+        names = spec.drafters or ("ngram-simple", *(("ngram-pool",) if self.pool and self.pool_in_auto else ()),
                                   *(("draft",) if self.draft else ()), *((self.mtp.head.kind,) if self.mtp else ()),
                                   *(("forced",) if constraint is not None else ()))
         if not spec.auto and not spec.drafters:
@@ -92,7 +94,7 @@ class DrafterFactory:
     def view(self, caches: dict[str, Cache], mtp: MtpCache | None) -> "DrafterFactory":
         """The factory of another request's caches on the same models (parallel.py), sharing
         ngram-mod's tables and ngram-cache's files with this one."""
-        view = DrafterFactory(caches, mtp, self.pool, self.costs, self.target_batch, self.notify)
+        view = DrafterFactory(caches, mtp, self.pool, self.costs, self.target_batch, self.notify, self.pool_in_auto)
         view._mod_tables, view._lookup_files = self._mod_tables, self._lookup_files
         return view
 

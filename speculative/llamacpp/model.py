@@ -126,6 +126,9 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
         self._flash_attn_type = cparams.flash_attn_type
         self.flash_attn_on = self._flash_attn_type != ll.LLAMA_FLASH_ATTN_TYPE_DISABLED  # auto: a GPU's choice
         self.kernels = context_kernels(self.placement == "gpu", self._flash_attn_type)
+        # scores a position the same alone and in a batch, as far as the build and settings say (a
+        # GPU's kernels are not known to be; `speculate doctor` measures it)
+        self.batch_invariant = self.placement == "cpu" and not self.kernels
 
     def _apply_loras(self) -> None:
         """Load the adapters and set them, with their scales, on the context before the
