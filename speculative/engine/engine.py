@@ -53,16 +53,23 @@ class Engine:
     def __init__(self, target: ModelSpec, draft: ModelSpec | None = None,
                  notify: Callable[[str], None] | None = None, prompt_cache_file: Path | None = None,
                  prompt_cache_ro: bool = False, pool_tokens: int = POOL_TOKENS, pool_file: Path | None = None,
-                 cache_ram_mib: int = 0):
+                 cache_ram_mib: int = 0, progress: Callable[[str], None] | None = None):
+        """`notify` hears lasting notices (a calibration measured, a cache file ignored);
+        `progress` what a long step does now (loading a model, measuring costs), each call
+        replacing the last: the command line draws it as a status line (cli/progress.py)."""
+        self.progress = progress or (lambda text: None)
         target_vocab = functools.cache(lambda: read_vocab(target.path))  # read when needed, once
         for other in (draft.path if draft else None, target.mtp_sidecar, target.feature_drafter):
             if other is not None and other.resolve() != target.path.resolve():
                 check_compatible(target_vocab(), read_vocab(other))
         t0 = time.perf_counter()
+        self.progress(f"loading {target.name}")
         self.target = _load(target)
         self.draft = None
         try:
-            self.draft = _load(draft) if draft is not None else None
+            if draft is not None:
+                self.progress(f"loading the draft model {draft.name}")
+                self.draft = _load(draft)
             # The head that drafts from the target's hidden states (its own NextN layers, an MTP head
             # file's, or an EAGLE-3, DFlash or DSpark drafter): its cache, kept between runs too.
             head = (self.target.feature_head(target.feature_drafter) if target.feature_drafter else
