@@ -1,8 +1,10 @@
 """What a long step is doing now, on stderr: one status line that each update replaces in
 place, and that a lasting message clears before it is printed.
 
-Library code never imports this: it is handed the bound methods as plain callbacks, the way
-the engine is handed `notify`:
+Library code never imports this. It takes two plain callbacks, `progress: Callable[[str], None]`
+(what runs now: each call redraws the line, replacing the last) and
+`notify: Callable[[str], None]` (a lasting line, which ends the status), and the command line
+hands it this class's bound methods:
 
     with StatusLine(enabled=not json_output) as status:
         engine = Engine(target, notify=status.say, progress=status.update)
@@ -31,6 +33,9 @@ ELLIPSIS = "…"
 
 
 class StatusLine:
+    """The status line of one command's run on `stream` (stderr); `enabled=False` (--json) draws
+    nothing."""
+
     def __init__(self, stream: IO | None = None, enabled: bool = True):
         self.stream = stream if stream is not None else sys.stderr
         self.live = enabled and terminal.is_terminal(self.stream)  # progress drawn at all
