@@ -10,16 +10,15 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.engine import bench
 from speculative.errors import UsageError
 
-from . import options
-
-stderr = Console(stderr=True, highlight=False)
+from . import options, terminal
+from .progress import StatusLine
+from .render import PipeConsole
 
 
 @options.with_options(options.MODELS, options.POOL.only("spec_pool_tokens"), options.GRAMMAR_GROUP)
@@ -68,35 +67,41 @@ def bench_command(
                                   max(c.spec.longest_draft for c in configs),
                                   "named" if "named" in mtp else "auto" if "auto" in mtp else None,
                                   next(iter(sorted(features - {"auto"})), "auto" if features else None))
-    progress = _announce(len(prompts_), len(configs), repeat, n_predict)
-
     from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
 
-    with Engine(target, draft, notify=stderr.print, **pool.engine_args()) as engine:
-        started = time.time()
-        runs = bench.run_bench(engine, prompts_, configs, sampling, repeat, progress)
-        settings = {"n_predict": n_predict, "temp": temp, "seed": seed, "repeat": repeat,
-                    "configs": [c.label for c in configs], "prompts": str(prompts)}
-        meta = _meta(engine, target, draft, started, settings, prompts_)
+    with StatusLine() as status:
+        ended = _announce(status, prompts_, configs, repeat, n_predict)
+        with Engine(target, draft, notify=status.say, progress=status.update, **pool.engine_args()) as engine:
+            started = time.time()
+            runs = bench.run_bench(engine, prompts_, configs, sampling, repeat, ended, status.update)
+            settings = {"n_predict": n_predict, "temp": temp, "seed": seed, "repeat": repeat,
+                        "configs": [c.label for c in configs], "prompts": str(prompts)}
+            status.update("bench: the costs and prompt lengths the results file records")
+            meta = _meta(engine, target, draft, started, settings, prompts_)
     rows = bench.summarize(runs)
     output.write_text(json.dumps(bench.report(runs, rows, meta), indent=1))
     _print_results(rows, runs, meta, per_prompt, output)
 
 
-def _announce(n_prompts: int, n_configs: int, repeat: int, n_predict: int) -> Callable[[bench.Run], None]:
-    """Say how many runs bench makes; returns what reports each run as it ends."""
-    rest = n_configs - 1
-    total = n_prompts * repeat * (n_configs + (rest + bench.BASELINE_EVERY - 1) // bench.BASELINE_EVERY)
-    stderr.print(f"bench: {n_prompts} prompts x {n_configs} configurations x {repeat}, target-only "
-                 f"runs between every {bench.BASELINE_EVERY}: {total} runs of {n_predict} tokens")
+def _announce(status: StatusLine, prompts: list, configs: list, repeat: int,
+              n_predict: int) -> Callable[[bench.Run], None]:
+    """Say how many runs bench makes; returns what reports each run as it ends, a line of
+    aligned fields that a narrow terminal breaks only between fields."""
+    total = bench.count_runs(len(prompts), len(configs), repeat)
+    status.say(f"bench: {len(prompts)} prompts x {len(configs)} configurations x {repeat}, target-only "
+               f"runs between every {bench.BASELINE_EVERY}: {total} runs of {n_predict} tokens")
     done = []
+    widths = (len(f"[{total}/{total}]"), max(len(p.id) for p in prompts), max(len(c.label) for c in configs))
+    columns = terminal.width(status.stream)
 
-    def progress(run: bench.Run) -> None:
+    def ended(run: bench.Run) -> None:
         done.append(run)
-        stderr.print(f"[{len(done)}/{total}] {run.prompt:28s} {run.config:34s} {run.decode_tps:6.2f} t/s  "
-                     f"accepted {run.n_accept}/{run.n_drafted}")
+        padded = (f"[{len(done)}/{total}]", run.prompt, run.config)
+        status.say("\n".join(terminal.fields(
+            [*(text.ljust(w) for text, w in zip(padded, widths)), f"{run.decode_tps:6.2f} t/s",
+             f"accepted {run.n_accept}/{run.n_drafted}"], columns)))
 
-    return progress
+    return ended
 
 
 def _chosen_prompts(prompts: Path, category: Optional[List[str]], limit: int) -> list:
@@ -129,64 +134,97 @@ def _meta(engine, target: ModelSpec, draft: ModelSpec | None, started: float, se
 
 
 def _print_results(rows: list[dict], runs: list[bench.Run], meta: dict, per_prompt: bool, output: Path) -> None:
-    """The tables and notes on standard output, once every run has ended."""
-    console = Console(width=None if sys.stdout.isatty() else 150)
-    console.print(_table(rows, "by category (speedup: median over prompts of each prompt's median over its repeats, "
-                               "vs target only in the same run; worst: the worst prompt's)"))
+    """The tables and notes on standard output, once every run has ended: as many of each table's
+    columns as the terminal has room for (every figure is in the results file)."""
+    columns = terminal.width(sys.stdout)
+    console = PipeConsole(width=columns or terminal.UNLIMITED, highlight=False)
+    every = _summary_columns(rows)
+    shown = terminal.first_fitting(terminal.dropping(every, _least_wanted(every)), columns)
+    console.print(terminal.table(shown, columns, title=SUMMARY_TITLE, title_justify="left"))
     if per_prompt:
-        console.print(_per_prompt_table(runs))
-    console.print(_chart(rows))
+        console.print(_per_prompt_table(runs, columns))
+    console.print(_chart(rows, columns))
     mismatches = [r for r in runs if r.mismatch]
-    for r in mismatches:
-        m = r.mismatch
-        console.print(f"mismatch: {r.prompt} / {r.config}: position {m['position']}, target top-2 margin "
-                      f"{m['margin']:.3f} ({'near-tie' if m['margin'] < 0.5 else 'LARGE: a bug'})")
-    console.print(f"{len(mismatches)} output mismatches against target-only; "
-                  f"llama.cpp batch-variant kernels: {', '.join(meta['machine']['batch_variant_kernels']) or 'none'}")
-    console.print("n-gram bound: what a planner knowing the output in advance would get from n-gram "
-                  "drafting with this machine's measured verify costs (median over prompts)")
-    console.print(f"results: {output}")
+    lines = [f"mismatch: {r.prompt} / {r.config}: position {r.mismatch['position']}, target top-2 margin "
+             f"{r.mismatch['margin']:.3f} ({'near-tie' if r.mismatch['margin'] < 0.5 else 'LARGE: a bug'})"
+             for r in mismatches]
+    lines.append(f"{len(mismatches)} output mismatches against target-only; llama.cpp batch-variant kernels: "
+                 f"{', '.join(meta['machine']['batch_variant_kernels']) or 'none'}")
+    lines.append("n-gram bound: what a planner knowing the output in advance would get from n-gram "
+                 "drafting with this machine's measured verify costs (median over prompts)")
+    if len(shown) < len(every):
+        lines.append(f"left out at this width: {', '.join(terminal.left_out(shown, every))} (every figure "
+                     "is in the results file)")
+    lines.append(f"results: {output}")
+    for line in lines:
+        console.print("\n".join(terminal.wrap(line, columns)), markup=False, soft_wrap=True)
 
 
-def _table(rows: list[dict], title: str) -> Table:
-    table = Table(title=title, title_justify="left")
-    for col, just in (("category", "left"), ("config", "left"), ("speedup", "right"), ("worst", "right"),
-                      ("modelled", "right"), ("worst", "right"),
-                      ("t/s", "right"), ("accept", "right"), ("acc len", "right"), ("draft", "right"),
-                      ("verify", "right"), ("python", "right"), ("mism.", "right"), ("n-gram bound", "right")):
-        table.add_column(col, justify=just)
-    for row in sorted(rows, key=lambda r: (r["category"] == "all", r["category"])):
-        table.add_row(row["category"], row["config"], f"{row['median_speedup']:.2f}x",
-                      f"{row['min_speedup']:.2f}x", f"{row['median_modelled_speedup']:.2f}x",
-                      f"{row['min_modelled_speedup']:.2f}x", f"{row['median_tps']:.1f}",
-                      f"{100 * row['accept_rate']:.0f}%", f"{row['mean_accepted_length']:.2f}",
-                      f"{100 * row['draft_share']:.0f}%", f"{100 * row['verify_share']:.0f}%",
-                      f"{100 * row['python_share']:.1f}%", str(row["mismatches"]),
-                      f"{row['median_ngram_bound']:.2f}x" if "median_ngram_bound" in row else "")
-    return table
+SUMMARY_TITLE = ("by category (speedup: median over prompts of each prompt's median over its repeats, vs target "
+                 "only in the same run; worst: the worst prompt's)")
 
 
-def _per_prompt_table(runs: list[bench.Run]) -> Table:
-    table = Table(title="by prompt", title_justify="left")
-    for col in ("prompt", "category", "config", "speedup", "t/s", "accept"):
-        table.add_column(col)
-    for r in runs:
-        table.add_row(r.prompt, r.category, r.config, f"{r.speedup:.2f}x", f"{r.decode_tps:.1f}",
-                      f"{100 * r.accept_rate:.0f}%")
-    return table
+def _summary_columns(rows: list[dict]) -> list[terminal.Column]:
+    """The summary table's columns, categories in order, "all" last."""
+    rows = sorted(rows, key=lambda r: (r["category"] == "all", r["category"]))
+
+    def figures(header: str, form: Callable[[dict], str]) -> terminal.Column:
+        return terminal.Column(header, [form(r) for r in rows], "right", whole=True)
+
+    return [
+        terminal.Column("category", [r["category"] for r in rows]),
+        terminal.Column("config", [r["config"] for r in rows]),
+        figures("speedup", lambda r: f"{r['median_speedup']:.2f}x"),
+        figures("worst", lambda r: f"{r['min_speedup']:.2f}x"),
+        figures("modelled", lambda r: f"{r['median_modelled_speedup']:.2f}x"),
+        figures("worst", lambda r: f"{r['min_modelled_speedup']:.2f}x"),
+        figures("t/s", lambda r: f"{r['median_tps']:.1f}"),
+        figures("accept", lambda r: f"{100 * r['accept_rate']:.0f}%"),
+        figures("acc len", lambda r: f"{r['mean_accepted_length']:.2f}"),
+        figures("draft", lambda r: f"{100 * r['draft_share']:.0f}%"),
+        figures("verify", lambda r: f"{100 * r['verify_share']:.0f}%"),
+        figures("python", lambda r: f"{100 * r['python_share']:.1f}%"),
+        figures("mism.", lambda r: str(r["mismatches"])),
+        figures("n-gram bound", lambda r: f"{r['median_ngram_bound']:.2f}x" if "median_ngram_bound" in r else ""),
+    ]
 
 
-def _chart(rows: list[dict], width: int = 40) -> Table:
-    """Median speedup per configuration over all prompts, as bars (| marks 1.0x)."""
+def _least_wanted(columns: list[terminal.Column]) -> list[terminal.Column]:
+    """The summary's columns a narrow terminal leaves out, first to last: the time shares, the
+    n-gram bound, the accepted length, the modelled speedups (its worst first), the tokens per
+    second; category, configuration, speedup, its worst, acceptance and mismatches stay."""
+    category, config, speedup, worst, modelled, modelled_worst, tps, accept, acc_len, draft, verify, python, \
+        mismatches, bound = columns
+    return [python, verify, draft, bound, acc_len, modelled_worst, modelled, tps]
+
+
+def _per_prompt_table(runs: list[bench.Run], columns: int | None):
+    every = [terminal.Column("prompt", [r.prompt for r in runs]),
+             terminal.Column("category", [r.category for r in runs]),
+             terminal.Column("config", [r.config for r in runs]),
+             terminal.Column("speedup", [f"{r.speedup:.2f}x" for r in runs], "right", whole=True),
+             terminal.Column("t/s", [f"{r.decode_tps:.1f}" for r in runs], "right", whole=True),
+             terminal.Column("accept", [f"{100 * r.accept_rate:.0f}%" for r in runs], "right", whole=True)]
+    category, tps = every[1], every[4]
+    shown = terminal.first_fitting(terminal.dropping(every, [category, tps]), columns)
+    return terminal.table(shown, columns, title="by prompt", title_justify="left")
+
+
+def _chart(rows: list[dict], columns: int | None, widest: int = 40, narrowest: int = 10):
+    """Median speedup per configuration over all prompts, as bars (| marks 1.0x), each bar as
+    wide as the terminal leaves room for, from `narrowest` to `widest`."""
     overall = [r for r in rows if r["category"] == "all"]
     top = max([r["median_speedup"] for r in overall] + [1.0])
-    table = Table(title="speedup per configuration, all prompts (| = target only)", title_justify="left",
-                  show_header=False, box=None)
+    labels = terminal.Column("config", [r["config"] for r in overall])
+    values = terminal.Column("", [f"{r['median_speedup']:.2f}x" for r in overall], "right", whole=True)
+    options = {"title": "speedup per configuration, all prompts (| = target only)", "title_justify": "left",
+               "show_header": False, "box": None}
+    room = widest if columns is None else columns - terminal.frame(3, options) - labels.natural - values.natural
+    width = max(narrowest, min(widest, room))
+    bars = []
     for row in overall:
         filled = int(round(width * row["median_speedup"] / top))
         one = int(round(width / top))
         bar = "".join("|" if i == one - 1 else ("█" if i < filled else " ") for i in range(width))
-        table.add_row(row["config"], f"[green]{bar}[/green]" if row["median_speedup"] >= 1 else f"[red]{bar}[/red]",
-                      f"{row['median_speedup']:.2f}x")
-    return table
-
+        bars.append(Text(bar, style="green" if row["median_speedup"] >= 1 else "red"))
+    return terminal.table([labels, terminal.Column("", bars, whole=True), values], columns, **options)

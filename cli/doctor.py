@@ -8,8 +8,9 @@ from dataclasses import replace
 
 import typer
 
-from . import options
-from .render import PipeConsole, quiet_pipe
+from . import options, terminal
+from .progress import StatusLine
+from .render import quiet_pipe
 
 
 @options.with_options(options.MODELS.only("model", "n_gpu_layers", "threads", "flash_attn", "rpc", "device",
@@ -37,10 +38,15 @@ def doctor_command(
     from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
     from speculative.llamacpp.devices import bindings_version, gpu_offload, rpc_available, system_info
 
-    with Engine(target) as engine:
+    steps = 2 + (slots.n_slots > 1)
+    with StatusLine(enabled=not json_output) as status, \
+            Engine(target, notify=status.say, progress=status.step(1, steps)) as engine:
         m = engine.target
-        checks = batch_invariance(engine.caches["target"])
-        among = sequence_invariance(m) if slots.n_slots > 1 else None
+        checks = batch_invariance(engine.caches["target"], progress=status.step(
+            2, steps, "positions alone vs in batches"))
+        among = sequence_invariance(m, progress=status.step(
+            3, steps, f"a request alone vs among {_others(slots.n_slots - 1)}")) if slots.n_slots > 1 else None
+        status.clear()
         report = {
             "llama_cpp_python": bindings_version(), "system_info": system_info(),
             "gpu_offload": gpu_offload(), "rpc": rpc_available(), "model": target.name, "placement": m.placement,
@@ -73,23 +79,44 @@ def _reset_costs(models: options.ModelOptions) -> None:
           "calibrates again", file=sys.stderr)
 
 
+def _others(n: int) -> str:
+    return f"{n} other{'s' * (n > 1)}"
+
+
 def _print(report: dict, json_output: bool) -> None:
     if json_output:
         print(json.dumps(report))
         return
-    out = PipeConsole(highlight=False, soft_wrap=True)
-    out.print(f"llama-cpp-python {report['llama_cpp_python']}, GPU offload "
-              f"{'supported' if report['gpu_offload'] else 'not available (no GPU this build can use)'}, RPC "
-              f"{'built in (--rpc, speculate rpc-server)' if report['rpc'] else 'not built in'}")
-    out.print(f"llama.cpp: {report['system_info'].strip()}")
-    out.print(f"model: {report['model']} ({report['architecture']}"
-              f"{', recurrent layers: probed at every position of a batch' if report['recurrent'] else ''}), "
-              f"{report['threads']} threads, -ngl {report['n_gpu_layers']}, -fa {report['flash_attn']} "
-              f"({'on' if report['flash_attn_on'] else 'off'}), KV cache K {report['cache_type_k']} V "
-              f"{report['cache_type_v']}, layers on {'the CPU' if report['placement'] == 'cpu' else 'a GPU'}"
-              + "".join(f", {pattern} in {buft}" for pattern, buft in report["overrides"]))
-    out.print("kernels of this build and settings that may change with batch size: "
-              f"{', '.join(report['batch_variant_kernels']) or 'none'} (measured below)")
+    columns = terminal.width(sys.stdout)
+    for line in _report_lines(report, columns):
+        print(line)
+
+
+def _report_lines(report: dict, columns: int | None) -> list[str]:
+    """The report as lines of at most `columns`, each item broken only between words, or between
+    fields where a field has spaces of its own ("-ngl -1", "AVX2 = 1")."""
+    out = terminal.wrap(
+        f"llama-cpp-python {report['llama_cpp_python']}, GPU offload "
+        f"{'supported' if report['gpu_offload'] else 'not available (no GPU this build can use)'}, RPC "
+        f"{'built in (--rpc, speculate rpc-server)' if report['rpc'] else 'not built in'}", columns)
+    system = [f.strip() for f in report["system_info"].strip().rstrip("|").split(" | ")]
+    out += terminal.fields([f"llama.cpp: {system[0]}", *system[1:]], columns, " | ")
+    out += terminal.fields([
+        f"model: {report['model']} ({report['architecture']}"
+        f"{', recurrent layers: probed at every position of a batch' if report['recurrent'] else ''})",
+        f"{report['threads']} threads", f"-ngl {report['n_gpu_layers']}",
+        f"-fa {report['flash_attn']} ({'on' if report['flash_attn_on'] else 'off'})",
+        f"KV cache K {report['cache_type_k']} V {report['cache_type_v']}",
+        f"layers on {'the CPU' if report['placement'] == 'cpu' else 'a GPU'}",
+        *(f"{pattern} in {buft}" for pattern, buft in report["overrides"])], columns, ", ")
+    out += terminal.wrap("kernels of this build and settings that may change with batch size: "
+                         f"{', '.join(report['batch_variant_kernels']) or 'none'} (measured below)", columns)
+    return out + [line for paragraph in _findings(report) for line in terminal.wrap(paragraph, columns)]
+
+
+def _findings(report: dict) -> list[str]:
+    """What was measured, and the verdict."""
+    out = []
     checks = report["checks"]
     for cached in sorted({c["cached"] for c in checks}):
         row = [c for c in checks if c["cached"] == cached]
@@ -97,20 +124,21 @@ def _print(report: dict, json_output: bool) -> None:
         detail = ("bit-identical in every batch" if not differ else
                   f"differs in batches {', '.join(str(c['batch']) for c in differ)} "
                   f"(max |logit difference| {max(c['max_abs_diff'] for c in differ):.3g})")
-        out.print(f"positions after {cached} cached tokens, one at a time vs in a batch of "
-                  f"{row[0]['batch']}-{row[-1]['batch']}: {detail}")
+        out.append(f"positions after {cached} cached tokens, one at a time vs in a batch of "
+                   f"{row[0]['batch']}-{row[-1]['batch']}: {detail}")
     if report["sequences"] is not None:
         s = report["sequences"]
         cache = "one unified pool of cells" if report["kv_unified"] else "KV streams of their own (--no-kv-unified)"
-        out.print(f"a request among {s['others']} others ({cache}), {s['positions']} positions: "
-                  + ("bit-identical to it alone" if report["sequence_invariant"] else
-                     f"differs from it alone (max |logit difference| {s['max_abs_diff']:.3g}): with -np "
-                     f"{report['parallel']} a near-tie may resolve otherwise than alone, as in llama-server"))
+        out.append(f"a request among {_others(s['others'])} ({cache}), {s['positions']} positions: "
+                   + ("bit-identical to it alone" if report["sequence_invariant"] else
+                      f"differs from it alone (max |logit difference| {s['max_abs_diff']:.3g}): with -np "
+                      f"{report['parallel']} a near-tie may resolve otherwise than alone, as in llama-server"))
     if report["batch_invariant"]:
-        out.print("verdict: batch-invariant. Greedy speculative output is token-identical to "
-                  "target-only output.")
+        out.append("verdict: batch-invariant. Greedy speculative output is token-identical to "
+                   "target-only output.")
     else:
-        out.print("verdict: not batch-invariant. Greedy speculative output can diverge from "
-                  "target-only output where the target's top two logits nearly tie; both are valid "
-                  "greedy decodings up to rounding. For exact identity build as scripts/test.sh does "
-                  "and run with GGML_CPU_TILED_MM=0 and -fa off (see docs/exactness-and-builds.md).")
+        out.append("verdict: not batch-invariant. Greedy speculative output can diverge from "
+                   "target-only output where the target's top two logits nearly tie; both are valid "
+                   "greedy decodings up to rounding. For exact identity build as scripts/test.sh does "
+                   "and run with GGML_CPU_TILED_MM=0 and -fa off (see docs/exactness-and-builds.md).")
+    return out

@@ -59,16 +59,19 @@ app = App(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.add_typer(models_cli.app, name="models")
-app.command("bench", help="Measure speedup over target-only decoding on a prompt file, on this machine.")(
-    bench_command)
+# short_help: the line `speculate --help` lists each command with, within 80 columns
+app.command("bench", help="Measure speedup over target-only decoding on a prompt file, on this machine.",
+            short_help="Measure speedup over target-only decoding on this machine.")(bench_command)
 app.command("batch", help="Run a JSONL file of requests with the models loaded once; resumable, one result "
-                         "line per request.")(batch_command)
-app.command("serve", help="Serve the models over an OpenAI-compatible HTTP API, as llama-server does.")(
-    serve_command)
+                         "line per request.",
+            short_help="Run a JSONL file of requests, the models loaded once; resumable.")(batch_command)
+app.command("serve", help="Serve the models over an OpenAI-compatible HTTP API, as llama-server does.",
+            short_help="Serve the models over HTTP (OpenAI's API), as llama-server does.")(serve_command)
 app.command("rpc-server", help="Serve this machine's CPU or GPUs to llama.cpp RPC clients (speculate --rpc), "
-                              "as llama.cpp's rpc-server does.")(rpc_server_command)
-app.command("doctor", help="Show the llama.cpp build and measure whether greedy speculation is exact on it.")(
-    doctor_command)
+                              "as llama.cpp's rpc-server does.",
+            short_help="Serve this machine's CPU or GPUs to --rpc clients (rpc-server).")(rpc_server_command)
+app.command("doctor", help="Show the llama.cpp build and measure whether greedy speculation is exact on it.",
+            short_help="Show the llama.cpp build; measure whether speculation is exact.")(doctor_command)
 
 P, O = "Prompt", "Output"
 

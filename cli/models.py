@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -10,7 +11,6 @@ import typer
 from rich.console import Console
 from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
                            TransferSpeedColumn)
-from rich.table import Table
 
 from speculative.decoding.settings import ModelSpec
 from speculative.errors import ModelError, UsageError
@@ -18,6 +18,7 @@ from speculative.models import hub as hf
 from speculative.models.pull import pull
 from speculative.models.registry import ModelEntry, Registry, resolve
 
+from . import terminal
 from .helpformat import App
 from .render import PipeConsole, quiet_pipe
 
@@ -146,15 +147,32 @@ def _print_models(rows: list[dict], json_output: bool, cache_dir: Path) -> None:
         for row in rows:
             print(json.dumps(row))
         return
-    table = Table(title=f"models (cache: {cache_dir}; Hugging Face: {', '.join(map(str, hf.cache_dirs()))})",
-                  title_justify="left")
-    for col in ("name", "size", "pulled", "default", "path"):
-        table.add_column(col, justify="right" if col == "size" else "left", overflow="fold")
-    for row in rows:
-        table.add_row(row["name"] + (f" ({', '.join(row['aliases'])})" if row["aliases"] else ""),
-                      f"{row['size'] / 1e6:,.0f} MB", "yes" if row["pulled"] else "no",
-                      row["default"], row["path"])
-    PipeConsole().print(table)
+    columns = terminal.width(sys.stdout)
+    out = PipeConsole(width=columns or terminal.UNLIMITED, highlight=False)
+    where = [f"registry models: {cache_dir}", f"Hugging Face caches: {', '.join(map(str, hf.cache_dirs()))}"]
+    out.print("\n".join(line for text in where for line in terminal.wrap(text, columns)), markup=False)
+    every, narrower = _model_columns(rows)
+    name, size, pulled, default, path = every
+    candidates = (every, [name, size, pulled, default, narrower], [name, size, pulled, default], [name, size, pulled])
+    shown = terminal.first_fitting(candidates, columns)
+    out.print(terminal.table(shown, columns))
+    if path not in shown:
+        gone = "path" if narrower in shown else ", ".join(terminal.left_out(shown, every))
+        out.print("\n".join(terminal.wrap(f"left out at this width: {gone} (`speculate models path NAME`, or "
+                                          "--json)", columns)), markup=False)
+
+
+def _model_columns(rows: list[dict]) -> tuple[list[terminal.Column], terminal.Column]:
+    """The table's columns, and the narrower one a narrow terminal shows for the paths: the
+    file names (the folders are the caches named above the table)."""
+    return [
+        terminal.Column("name", [row["name"] + (f" ({', '.join(row['aliases'])})" if row["aliases"] else "")
+                                 for row in rows]),
+        terminal.Column("size", [f"{row['size'] / 1e6:,.0f} MB" for row in rows], "right", whole=True),
+        terminal.Column("pulled", ["yes" if row["pulled"] else "no" for row in rows]),
+        terminal.Column("default", [row["default"].removeprefix("default ") for row in rows]),
+        terminal.Column("path", [row["path"] for row in rows]),
+    ], terminal.Column("file", [Path(row["path"]).name for row in rows])
 
 
 @app.command("pull")

@@ -16,6 +16,8 @@ from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettin
 from speculative.decoding.stats import Stats
 from speculative.engine.stream import Stream
 
+from .progress import StatusLine
+
 if TYPE_CHECKING:
     from speculative.engine.engine import Engine
 
@@ -24,15 +26,18 @@ EXIT_INTERRUPTED = 130
 
 
 class _Stdout:
-    """UTF-8 bytes straight to stdout; a closed pipe (| head) ends output quietly."""
+    """UTF-8 bytes straight to stdout; a closed pipe (| head) ends output quietly. `status`: the
+    status line cleared before each write, so that text on a terminal starts on a clean line."""
 
-    def __init__(self, color: bool):
+    def __init__(self, color: bool, status: StatusLine):
         self.color = color
         self.closed = False
+        self.status = status
 
     def write(self, text: str, from_draft: bool = False) -> None:
         if not text or self.closed:
             return
+        self.status.clear()
         if self.color and from_draft:
             text = f"{GREEN}{text}{RESET}"
         try:
@@ -75,10 +80,11 @@ def run_and_render(target: ModelSpec, draft: ModelSpec | None, text: str, sampli
     from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
 
     seed = sampling.resolved_seed()
-    with Engine(target, draft, notify=lambda message: print(message, file=sys.stderr),
-                prompt_cache_file=prompt_cache, prompt_cache_ro=prompt_cache_ro, **(pool or {})) as engine:
+    with StatusLine(enabled=not json_output) as status, Engine(
+            target, draft, notify=status.say, progress=status.update, prompt_cache_file=prompt_cache,
+            prompt_cache_ro=prompt_cache_ro, **(pool or {})) as engine:
         prompt = engine.prompt_tokens(text, use_chat, system)
-        out = _Stdout(color)
+        out = _Stdout(color, status)
         stream = Stream(engine, prompt, sampling, spec, seed,
                         should_stop=lambda: "output closed" if out.closed else None)
         interrupted = False
@@ -90,6 +96,7 @@ def run_and_render(target: ModelSpec, draft: ModelSpec | None, text: str, sampli
         except KeyboardInterrupt:
             interrupted = True
         final = stream.end("interrupted" if interrupted else None)
+        status.clear()
         if json_output:
             result = {"text": final.text, "tokens": final.tokens, **final.stats.to_dict(),
                       "target": _model_info(target, engine.target),

@@ -14,6 +14,7 @@ from speculative.engine.ram_cache import DEFAULT_MIB
 from speculative.errors import UsageError
 
 from . import options
+from .progress import StatusLine
 
 N = "Server"
 
@@ -66,9 +67,11 @@ def serve_command(
     slots = slots.for_spec(spec)
     target, draft = models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft, spec.mtp, spec.features)
     sock = _bind(host, port)  # before loading: a taken port fails at once, not after the models load
-    with sock, Engine(slots.apply(target), slots.apply(draft), notify=lambda message: print(message, file=sys.stderr),
-                      cache_ram_mib=cache_ram, **pool.engine_args()) as engine:
+    status = StatusLine()  # while the models load and auto measures; then notices only
+    with sock, status, Engine(slots.apply(target), slots.apply(draft), notify=status.say, progress=status.update,
+                              cache_ram_mib=cache_ram, **pool.engine_args()) as engine:
         engine.factory.make(spec)  # auto measures its costs now rather than in the first request
+        status.clear()
         model_info = _model_info(engine, target, draft, spec)
         parallel = Parallel(engine, slots.n_slots, **slots.parallel_args())
         with Worker(parallel, spec, waiting=max_waiting, timeout=timeout) as worker:

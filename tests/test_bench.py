@@ -219,3 +219,28 @@ def test_the_ngram_bound_leaves_the_last_token_to_the_target():
     drafted: cost[3] = v(1) = 1, cost[2] = min(1 + 1, v(2) = 1.2) = 1.2, cost[0] = 2 + 1.2 = 3.2,
     against 4 passes alone."""
     assert bench.ngram_bound([5, 6, 7, 8], [5, 6, 7, 8], [1.0, 1.2, 1.5], n=2) == pytest.approx(4 / 3.2)
+
+
+def test_progress_names_each_run_as_it_begins_and_the_count_is_the_runs_made(monkeypatch):
+    """What `speculate bench` shows on its status line: run i of n, the configuration, the round,
+    the prompt; n is what bench announces, and it is the number of timed runs."""
+    ran, said = [], []
+
+    def fake_run(engine, tokens, config, sampling, seed, prompt, repeat):
+        ran.append((prompt.id, config.label, repeat))
+        return [7], bench.Run(prompt.id, prompt.category, config.label, repeat, 1, 10.0)
+
+    monkeypatch.setattr(bench, "_run", fake_run)
+    monkeypatch.setattr(bench, "_warm_up", lambda *args: None)
+    monkeypatch.setattr(bench, "prompt_tokens", lambda engine, prompt: [1])
+    monkeypatch.setattr(bench, "ngram_bound", lambda *args: 1.0)
+    engine = type("Engine", (), {"costs": lambda self, role, n: [0.05] * n, "learn": True, "pool": None})()
+    configs = [bench.Config(name, SpecSettings()) for name in ("target only", "a", "b", "c")]
+    prompts = [bench.BenchPrompt(name, "c", prompt="x") for name in ("p", "q")]
+    bench.run_bench(engine, prompts, configs, SamplerSettings(temp=0.0), 2, progress=said.append)
+    total = bench.count_runs(2, 4, 2)
+    assert said[0] == "warming up: an untimed run of p" and len(said) - 1 == len(ran) == total
+    assert said[1] == f"run 1/{total}: target only, round 1/2, prompt 1/2 p"
+    assert said[-1] == f"run {total}/{total}: target only, round 2/2, prompt 2/2 q"
+    assert [s.split(": ", 1)[1] for s in said[1:]] == [f"{c}, round {r + 1}/2, prompt {'pq'.index(p) + 1}/2 {p}"
+                                                       for p, c, r in ran]

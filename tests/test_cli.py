@@ -281,8 +281,8 @@ def test_pull_of_a_registry_name_into_an_empty_cache(tmp_path):
     assert not [p for p in (tmp_path / "models").iterdir() if p.name.endswith(".partial")]
 
 
-def test_help_lists_exit_codes_and_llama_cpp_flags():
-    proc = speculate("--help", env={"COLUMNS": "200"})
+def test_help_all_lists_exit_codes_and_llama_cpp_flags():
+    proc = speculate("--help-all", env={"COLUMNS": "200"})
     assert proc.returncode == 0
     text = proc.stdout.decode()
     for flag in ("-md", "--spec-draft-model", "--draft-max", "--spec-draft-n-max", "--draft-p-min",

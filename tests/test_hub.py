@@ -444,7 +444,7 @@ def test_models_pull_takes_hf_names(fake, user, tiny):
 
 @pytest.mark.parametrize("command", ["bench", "batch", "serve"])
 def test_every_command_takes_the_hub_flags(command):
-    proc = subprocess.run([SPECULATE, command, "--help"], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
+    proc = subprocess.run([SPECULATE, command, "--help-all"], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
     for flag in ("--hf-repo", "--hf-repo-draft", "--hf-file", "--hf-token"):
         assert flag in proc.stdout, (command, flag)
 

@@ -65,7 +65,7 @@ def test_the_flags_read_llama_cpps_environment_variables():
 
 @pytest.mark.parametrize("command", ["batch", "bench", "serve", "doctor"])
 def test_every_command_that_loads_a_model_takes_them(command):
-    out = speculate_here(command, "--help", env={"COLUMNS": "200"}).stdout.decode()
+    out = speculate_here(command, "--help-all", env={"COLUMNS": "200"}).stdout.decode()
     for flag in ("--cache-type-k", "--override-tensor", "--cpu-moe", "--n-cpu-moe", "--ubatch-size", "--load-mode",
                  "--split-mode", "--tensor-split", "--main-gpu", "--swa-full"):
         assert flag in out, (command, flag)

@@ -385,7 +385,7 @@ def test_a_server_killed_mid_generation_ends_the_run_with_exit_1_and_the_text_so
 @real
 def test_rpc_flags_are_on_every_generating_command_and_doctor_reports_rpc(model_path):
     for command in ((), ("bench",), ("batch",), ("serve",)):
-        text = speculate(*command, "--help", env={"COLUMNS": "200"}).stdout.decode()
+        text = speculate(*command, "--help-all", env={"COLUMNS": "200"}).stdout.decode()
         assert "--rpc" in text and "-dev" in text and "-devd" in text, command
     report = speculate_json("doctor", "-m", str(model_path(SMOL)))
     assert report["rpc"] is True and report["placement"] == "cpu" and report["gpu_offload"] is False

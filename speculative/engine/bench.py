@@ -163,9 +163,19 @@ def _set(spec: SpecSettings, key: str, value) -> SpecSettings:
     return replace(spec, **{name: value})
 
 
+def count_runs(n_prompts: int, n_configs: int, repeats: int) -> int:
+    """How many timed runs run_bench makes of `n_configs` configurations, target only included:
+    per prompt and repeat, each configuration once and target only around every BASELINE_EVERY
+    of the others (fewer if the target answers a prompt with nothing)."""
+    others = n_configs - 1
+    return n_prompts * repeats * (n_configs + (others + BASELINE_EVERY - 1) // BASELINE_EVERY)
+
+
 def run_bench(engine: Engine, prompts: list[BenchPrompt], configs: list[Config], sampling: SamplerSettings,
-              repeats: int = 1, on_run: Callable[[Run], None] | None = None) -> list[Run]:
-    """All runs, speedups filled in; `on_run` hears of each run as it ends (before its speedup).
+              repeats: int = 1, on_run: Callable[[Run], None] | None = None,
+              progress: Callable[[str], None] | None = None) -> list[Run]:
+    """All runs, speedups filled in; `on_run` hears of each run as it ends (before its speedup),
+    `progress` which run begins (its number, configuration, round and prompt).
 
     Per prompt and repeat, target-only runs come first, last and after every
     BASELINE_EVERY configurations; each configuration is compared with the mean of
@@ -178,11 +188,19 @@ def run_bench(engine: Engine, prompts: list[BenchPrompt], configs: list[Config],
     # Every run of a prompt drafts from the pool as it was before the prompt: the pool learns
     # the prompt's output once all its runs are done, not from one configuration for the next.
     learn, engine.learn = engine.learn, False
+    say = progress or (lambda text: None)
+    total, begun = count_runs(len(prompts), len(configs), repeats), itertools.count(1)
     try:
+        say(f"warming up: an untimed run of {prompts[0].id}")
         _warm_up(engine, prompts[0], baseline, sampling, seed)
-        for prompt in prompts:
+        for number, prompt in enumerate(prompts, 1):
             own = replace(sampling, grammar=prompt.grammar) if prompt.grammar else sampling
-            own_runs = _prompt_runs(engine, prompt, baseline, rest, own, seed, repeats, on_run)
+
+            def starting(config: Config, repeat: int) -> None:
+                say(f"run {next(begun)}/{total}: {config.label}, round {repeat + 1}/{repeats}, "
+                    f"prompt {number}/{len(prompts)} {prompt.id}")  # the longest last, where a status line is cut
+
+            own_runs = _prompt_runs(engine, prompt, baseline, rest, own, seed, repeats, on_run, starting)
             runs += own_runs
             if engine.pool is not None and learn and own_runs:
                 engine.pool.add(runs[-1].tokens)  # the target-only output (the last run appended)
@@ -193,12 +211,15 @@ def run_bench(engine: Engine, prompts: list[BenchPrompt], configs: list[Config],
 
 def _prompt_runs(engine: Engine, prompt: BenchPrompt, baseline: Config, rest: list[Config],
                  sampling: SamplerSettings, seed: int, repeats: int,
-                 on_run: Callable[[Run], None] | None) -> list[Run]:
+                 on_run: Callable[[Run], None] | None,
+                 starting: Callable[[Config, int], None] | None = None) -> list[Run]:
     """One prompt's runs: per repeat, target-only around every BASELINE_EVERY configurations."""
     runs: list[Run] = []
     tokens = prompt_tokens(engine, prompt)
 
     def run(config: Config, repeat: int) -> tuple[list[int], Run]:
+        if starting:
+            starting(config, repeat)
         out, result = _run(engine, tokens, config, sampling, seed, prompt, repeat)
         if on_run:
             on_run(result)

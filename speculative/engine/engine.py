@@ -56,17 +56,22 @@ class Engine:
                  notify: Callable[[str], None] | None = None, prompt_cache_file: Path | None = None,
                  prompt_cache_ro: bool = False, pool_tokens: int = POOL_TOKENS, pool_file: Path | None = None,
                  cache_ram_mib: int = 0, progress: Callable[[str], None] | None = None):
-        """`notify`: one-line notices; `progress`: what a long wait (a calibration) is at now, each
-        text replacing the last ("" when it is over)."""
+        """`notify` hears lasting notices (a calibration measured, a cache file ignored);
+        `progress` what a long step does now (loading a model, measuring costs), each call
+        replacing the last: the command line draws it as a status line (cli/progress.py)."""
+        self.progress = progress or (lambda text: None)
         target_vocab = functools.cache(lambda: read_vocab(target.path))  # read when needed, once
         for other in (draft.path if draft else None, target.mtp_sidecar, target.feature_drafter):
             if other is not None and other.resolve() != target.path.resolve():
                 check_compatible(target_vocab(), read_vocab(other))
         t0 = time.perf_counter()
+        self.progress(f"loading {target.name}")
         self.target = _load(target)
         self.draft = None
         try:
-            self.draft = _load(draft) if draft is not None else None
+            if draft is not None:
+                self.progress(f"loading the draft model {draft.name}")
+                self.draft = _load(draft)
             # The head that drafts from the target's hidden states (its own NextN layers, an MTP head
             # file's, or an EAGLE-3, DFlash or DSpark drafter): its cache, kept between runs too.
             head = (self.target.feature_head(target.feature_drafter) if target.feature_drafter else
@@ -79,13 +84,12 @@ class Engine:
         # Each model's cache, kept between runs: a prompt that starts like the last one keeps that prefix.
         self.caches = {"target": Cache(self.target), **({"draft": Cache(self.draft)} if self.draft else {})}
         self.notify = notify
-        self.progress = progress
         self.drafter: Drafter | None = None  # the drafter of the latest run
         # what every pass costs here, learnt as they run (costs.py), and saved now and then
         self.book = CostBook()
         for model in (self.target, self.draft):
             if model is not None:
-                model.on_pass = self._recorder(model.identity(), model.kv_unified)
+                model.on_pass = functools.partial(self.book.model(model.identity()).record, unified=model.kv_unified)
         self._saved_at = time.monotonic()
         self.persist = CachePersistence(self.caches, self.mtp, notify, prompt_cache_file, prompt_cache_ro,
                                         cache_ram_mib)
@@ -267,11 +271,6 @@ class Engine:
         finally:
             model.on_pass = hook
         self.book.save()
-
-    def _recorder(self, identity: dict, unified: bool) -> Callable[[int, int, float], None]:
-        """What a model's on_pass does: the pass goes in the book."""
-        costs = self.book.model(identity)
-        return lambda tokens, sequences, seconds: costs.record(tokens, sequences, seconds, unified)
 
     def busy_seconds(self) -> float:
         """Seconds both models have spent inside llama.cpp so far."""

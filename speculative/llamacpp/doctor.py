@@ -20,6 +20,7 @@ over the cells in order). `sequence_invariance` measures that.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -47,21 +48,26 @@ def probe_tokens(rng: np.random.Generator, n_vocab: int, n: int) -> list[int]:
     return rng.integers(margin, n_vocab - margin, n).tolist()
 
 
-def batch_invariance(cache: Cache, batches=BATCHES, depths=DEPTHS, seed: int = 0) -> list[Check]:
-    """Score positions one at a time and inside each batch, at each cache depth that fits."""
+def batch_invariance(cache: Cache, batches=BATCHES, depths=DEPTHS, seed: int = 0,
+                     progress: Callable[[str], None] | None = None) -> list[Check]:
+    """Score positions one at a time and inside each batch, at each cache depth that fits;
+    `progress` hears which, as each begins."""
     model = cache.model
     rng = np.random.default_rng(seed)
+    say = progress or (lambda text: None)
     checks = []
     for cached in depths:
         if cached + max(batches) > model.n_ctx:
             continue
         tokens = probe_tokens(rng, model.n_vocab, cached + max(batches))
+        say(f"{cached} cached, {max(batches)} positions one at a time")
         cache.forget()
         cache.extend(tokens[:cached])
         cache.checkpoint()  # a recurrent state comes back here after each batch
         alone = np.array([cache.extend([t], "last")[0].copy()  # rows are views until the next decode
                           for t in tokens[cached : cached + max(batches)]])
-        for b in batches:
+        for i, b in enumerate(batches, 1):
+            say(f"{cached} cached, a batch of {b} ({i}/{len(batches)})")
             cache.rollback(cached)
             rows = np.array(cache.extend(tokens[cached : cached + b], "all"))
             checks.append(Check(cached, b, float(np.abs(rows - alone[:b]).max())))
@@ -79,14 +85,19 @@ class SequenceCheck:
         return asdict(self)
 
 
-def sequence_invariance(model: LlamaModel, cached: int = 32, probed: int = 8, seed: int = 1) -> SequenceCheck:
+def sequence_invariance(model: LlamaModel, cached: int = 32, probed: int = 8, seed: int = 1,
+                        progress: Callable[[str], None] | None = None) -> SequenceCheck:
     """Whether a request's logits stay the same whatever else runs (requests at once, slots.py):
     slot 0's prompt and tokens are scored alone in the cache, then again with every other slot's
     prompt decoded in the same batches (so its cells sit among theirs, as in a unified pool) and
-    a token of each other slot beside each of its own. `model` has its n_slots (> 1)."""
+    a token of each other slot beside each of its own. `model` has its n_slots (> 1); `progress`
+    hears which of the two runs."""
     rng = np.random.default_rng(seed)
     streams = [probe_tokens(rng, model.n_vocab, cached + probed) for _ in range(model.n_slots)]
+    say = progress or (lambda text: None)
+    say("alone")
     alone = _slot0_rows(model, streams[:1], cached)
+    say("among the others")
     among = _slot0_rows(model, streams, cached)
     model.clear()
     return SequenceCheck(model.n_slots - 1, probed, float(np.abs(alone - among).max()))
