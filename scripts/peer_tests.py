@@ -29,7 +29,8 @@ has no stand-in before its server starts, and puts an offline `wget` in place of
 Per run: DIR/LABEL/FILE.xml (junit, captured output included), FILE.log (pytest's output),
 commands.log (each server command line the wrapper ran), DIR/LABEL/summary.json (each
 test's outcome, and for a failure the first line of its reason and what the server said last)
-and DIR/LABEL/summary.md (passed/failed/skipped per file). Two --server: both run, one after the
+and DIR/LABEL/summary.md (passed/failed/error/skipped per file, the failures grouped by reason,
+each failed test), of which the first two parts are printed. Two --server: both run, one after the
 other, then the comparison; `compare` makes it from two earlier runs. Exit 0 when every test
 that ran passed, 1 when one failed, 2 on a usage error.
 
@@ -342,7 +343,8 @@ def first_line(text: str) -> str:
 def last_error_line(captured: str) -> str:
     """The last line of the captured output that reports an error (a server's refusal, mostly)."""
     lines = [line.strip() for line in captured.splitlines()
-             if re.search(r"\berror\b|refus|invalid|unknown|no such", line, re.IGNORECASE)]
+             if re.search(r"\berror\b|refus|invalid|unknown|no such", line, re.IGNORECASE)
+             and not line.lstrip().startswith(('"', "{"))]  # not the suite printing a JSON answer
     return lines[-1][:300] if lines else ""
 
 
@@ -359,7 +361,8 @@ def file_line(file: str, result: dict) -> str:
     return f"{file}: " + ", ".join(f"{n} {outcome}" for outcome, n in counts(result).items())
 
 
-def summary_table(summary: dict) -> str:
+def summary_table(summary: dict, every_failure: bool = True) -> str:
+    """Counts per file, the failures grouped by why, then (every_failure) each failed test."""
     lines = [f"# {summary['server']}: `{shlex.join(summary['command'])}`", "",
              "| file | passed | failed | error | skipped |", "|---|---:|---:|---:|---:|"]
     for file, result in summary["files"].items():
@@ -367,7 +370,15 @@ def summary_table(summary: dict) -> str:
         lines.append(f"| {file} | " + " | ".join(str(c[o]) for o in OUTCOMES) + " |")
     failures = [(file, name, t) for file, result in summary["files"].items()
                 for name, t in result["tests"].items() if t["outcome"] in ("failed", "error")]
-    if failures:
+    if not failures:
+        return "\n".join(lines) + "\n"
+    groups: dict[tuple[str, str], list[str]] = {}
+    for file, name, t in failures:
+        groups.setdefault((t["reason"], t.get("server_said", "")), []).append(f"{Path(file).stem}::{name}")
+    lines += ["", "| failures | reason | the server said |", "|---:|---|---|"]
+    lines += [f"| {len(tests)} | {cell(reason)} | {cell(said)} |"
+              for (reason, said), tests in sorted(groups.items(), key=lambda g: -len(g[1]))]
+    if every_failure:
         lines += ["", "| failed test | reason | the server said |", "|---|---|---|"]
         lines += [f"| {Path(file).stem}::{name} | {cell(t['reason'])} | {cell(t.get('server_said', ''))} |"
                   for file, name, t in failures]
@@ -468,7 +479,7 @@ def main(argv: list[str]) -> int:
     python = suite_python(args.python, suite)
     summaries = [run_server(label, command, files, suite, python, out, args) for label, command in servers]
     for s in summaries:
-        print(f"\n{summary_table(s)}", end="")
+        print(f"\n{summary_table(s, every_failure=False)}", end="")
     if len(summaries) == 2:
         table = comparison_table(*summaries)
         (out / "comparison.md").write_text(table)
