@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """llama.cpp's own server tests, run against `speculate serve` or a llama-server, on local models.
 
-    scripts/peer_tests.py run --server speculate|PATH [--server ...] [TEST ...]
-                              [--out DIR] [--python PY] [--timeout 120] [--slow] [-k EXPR]
+    scripts/peer_tests.py run --server speculate|PATH [--server ...] [TEST ...] [--out DIR]
+                              [--python PY] [--speculate PATH] [--timeout 120] [--slow] [-k EXPR]
     scripts/peer_tests.py summary DIR
     scripts/peer_tests.py compare DIR_A DIR_B [-o FILE]
 
@@ -14,8 +14,8 @@ Each file runs on its own (`-p no:cacheprovider`, a per-test timeout of --timeou
 pytest-timeout, `-m "not slow"` as the suite's tests.sh unless --slow), one server at a time, on
 a free port (PORT).
 
-A --server is `speculate` (`speculate serve`, from --speculate, default the one beside this
-Python or on PATH) or the path of a llama-server binary. The suite starts the binary named by
+A --server is `speculate` (`speculate serve`, from --speculate, default the one on PATH, else
+the one beside this Python) or the path of a llama-server binary. The suite starts the binary named by
 LLAMA_SERVER_BIN_PATH with llama-server's flags; that binary is a small wrapper (DIR/LABEL/bin)
 that turns the model's location (--hf-repo/--hf-file, -hf, --model-url) into `-m LOCAL.gguf` of
 a stand-in (STAND_INS below) and execs the server with every other flag unchanged: a flag the
@@ -88,9 +88,9 @@ DOWNLOADS = [
      "test_speculative's draft, for a stories target: it must share the target stand-in's vocabulary"),
 ]
 
-HF_REPO_FLAGS = ("-hf", "-hfr", "--hf-repo")
-HF_FILE_FLAGS = ("-hff", "--hf-file")
-MODEL_URL_FLAGS = ("-mu", "--model-url")
+# llama-server's flags that say where the model is, and which part of the location each gives
+LOCATION_FLAGS = {**dict.fromkeys(("-hf", "-hfr", "--hf-repo"), "repo"), **dict.fromkeys(("-hff", "--hf-file"), "file"),
+                  **dict.fromkeys(("-mu", "--model-url"), "url")}
 
 
 def stand_in(reference: str, table: list[tuple[str, str, str]]) -> str | None:
@@ -104,28 +104,23 @@ def stand_in(reference: str, table: list[tuple[str, str, str]]) -> str | None:
 # -- the wrapper the suite starts in place of llama-server ------------------------------------
 
 def split_model_location(args: list[str]) -> tuple[str | None, list[str], int]:
-    """(the model reference of -hf/-hff/-mu, the other arguments, where the reference stood)."""
-    repo = file = url = None
+    """(the model's location given by LOCATION_FLAGS as "REPO/FILE" or the URL, the other
+    arguments, the index in them where the location stood)."""
+    found: dict[str, str] = {}
     rest: list[str] = []
     at = -1
     i = 0
     while i < len(args):
-        flag, _, inline = args[i].partition("=")
-        value_flags = HF_REPO_FLAGS + HF_FILE_FLAGS + MODEL_URL_FLAGS
-        if flag in value_flags and (inline or i + 1 < len(args)):
-            value = inline if inline else args[i + 1]
-            i += 1 if inline else 2
-            if flag in HF_REPO_FLAGS:
-                repo = value
-            elif flag in HF_FILE_FLAGS:
-                file = value
-            else:
-                url = value
+        flag, eq, inline = args[i].partition("=")
+        part = LOCATION_FLAGS.get(flag)
+        if part and (eq or i + 1 < len(args)):
+            found[part] = inline if eq else args[i + 1]
+            i += 1 if eq else 2
             at = len(rest) if at < 0 else at
             continue
         rest.append(args[i])
         i += 1
-    reference = url or (f"{repo}/{file or ''}" if repo else None)
+    reference = found.get("url") or (f"{found['repo']}/{found.get('file', '')}" if "repo" in found else None)
     return reference, rest, at
 
 
@@ -210,9 +205,7 @@ def extract_suite(dest: Path) -> Path:
         for member in members:
             member.name = member.name[len(SUITE_IN_SDIST):]
         tar.extractall(dest, members=members, filter="data")
-    tests = dest / TESTS_DIR
-    (tests / "tmp").mkdir(exist_ok=True)  # download_file's and the slot tests' folder
-    return tests
+    return dest / TESTS_DIR
 
 
 def suite_python(requested: str | None, tests: Path) -> str:
@@ -259,22 +252,26 @@ def group_by_file(tests: list[str], suite: Path) -> dict[str, list[str]]:
     return {file: [file] if file in ids else ids for file, ids in files.items()}
 
 
-def server_command(server: str, speculate: str | None) -> tuple[str, list[str]]:
+def server_command(server: str, speculate: str) -> tuple[str, list[str]]:
     """(a label, the command the wrapper execs before the suite's flags) for a --server."""
     if server == "speculate":
-        return "speculate", [speculate or speculate_executable(), "serve"]
+        return "speculate", [speculate, "serve"]
     path = Path(server)
     if not (path.is_file() and os.access(path, os.X_OK)):
         sys.exit(f"peer_tests: --server {server}: neither `speculate` nor an executable file")
     return path.name, [str(path.resolve())]
 
 
-def run_server(label: str, command: list[str], files: dict[str, list[str]], suite: Path, python: str,
-               out: Path, bench: argparse.Namespace) -> dict:
+def stand_in_paths(speculate: str) -> dict[str, str]:
+    """Where each stand-in's GGUF file is (`speculate models path`)."""
+    return {model: model_file(speculate, model) for model in {row[1] for row in STAND_INS + DOWNLOADS}}
+
+
+def run_server(label: str, command: list[str], paths: dict[str, str], files: dict[str, list[str]], suite: Path,
+               python: str, out: Path, options: argparse.Namespace) -> dict:
     """Every file of `files` against one server; its summary."""
     runs = out / label
     runs.mkdir(parents=True, exist_ok=True)
-    paths = {model: model_file(bench.speculate_for_paths, model) for model in {row[1] for row in STAND_INS + DOWNLOADS}}
     config_path = runs / "config.json"
     commands_log = runs / "commands.log"
     commands_log.unlink(missing_ok=True)
@@ -283,7 +280,7 @@ def run_server(label: str, command: list[str], files: dict[str, list[str]], suit
     wrapper = runs / "bin" / "llama-server"
     wrapper.parent.mkdir(exist_ok=True)
     write_wrapper(wrapper, config_path)
-    timeout = ["--timeout", str(bench.timeout)] if has_module(python, "pytest_timeout") else []
+    timeout = ["--timeout", str(options.timeout)] if has_module(python, "pytest_timeout") else []
     if not timeout:
         print(f"peer_tests: {python} has no pytest-timeout: no per-test timeout", file=sys.stderr)
     results = {}
@@ -291,12 +288,12 @@ def run_server(label: str, command: list[str], files: dict[str, list[str]], suit
         xml = runs / (Path(file).stem + ".xml")
         xml.unlink(missing_ok=True)
         shutil.rmtree(suite / "tmp", ignore_errors=True)
-        (suite / "tmp").mkdir()
+        (suite / "tmp").mkdir()  # download_file's and the slot tests' folder, empty for each file
         env = {**os.environ, CONFIG_ENV: str(config_path), "LLAMA_SERVER_BIN_PATH": str(wrapper),
                "PORT": str(free_port())}
         cmd = [python, str(Path(__file__).resolve()), "pytest", "-p", "peer_tests", "-p", "no:cacheprovider",
                "-q", "-rfEs", f"--junitxml={xml}", "-o", "junit_logging=all", *timeout,
-               *([] if bench.slow else ["-m", "not slow"]), *(["-k", bench.k] if bench.k else []), *ids]
+               *([] if options.slow else ["-m", "not slow"]), *(["-k", options.k] if options.k else []), *ids]
         print(f"== {label}: {' '.join(ids)}", flush=True)
         proc = subprocess.run(cmd, cwd=suite, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, errors="replace")
@@ -446,7 +443,7 @@ def main(argv: list[str]) -> int:
     run.add_argument("--out", default=str(ROOT / ".cache" / "peer-tests"),
                      help="results and the suite's copy (default .cache/peer-tests)")
     run.add_argument("--python", help="the suite's Python (default .venv-peer, made on first use)")
-    run.add_argument("--speculate", help="the speculate executable (default: beside this Python, or on PATH)")
+    run.add_argument("--speculate", help="the speculate executable (default: on PATH, else beside this Python)")
     run.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT, help="seconds per test (pytest-timeout)")
     run.add_argument("--slow", action="store_true", help="run the tests marked slow too (many need the network)")
     run.add_argument("-k", help="pytest's -k expression")
@@ -469,15 +466,16 @@ def main(argv: list[str]) -> int:
         return 0
     if len(args.server) > 2:
         parser.error("--server: one, or two to compare")
-    servers = [server_command(s, args.speculate) for s in args.server]
+    speculate = args.speculate or speculate_executable()
+    servers = [server_command(s, speculate) for s in args.server]
     if len({label for label, _ in servers}) < len(servers):
         parser.error("--server: the two servers need different names")
-    args.speculate_for_paths = args.speculate or speculate_executable()
     out = Path(args.out).resolve()
     suite = extract_suite(out / "suite")
     files = group_by_file(args.tests, suite)
     python = suite_python(args.python, suite)
-    summaries = [run_server(label, command, files, suite, python, out, args) for label, command in servers]
+    paths = stand_in_paths(speculate)
+    summaries = [run_server(label, command, paths, files, suite, python, out, args) for label, command in servers]
     for s in summaries:
         print(f"\n{summary_table(s, every_failure=False)}", end="")
     if len(summaries) == 2:
