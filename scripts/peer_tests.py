@@ -352,9 +352,16 @@ def counts(result: dict) -> dict[str, int]:
     return found
 
 
+def count_cells(result: dict) -> list[str]:
+    """A file's passed, failed, error and skipped counts, or what happened when it has none."""
+    if "crashed" in result:
+        return [f"pytest exited {result['crashed']} with no results"]
+    return [str(n) for n in counts(result).values()]
+
+
 def file_line(file: str, result: dict) -> str:
     if "crashed" in result:
-        return f"{file}: pytest exited {result['crashed']} with no results"
+        return f"{file}: {count_cells(result)[0]}"
     return f"{file}: " + ", ".join(f"{n} {outcome}" for outcome, n in counts(result).items())
 
 
@@ -363,8 +370,7 @@ def summary_table(summary: dict, every_failure: bool = True) -> str:
     lines = [f"# {summary['server']}: `{shlex.join(summary['command'])}`", "",
              "| file | passed | failed | error | skipped |", "|---|---:|---:|---:|---:|"]
     for file, result in summary["files"].items():
-        c = counts(result)
-        lines.append(f"| {file} | " + " | ".join(str(c[o]) for o in OUTCOMES) + " |")
+        lines.append(f"| {file} | " + " | ".join(count_cells(result)) + " |")
     failures = [(file, name, t) for file, result in summary["files"].items()
                 for name, t in result["tests"].items() if t["outcome"] in ("failed", "error")]
     if not failures:
@@ -394,9 +400,8 @@ def comparison_table(a: dict, b: dict) -> str:
     files = list(dict.fromkeys([*a["files"], *b["files"]]))
     empty = {"tests": {}}
     for file in files:
-        ca, cb = (counts(s["files"].get(file, empty)) for s in (a, b))
-        lines.append(f"| {file} | " + "/".join(str(ca[o]) for o in OUTCOMES) + " | "
-                     + "/".join(str(cb[o]) for o in OUTCOMES) + " |")
+        lines.append(f"| {file} | " + " | ".join("/".join(count_cells(s["files"].get(file, empty))) for s in (a, b))
+                     + " |")
     lines += ["", f"| test | {la} | {lb} | {lb}'s reason |", "|---|---|---|---|"]
     for file in files:
         ta, tb = (s["files"].get(file, empty)["tests"] for s in (a, b))
