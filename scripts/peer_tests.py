@@ -11,8 +11,8 @@ copied out of the sdist scripts/test.sh keeps (.cache/sdist) into DIR/suite, fre
 `run`: its files are never edited. A TEST is `unit/test_completion.py`, `test_completion` or a
 node id (`unit/test_completion.py::test_consistent_result_same_seed`); none: every `unit/` file.
 Each file runs on its own (`-p no:cacheprovider`, a per-test timeout of --timeout seconds with
-pytest-timeout, `-m "not slow"` as the suite's tests.sh unless --slow), one server at a time, on
-a free port (PORT).
+pytest-timeout, `-m "not slow"` as the suite's tests.sh unless --slow, which sets SLOW_TESTS=1
+as well), one server at a time, on a free port (PORT).
 
 A --server is `speculate` (`speculate serve`, from --speculate, default the one on PATH, else
 the one beside this Python) or the path of a llama-server binary. The suite starts the binary named by
@@ -290,7 +290,7 @@ def run_server(label: str, command: list[str], paths: dict[str, str], files: dic
         shutil.rmtree(suite / "tmp", ignore_errors=True)
         (suite / "tmp").mkdir()  # download_file's and the slot tests' folder, empty for each file
         env = {**os.environ, CONFIG_ENV: str(config_path), "LLAMA_SERVER_BIN_PATH": str(wrapper),
-               "PORT": str(free_port())}
+               "PORT": str(free_port()), **({"SLOW_TESTS": "1"} if options.slow else {})}
         cmd = [python, str(Path(__file__).resolve()), "pytest", "-p", "peer_tests", "-p", "no:cacheprovider",
                "-q", "-rfEs", f"--junitxml={xml}", "-o", "junit_logging=all", *timeout,
                *([] if options.slow else ["-m", "not slow"]), *(["-k", options.k] if options.k else []), *ids]
@@ -450,7 +450,8 @@ def main(argv: list[str]) -> int:
     run.add_argument("--python", help="the suite's Python (default .venv-peer, made on first use)")
     run.add_argument("--speculate", help="the speculate executable (default: on PATH, else beside this Python)")
     run.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT, help="seconds per test (pytest-timeout)")
-    run.add_argument("--slow", action="store_true", help="run the tests marked slow too (many need the network)")
+    run.add_argument("--slow", action="store_true",
+                     help="run the slow tests too (marked slow, or asking SLOW_TESTS=1); many need the network")
     run.add_argument("-k", help="pytest's -k expression")
     summary = commands.add_parser("summary", help="print a run's summary")
     summary.add_argument("dir", help="DIR/LABEL of a run")
