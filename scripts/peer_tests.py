@@ -247,7 +247,7 @@ def group_by_file(tests: list[str], suite: Path) -> dict[str, list[str]]:
         stem = Path(path).stem
         file = f"unit/{stem}.py"
         if not (suite / file).is_file():
-            sys.exit(f"peer_tests: no such test file in the suite: {path} (looked for {file})")
+            raise ValueError(f"no such test file in the suite: {path} (looked for {file})")
         files.setdefault(file, []).append(f"{file}{sep}{name}")
     return {file: [file] if file in ids else ids for file, ids in files.items()}
 
@@ -258,7 +258,7 @@ def server_command(server: str, speculate: str) -> tuple[str, list[str]]:
         return "speculate", [speculate, "serve"]
     path = Path(server)
     if not (path.is_file() and os.access(path, os.X_OK)):
-        sys.exit(f"peer_tests: --server {server}: neither `speculate` nor an executable file")
+        raise ValueError(f"--server {server}: neither `speculate` nor an executable file")
     return path.name, [str(path.resolve())]
 
 
@@ -473,12 +473,15 @@ def main(argv: list[str]) -> int:
     if len(args.server) > 2:
         parser.error("--server: one, or two to compare")
     speculate = args.speculate or speculate_executable()
-    servers = [server_command(s, speculate) for s in args.server]
-    if len({label for label, _ in servers}) < len(servers):
-        parser.error("--server: the two servers need different names")
     out = Path(args.out).resolve()
-    suite = extract_suite(out / "suite")
-    files = group_by_file(args.tests, suite)
+    try:
+        servers = [server_command(s, speculate) for s in args.server]
+        if len({label for label, _ in servers}) < len(servers):
+            raise ValueError("--server: the two servers need different names")
+        suite = extract_suite(out / "suite")
+        files = group_by_file(args.tests, suite)
+    except ValueError as e:
+        parser.error(str(e))
     python = suite_python(args.python, suite)
     paths = stand_in_paths(speculate)
     summaries = [run_server(label, command, paths, files, suite, python, out, args) for label, command in servers]
