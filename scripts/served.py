@@ -17,6 +17,11 @@ import time
 from pathlib import Path
 
 
+def speculate_executable() -> str:
+    """The `speculate` command: on PATH, else beside this Python (a virtual environment's)."""
+    return shutil.which("speculate") or str(Path(sys.executable).with_name("speculate"))
+
+
 class Server:
     """`speculate serve` on a free port, until closed."""
 
@@ -28,7 +33,7 @@ class Server:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         if command is None:
-            command = [shutil.which("speculate") or str(Path(sys.executable).with_name("speculate")), "serve"]
+            command = [speculate_executable(), "serve"]
         env = {"GGML_CPU_TILED_MM": "0", **os.environ} if env is None else env
         self.log = log
         with open(log, "wb") as out:
