@@ -281,6 +281,7 @@ def test_doctors_verdict_is_what_it_measured(monkeypatch, tmp_path, capsys, drif
     and more differ (as the JSON and as text), batch-invariant where nothing does."""
     path = tmp_path / "model.gguf"
     path.write_bytes(b"GGUF" + bytes(28))  # doctor's -m check reads the magic; the fake loads nothing
+    monkeypatch.delenv("COLUMNS", raising=False)  # the report's lines whole (captured: no terminal)
     monkeypatch.setattr("speculative.engine.engine.Engine",
                         lambda spec, **callbacks: DoctorEngine(BatchVariant(9, drift)))
     app(args=["doctor", "-m", str(path), "-np", "1", "--json"], standalone_mode=False, prog_name="speculate")
