@@ -64,10 +64,10 @@ QWEN_DRAFT = "qwen2.5-coder-0.5b-instruct"
 
 
 def speculate(*args: str, env: dict | None = None, input: bytes | None = None,
-              timeout: float = 600) -> subprocess.CompletedProcess:
+              timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run the installed `speculate` command; stdout as bytes, stderr as text."""
     proc = subprocess.run([SPECULATE, *args], input=input, capture_output=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+                          env={**os.environ, **(env or {})}, cwd=cwd)
     proc.stderr = proc.stderr.decode("utf-8", errors="replace")
     return proc
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -374,6 +375,18 @@ def test_a_busy_machine_no_longer_decides_later_runs(model_path, tmp_path):
     (entry,) = book(env).values()
     now = float(np.median(entry["seconds"][: costs.SAMPLES]))
     assert entry["prices"]["seconds"] == pytest.approx(now, rel=costs.DRIFT)
+
+
+def test_the_readmes_ngram_simple_example_drafts(model_path):
+    """The README's `--spec-type ngram-simple` line, as written (the default models, its example
+    file), drafts from the text it is asked to edit."""
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    (line,) = [line for line in readme.read_text().splitlines()
+               if line.startswith("speculate ") and "--spec-type ngram-simple " in line]
+    args = shlex.split(line.split("#")[0])[1:]
+    model_path(QWEN), model_path(QWEN_DRAFT)  # the default pair, pulled
+    out = speculate_json(*args, "-n", "48", "--temp", "0", cwd=readme.parent)
+    assert out["n_drafted"] > 0 and out["n_accept"] > 0, out
 
 
 @pytest.mark.real
