@@ -57,7 +57,7 @@ N_GPU_LAYERS = typer.Option(
     ModelSpec.n_gpu_layers, "-ngl", "--n-gpu-layers", "--gpu-layers", rich_help_panel=M,
     help="Target layers to offload to the GPU (-1: all that the build can).")
 N_GPU_LAYERS_DRAFT = typer.Option(
-    None, "-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl", rich_help_panel=M,
+    None, "-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl", "--gpu-layers-draft", rich_help_panel=M,
     help="Draft layers to offload to the GPU (default: -ngl).")
 THREADS = typer.Option(
     None, "-t", "--threads", rich_help_panel=M, help="CPU threads for the target (default: all available).")
@@ -166,11 +166,11 @@ SPEC_DEFAULT = typer.Option(
     help="llama.cpp's default speculation: adds ngram-mod (n-match 24, n-min 48, n-max 64) to --spec-type, "
          "before ngram-cache and the model drafters, as llama.cpp's order of types puts it.")
 DRAFT_MAX = typer.Option(
-    None, "--draft-max", "--draft", "--spec-draft-n-max", rich_help_panel=D,
+    None, "--draft-max", "--draft", "--draft-n", "--spec-draft-n-max", rich_help_panel=D,
     help=f"Most tokens drafted per step (default {DRAFT_MAX_FIXED}; auto: up to {DRAFT_MAX_AUTO}; llama.cpp's "
          f"ngram-mod, ngram-map-k4v: their own n-max, size-m; ngram-cache: {NGRAM_CACHE_DRAFT}).")
 DRAFT_MIN = typer.Option(
-    SpecSettings.draft_min, "--draft-min", "--spec-draft-n-min", rich_help_panel=D,
+    SpecSettings.draft_min, "--draft-min", "--draft-n-min", "--spec-draft-n-min", rich_help_panel=D,
     help="Drafts shorter than this are not verified.")
 DRAFT_P_MIN = typer.Option(
     SpecSettings.draft_p_min, "--draft-p-min", "--spec-draft-p-min", rich_help_panel=D,
@@ -247,7 +247,7 @@ TEMP = typer.Option(SamplerSettings.temp, "--temp", "--temperature", rich_help_p
 TOP_K = typer.Option(SamplerSettings.top_k, "--top-k", rich_help_panel=S, help="Top-k sampling (0: off).")
 TOP_P = typer.Option(SamplerSettings.top_p, "--top-p", rich_help_panel=S, help="Top-p sampling (1.0: off).")
 MIN_P = typer.Option(SamplerSettings.min_p, "--min-p", rich_help_panel=S, help="Min-p sampling (0.0: off).")
-TYPICAL = typer.Option(SamplerSettings.typical_p, "--typical", rich_help_panel=S,
+TYPICAL = typer.Option(SamplerSettings.typical_p, "--typical", "--typical-p", rich_help_panel=S,
                        help="Locally typical sampling, p (1.0: off).")
 REPEAT_PENALTY = typer.Option(SamplerSettings.repeat_penalty, "--repeat-penalty", rich_help_panel=S,
                               help="Penalise repeated tokens (1.0: off).")
