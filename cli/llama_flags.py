@@ -385,7 +385,7 @@ _CONVERSATION = "which speculate does not have yet: give the prompt with -p/-f (
 _ROUTER = "llama-server's router mode (models loaded on demand), which speculate serve does not have: it serves -m"
 _MULTIMODAL = "for multimodal models, which speculate does not run (text only)"
 _TOOLS = "for llama-server's tools, which speculate serve does not have"
-_EMBEDDINGS = "for embeddings, which speculate serve does not serve (text generation only)"
+_EMBEDDINGS = "for embeddings and reranking, which speculate serve does not compute (it generates text)"
 _SELF_EXTEND = "llama.cpp's self-extend (group attention), which speculate does not have"
 _SYNTHETIC = ("llama.cpp's synthetic acceptance (benchmarking only), which speculate does not have: speculate "
               "bench measures real runs")
@@ -422,6 +422,9 @@ REFUSED = {
     "--spec-synth-len": _SYNTHETIC, "--spec-synth-rates": _SYNTHETIC,
     "--sleep-idle-seconds": "llama-server's sleep, which speculate serve does not have: the models stay loaded",
     "-rea": "llama.cpp's reasoning switch, which speculate does not have yet: the chat template's own default holds",
+    "--no-cache-idle-slots": "for llama-server's idle slots, which speculate serve always saves to -cram/--cache-ram "
+                             "when another conversation takes their place",
+    "-bs": "llama.cpp's sampling on the device, which speculate does not have: it samples on the CPU",
 }
 
 

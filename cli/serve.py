@@ -110,16 +110,17 @@ def _model_info(engine, target: ModelSpec, draft: ModelSpec | None, spec: SpecSe
 
 
 def build_info() -> str:
-    """What /props reports as the build: speculate's and llama-cpp-python's versions."""
+    """What /props reports as the build, and `speculate --version`: speculate's version, and
+    llama-cpp-python's with the llama.cpp it was built from."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from speculative.llamacpp.devices import bindings_version
+    from speculative.llamacpp.devices import llama_cpp_versions
 
     try:
         own = version("speculate")
     except PackageNotFoundError:
         own = "unknown"
-    return f"speculate {own}, llama-cpp-python {bindings_version()}"
+    return f"speculate {own}, {llama_cpp_versions()}"
 
 
 def _bind(host: str, port: int) -> socket.socket:

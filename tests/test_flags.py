@@ -7,13 +7,21 @@ held to the pinned sdist's common/arg.cpp; every command is found in the click a
 from __future__ import annotations
 
 import re
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from typer.main import get_command
 
-from speculative.cli import llama_flags
+from speculative.cli import llama_flags, memory
 from speculative.cli.main import app
-from tests.conftest import speculate_here, vendored
+from speculative.cli.options import ModelOptions
+from speculative.decoding.settings import SPEC_TYPE_ALIASES, SPEC_TYPES, SpecSettings
+from speculative.engine.bench import make_configs
+from speculative.engine.chat import check_template, format_chat
+from speculative.serving.generation import speculation
+from tests.conftest import speculate, speculate_here, speculate_json, vendored
+from tests.gguf_builder import write_tiny_llama
 
 try:  # typer >= 0.22 vendors click
     from typer._click.core import Context
@@ -203,7 +211,7 @@ def test_long_flags_may_be_spelt_with_underscores_as_in_llama_cpp(spelling):
     (("serve", "--no-cont-batching"), "--no-cont-batching is"),
     (("serve", "--slot-save-path", "/tmp"), "--slot-save-path is for llama-server's slot files"),
     (("serve", "--cors-origins", "*"), "--cors-origins is llama-server's CORS"),
-    (("serve", "--embedding"), "--embedding is for embeddings"),
+    (("serve", "--embedding"), "--embedding is for embeddings and reranking"),
     (("serve", "--models-dir", "/tmp"), "--models-dir is llama-server's router mode"),
     (("serve", "--grp-attn-n", "4"), "--grp-attn-n is llama.cpp's self-extend"),
     (("serve", "--spec-synth-len", "2"), "--spec-synth-len is llama.cpp's synthetic acceptance"),
@@ -226,3 +234,140 @@ def test_every_refusal_is_of_a_llama_cpp_flag_no_command_takes():
         names = llama_flags.llama_names(flag)
         assert names, f"{flag} is not a flag of the pinned arg.cpp"
         assert not set(names) & taken, f"{flag} is refused, but a command takes {set(names) & taken}"
+
+
+# -- llama.cpp's flags speculate takes ---------------------------------------------------------
+
+
+def test_every_speculative_type_name_of_llama_cpp_is_taken():
+    """common/speculative.cpp's names: speculate's own, or llama.cpp's name of one (draft-simple is
+    draft), read as speculate's wherever a type is named: the flag, a request, bench's -C."""
+    source = vendored("common/speculative.cpp").decode()
+    table = source[source.index("common_speculative_type_from_name_map"):]
+    names = re.findall(r'\{"([a-z0-9-]+)",\s*COMMON_SPECULATIVE_TYPE_', table[:table.index("};")])
+    assert "draft-simple" in names and len(names) >= 10
+    assert set(names) <= set(SPEC_TYPES) | set(SPEC_TYPE_ALIASES)
+    assert SpecSettings(types=("draft-simple", "ngram-simple")).types == ("draft", "ngram-simple")
+    assert replace(SpecSettings(), **speculation({"speculative.type": "draft-simple"})).types == ("draft",)
+    assert [c.spec.types for c in make_configs(["draft-simple"], {}, SpecSettings())][1:] == [("draft",)]
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--spec-type", "ngram-simple", "--spec-type", "eagle"), "unknown type eagle"),  # the second is read too
+    (("--spec-type", "draft-simple", "--spec-type", "draft"), "names a type twice: draft,draft"),
+    (("--mlock", "-lm", "mmap"), "-lm/--load-mode mmap and --mlock/--mmap/--no-mmap both say how the weights load"),
+    (("-tb", "0"), "-tb/--threads-batch must be >= 1"),
+    (("-tbd", "0"), "-tbd/--threads-batch-draft must be >= 1"),
+    (("--chat-template", "llama9"), "--chat-template: neither one of llama.cpp's built-in formats (bailing,"),
+    (("--chat-template", "{{ messages[0].content }}", "--no-jinja"),
+     "--chat-template: llama.cpp's built-in chat formats do not recognise this chat template"),
+    (("--chat-template", "chatml", "--chat-template-file", "t.jinja"), "give --chat-template or --chat-template-file"),
+    (("--chat-template-file", "/nonexistent/t.jinja"), "cannot read --chat-template-file /nonexistent/t.jinja"),
+    (("-sys", "be brief", "-sysf", "s.txt"), "give the system message with -sys or -sysf, not both"),
+])
+def test_llama_cpp_flags_are_checked_before_any_model_loads(args, message):
+    proc = speculate_here("-p", "x", "-m", "/nonexistent/model.gguf", *args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize("flags, mode", [
+    ((), "auto"), (("--mlock",), "mmap+mlock"), (("--no-mmap",), "none"), (("--mmap",), "mmap"),
+    (("--mlock", "--no-mmap"), "mlock"), (("--mlock", "--mmap"), "mmap+mlock"), (("-lm", "dio"), "dio"),
+])
+def test_older_llama_cpps_load_flags_are_the_load_modes_they_mean(flags, mode):
+    path, command, ctx = ALL[0]
+    opts, _ = parse(command, ctx, *flags)
+    values = {"mlock": opts.get("mlock", False), "mmap": opts.get("mmap"), "load_mode": opts.get("load_mode", "auto")}
+    assert memory.load_mode(ModelOptions(**values)) == mode
+
+
+def test_builtin_chat_formats_are_llama_cpps():
+    """--no-jinja formats as llama.cpp recognises the template; a format's name is that format."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    chatml = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    jinja = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    assert format_chat("chatml", messages) == chatml == format_chat("chatml", messages, jinja=False)
+    assert format_chat(jinja, messages) == chatml == format_chat(jinja, messages, jinja=False)
+    assert format_chat("llama3", messages).startswith("<|start_header_id|>system<|end_header_id|>")
+    check_template("gemma", jinja=True)
+    check_template(jinja, jinja=False)
+
+
+@pytest.mark.parametrize("args, message", [
+    (("-p", ""), 'the prompt is empty (-p ""): give the text to generate from'),
+    (("-f", "EMPTY"), "the prompt is empty (the prompt file EMPTY is empty)"),
+    (("-p", "-"), "the prompt is empty (standard input gave nothing)"),
+    (("-f", "-"), "the prompt is empty (standard input gave nothing)"),
+])
+def test_an_empty_prompt_exits_2_with_the_reason(tmp_path, args, message):
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    args = tuple(str(empty) if a == "EMPTY" else a for a in args)
+    proc = speculate_here(*args, "-m", "/nonexistent/model.gguf")
+    assert proc.returncode == 2, proc.stderr
+    line = proc.stderr.strip()
+    assert "\n" not in line and line.startswith(f"speculate: error: {message.replace('EMPTY', str(empty))}"), line
+
+
+def test_version_prints_speculates_and_llama_cpps_and_loads_no_model():
+    proc = speculate_here("--version", "-m", "/nonexistent/model.gguf")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.decode().splitlines()
+    assert re.fullmatch(r"speculate \S+", lines[0]), lines
+    assert re.fullmatch(r"llama-cpp-python 0\.3\.36 \(libllama \S+, ggml \S+, commit \S+\)", lines[1]), lines
+
+
+# -- with a model -------------------------------------------------------------------------------
+
+# the tiny model's 8 tokens spell only "hi", spaces and newlines (llama.cpp's tokenizer aborts on
+# a character without a token): a template and messages of those
+TINY_TEMPLATE = "{% for m in messages %}{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}hi{% endif %}"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(write_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny.gguf", chat_template=TINY_TEMPLATE))
+
+
+def n_prompt(tiny: str, *args: str) -> int:
+    # --ignore-eos: the random tiny model's greedy pick may be EOS, and which it is depends on the CPU
+    return speculate_json("-m", tiny, "-p", "hi", "-n", "1", "--temp", "0", "--ignore-eos", "--spec-type", "none",
+                          *args)["n_prompt"]
+
+
+@pytest.mark.real
+def test_a_system_message_turns_the_chat_template_on_as_in_llama_cli(tiny, tmp_path):
+    """-sys without --chat was dropped (the prompt alone was generated from): it is a chat."""
+    system = tmp_path / "system.txt"
+    system.write_text("hi hi\n")
+    plain, chat = n_prompt(tiny), n_prompt(tiny, "--chat", "-sys", "hi hi")
+    assert chat > n_prompt(tiny, "--chat") > plain
+    assert n_prompt(tiny, "-sys", "hi hi") == chat == n_prompt(tiny, "-sysf", str(system))
+    # llama.cpp's own formatting recognises no format in this template: one line, exit 3
+    proc = speculate("-m", tiny, "-p", "hi", "-n", "1", "-sys", "hi", "--no-jinja")
+    assert proc.returncode == 3 and "do not recognise this chat template" in proc.stderr.strip(), proc.stderr
+
+
+@pytest.mark.real
+def test_threads_batch_reach_llama_cpps_context(tiny):
+    """-tb sets llama.cpp's n_threads_batch (its batches: prompts, and the drafts verified)."""
+    import llama_cpp as ll
+
+    from speculative.decoding.settings import ModelSpec
+    from speculative.llamacpp.model import LlamaModel
+
+    for threads_batch, expected in ((None, 2), (1, 1)):
+        with LlamaModel(ModelSpec(Path(tiny), "tiny", n_ctx=64, n_threads=2, n_threads_batch=threads_batch)) as model:
+            assert (ll.llama_n_threads(model._ctx), ll.llama_n_threads_batch(model._ctx)) == (2, expected)
+            assert ("threads_batch" in model.identity()) == (threads_batch is not None)
+
+
+@pytest.mark.real
+def test_verbose_shows_llama_cpps_log(tiny):
+    quiet = speculate("-m", tiny, "-p", "hi", "-n", "1", "--spec-type", "none", env={"SPECULATE_LLAMA_LOG": ""})
+    loud = speculate("-m", tiny, "-p", "hi", "-n", "1", "--spec-type", "none", "-v", env={"SPECULATE_LLAMA_LOG": ""})
+    assert quiet.returncode == loud.returncode == 0, quiet.stderr + loud.stderr
+    assert "llama_model_loader" not in quiet.stderr and "llama_model_loader" in loud.stderr

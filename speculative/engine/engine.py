@@ -72,6 +72,7 @@ class Engine:
             self._close_models()
             raise
         self.t_load = time.perf_counter() - t0
+        self.jinja = target.jinja  # chats through the Jinja template, else llama.cpp's formats (--no-jinja)
         # Each model's cache, kept between runs: a prompt that starts like the last one keeps that prefix.
         self.caches = {"target": Cache(self.target), **({"draft": Cache(self.draft)} if self.draft else {})}
         self.notify = notify
@@ -108,12 +109,14 @@ class Engine:
         return self.target.tokenize(text, add_special=True)
 
     def chat_tokens(self, messages: list[dict[str, str]]) -> list[int]:
-        """A conversation through the target's own chat template, ready for the reply."""
+        """A conversation through the target's chat template (its own, or --chat-template's), ready
+        for the reply."""
         template = self.target.chat_template()
         if not template:
-            raise ModelError(f"{self.target.name} has no chat template; run without --chat")
+            raise ModelError(f"{self.target.name} has no chat template, which --chat and -sys need "
+                             "(give one with --chat-template)")
         bos = self.target.special_text("bos")
-        rendered = chat.render(template, messages, bos_token=bos, eos_token=self.target.special_text("eos"))
+        rendered = chat.format_chat(template, messages, self.jinja, bos, self.target.special_text("eos"))
         # A template that writes BOS itself must not get a second one from the tokenizer.
         has_bos = bool(bos) and self.target.add_bos and rendered.startswith(bos)
         return self.target.tokenize(rendered, add_special=not has_bos)

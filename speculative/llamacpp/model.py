@@ -88,12 +88,13 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
 
     def _create_context(self, spec: ModelSpec) -> None:
         self.n_threads = spec.n_threads or default_threads()
+        self.n_threads_batch = spec.n_threads_batch or self.n_threads
         # by the devices the layers are on: llama_supports_gpu_offload() is true in any RPC build
         self.placement = placement(spec.n_gpu_layers, self.devices)
         self.cache_types = (spec.cache_type_k, spec.cache_type_v)
         fa = flash_attn_type(spec.flash_attn, self.placement == "gpu", CACHE_TYPES[spec.cache_type_v] > 1)
         cparams = context_params(spec.n_ctx, spec.n_batch, self.n_threads, fa, spec.n_seq * spec.n_slots,
-                                 spec.kv_unified, spec.n_ubatch, self.cache_types)
+                                 spec.kv_unified, spec.n_ubatch, self.cache_types, self.n_threads_batch)
         cparams.n_rs_seq = spec.n_rs_seq if self.recurrent else 0  # llama.cpp clamps it to 0 where unsupported
         log_errors()  # only this call's
         ctx = ll.llama_init_from_model(self._model, cparams)
@@ -157,6 +158,9 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
         return buf.value.decode(errors="replace")
 
     def chat_template(self) -> str | None:
+        """--chat-template's, else the model's own (None: it has none)."""
+        if self.spec.chat_template:
+            return self.spec.chat_template
         raw = ll.llama_model_chat_template(self._model, None)
         return raw.decode("utf-8", errors="replace") if raw else None
 
