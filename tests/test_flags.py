@@ -320,6 +320,50 @@ def test_version_prints_speculates_and_llama_cpps_and_loads_no_model():
     assert re.fullmatch(r"llama-cpp-python 0\.3\.36 \(libllama \S+, ggml \S+, commit \S+\)", lines[1]), lines
 
 
+# -- serve and llama.cpp's server tests -----------------------------------------------------------
+
+
+def server_test_flags() -> list[str]:
+    """The flags llama.cpp's server tests start llama-server with (tools/server/tests/utils.py,
+    ServerProcess.start)."""
+    source = vendored("tools/server/tests/utils.py").decode()
+    start = source[source.index("    def start("):]
+    start = start[:start.index("\n    def ", 10)]
+    return sorted(set(re.findall(r'"(--?[a-z][a-z0-9_-]*)"', start)))
+
+
+def test_serve_takes_or_refuses_by_name_every_flag_of_llama_cpps_server_tests():
+    """Accepted with llama-server's meaning, or refused with a reason of its own (not the generic
+    'speculate serve does not have it'): never an unknown flag, nor a cluster of short ones."""
+    path, command, ctx = next(item for item in ALL if item[0] == "speculate serve")
+    flags = server_test_flags()
+    assert {"--temp", "--seed", "--alias", "--n-predict", "--cont-batching", "--jinja", "--no-jinja",
+            "--chat-template", "--reasoning-format", "--verbose", "--context-shift"} <= set(flags)
+    names = {name for p in options(command, ctx) for name in (*p.opts, *p.secondary_opts)}
+    for flag in flags:
+        flag = flag.replace("_", "-") if flag.startswith("--") else flag
+        if flag in names:
+            continue
+        reason = llama_flags.refusal(flag, path, {}, [])
+        assert any(name in llama_flags.REFUSED for name in llama_flags.llama_names(flag)), f"{flag}: {reason}"
+
+
+def test_the_usual_server_test_flags_parse_to_llama_servers_meaning():
+    path, command, ctx = next(item for item in ALL if item[0] == "speculate serve")
+    opts, _ = parse(command, ctx, "--temp", "0.8", "--seed", "42", "--no-jinja", "--alias", "x", "-n", "16", "-cb",
+                    "--spec-type", "draft-simple", "--reasoning-format", "none", "--verbose", "--top-k", "5")
+    assert opts == {"temp": "0.8", "seed": "42", "jinja": False, "alias": "x", "n_predict": "16",
+                    "cont_batching": True, "spec_type": ["draft-simple"], "reasoning_format": "none",
+                    "verbose": True, "top_k": "5"}
+
+
+@pytest.mark.parametrize("value", ["auto", "deepseek", "deepseek-legacy"])
+def test_serve_refuses_the_reasoning_formats_it_does_not_do(value):
+    proc = speculate_here("serve", "-m", "/nonexistent/model.gguf", "--reasoning-format", value)
+    assert proc.returncode == 2, proc.stderr
+    assert f"--reasoning-format {value}: speculate does not take a thinking model's reasoning" in proc.stderr
+
+
 # -- with a model -------------------------------------------------------------------------------
 
 # the tiny model's 8 tokens spell only "hi", spaces and newlines (llama.cpp's tokenizer aborts on
