@@ -147,9 +147,8 @@ VERBOSE = typer.Option(
     help="Show llama.cpp's log (loading, contexts, devices) on stderr, as SPECULATE_LLAMA_LOG=1 does.")
 JINJA = typer.Option(
     True, "--jinja/--no-jinja", rich_help_panel=M,
-    help="--jinja (always on unless --no-jinja): chats through the model's Jinja template, rendered in a "
-         "sandbox. --no-jinja: through llama.cpp's built-in chat formats, which it recognises in the "
-         "template (llama_chat_apply_template), as llama-server --no-jinja.")
+    help="Chats through the model's Jinja template, rendered in a sandbox (the default); --no-jinja: through "
+         "llama.cpp's built-in chat formats, which it recognises in the template, as llama-server --no-jinja.")
 CHAT_TEMPLATE = typer.Option(
     None, "--chat-template", rich_help_panel=M, metavar="JINJA_TEMPLATE",
     help="Chats through this Jinja template instead of the model's, or through one of llama.cpp's built-in "
@@ -758,7 +757,7 @@ MODELS = Group("models", (
 # the memory flags of the target alone (doctor's)
 TARGET_MEMORY_FLAGS = ("cache_type_k", "cache_type_v", "override_tensor", "cpu_moe", "n_cpu_moe", "n_cpu_ffn",
                        "ubatch_size", "load_mode", "mlock", "mmap", "split_mode", "tensor_split", "main_gpu",
-                       "swa_full", "threads_batch", "verbose")
+                       "swa_full")
 
 SAMPLING = Group("sampling", (
     ("temp", float, TEMP), ("top_k", int, TOP_K), ("top_p", float, TOP_P), ("min_p", float, MIN_P),

@@ -20,7 +20,7 @@ from speculative.decoding.settings import SPEC_TYPE_ALIASES, SPEC_TYPES, SpecSet
 from speculative.engine.bench import make_configs
 from speculative.engine.chat import check_template, format_chat
 from speculative.serving.generation import speculation
-from tests.conftest import speculate, speculate_here, speculate_json, vendored
+from tests.conftest import assert_refused, speculate, speculate_here, speculate_json, vendored
 from tests.gguf_builder import write_tiny_llama
 
 try:  # typer >= 0.22 vendors click
@@ -220,11 +220,7 @@ def test_long_flags_may_be_spelt_with_underscores_as_in_llama_cpp(spelling):
     (("serve", "-mu", "http://x/m.gguf"), "-mu is llama.cpp's download of a model URL"),
 ])
 def test_flags_a_command_lacks_are_refused_by_name_in_one_line(args, message):
-    proc = speculate_here(*args)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("speculate: error: ") and message in lines[0], proc.stderr
-    assert proc.stdout == b""
+    assert_refused(speculate_here(*args), message)
 
 
 def test_every_refusal_is_of_a_llama_cpp_flag_no_command_takes():
@@ -266,10 +262,7 @@ def test_every_speculative_type_name_of_llama_cpp_is_taken():
     (("-sys", "be brief", "-sysf", "s.txt"), "give the system message with -sys or -sysf, not both"),
 ])
 def test_llama_cpp_flags_are_checked_before_any_model_loads(args, message):
-    proc = speculate_here("-p", "x", "-m", "/nonexistent/model.gguf", *args)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert_refused(speculate_here("-p", "x", "-m", "/nonexistent/model.gguf", *args), message)
 
 
 @pytest.mark.parametrize("flags, mode", [
@@ -306,10 +299,7 @@ def test_an_empty_prompt_exits_2_with_the_reason(tmp_path, args, message):
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")
     args = tuple(str(empty) if a == "EMPTY" else a for a in args)
-    proc = speculate_here(*args, "-m", "/nonexistent/model.gguf")
-    assert proc.returncode == 2, proc.stderr
-    line = proc.stderr.strip()
-    assert "\n" not in line and line.startswith(f"speculate: error: {message.replace('EMPTY', str(empty))}"), line
+    assert_refused(speculate_here(*args, "-m", "/nonexistent/model.gguf"), message.replace("EMPTY", str(empty)))
 
 
 def test_version_prints_speculates_and_llama_cpps_and_loads_no_model():
@@ -359,9 +349,8 @@ def test_the_usual_server_test_flags_parse_to_llama_servers_meaning():
 
 @pytest.mark.parametrize("value", ["auto", "deepseek", "deepseek-legacy"])
 def test_serve_refuses_the_reasoning_formats_it_does_not_do(value):
-    proc = speculate_here("serve", "-m", "/nonexistent/model.gguf", "--reasoning-format", value)
-    assert proc.returncode == 2, proc.stderr
-    assert f"--reasoning-format {value}: speculate does not take a thinking model's reasoning" in proc.stderr
+    assert_refused(speculate_here("serve", "-m", "/nonexistent/model.gguf", "--reasoning-format", value),
+                   f"--reasoning-format {value}: speculate does not take a thinking model's reasoning")
 
 
 # -- with a model -------------------------------------------------------------------------------
