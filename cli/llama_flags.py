@@ -399,6 +399,9 @@ REFUSED = {
     "-i": f"llama-completion's interactive mode, {_CONVERSATION}",
     "-if": f"llama-completion's interactive mode, {_CONVERSATION}",
     "-mli": f"for llama.cpp's interactive mode, {_CONVERSATION}",
+    "--in-prefix": f"for llama-completion's interactive mode, {_CONVERSATION}",
+    "--in-suffix": f"for llama-completion's interactive mode, {_CONVERSATION}",
+    "--in-prefix-bos": f"for llama-completion's interactive mode, {_CONVERSATION}",
     "--context-shift": "llama.cpp's context shift, which speculate does not have: a generation stops at the "
                        "context's end (finish_reason length); raise -c/--ctx-size for longer ones",
     "-nocb": "no continuous batching, which speculate serve does not have: it always decodes the requests of "
