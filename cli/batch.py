@@ -37,7 +37,7 @@ def batch_command(
         help="One request per line: an `id` (string or integer) and a `prompt` or chat `messages`; optional "
              "n_predict, temperature, top_p, seed, stop (a string or a list) override the flags."),
     output: Path = typer.Option(
-        ..., "-o", "--output", metavar="RESULTS.jsonl",
+        ..., "-o", "--output", "--output-file", metavar="RESULTS.jsonl",
         help="Results, one line per request, appended as each finishes. Requests it already has a line for "
              "are skipped, so rerunning the same command resumes an interrupted batch."),
     summary_file: Optional[Path] = typer.Option(

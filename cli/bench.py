@@ -36,14 +36,14 @@ def bench_command(
         None, "--sweep", metavar="KEY=V1,V2",
         help=f"Grid over a setting ({', '.join(bench.SWEEP_KEYS)}); repeat for a product. "
              "draft-max applies to fixed types, not auto."),
-    n_predict: int = typer.Option(128, "-n", "--n-predict", help="Tokens to generate per run."),
-    temp: float = typer.Option(0.0, "--temp", help="Temperature (0: greedy, outputs checked for identity)."),
+    n_predict: int = typer.Option(128, "-n", "--n-predict", "--predict", help="Tokens to generate per run."),
+    temp: float = typer.Option(0.0, "--temp", "--temperature", help="Temperature (0: greedy, outputs checked for identity)."),
     seed: int = typer.Option(0, "-s", "--seed", help="One seed for every run, so sampled outputs compare."),
     repeat: int = typer.Option(1, "--repeat", help="Runs of every configuration per prompt."),
     category: Optional[List[str]] = typer.Option(None, "--category", help="Only prompts of this category."),
     limit: int = typer.Option(0, "--limit", help="Only the first N prompts (0: all)."),
     output: Optional[Path] = typer.Option(
-        None, "-o", "--output", help="JSON results (default: speculate-bench-DATE-TIME.json here; "
+        None, "-o", "--output", "--output-file", help="JSON results (default: speculate-bench-DATE-TIME.json here; "
                                      "an existing file is never overwritten)."),
     per_prompt: bool = typer.Option(False, "--per-prompt", help="Also print one row per prompt."),
 ) -> None:

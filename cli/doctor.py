@@ -13,8 +13,8 @@ from .progress import StatusLine
 from .render import quiet_pipe
 
 
-@options.with_options(options.MODELS.only("model", "n_gpu_layers", "threads", "flash_attn", "rpc", "device",
-                                          *options.TARGET_MEMORY_FLAGS),
+@options.with_options(options.MODELS.only("model", "n_gpu_layers", "threads", "threads_batch", "flash_attn", "rpc",
+                                          "device", "verbose", *options.TARGET_MEMORY_FLAGS),
                       options.SLOTS.only("parallel", "kv_unified"))
 def doctor_command(
     models: options.ModelOptions,

@@ -22,6 +22,15 @@ from typing import Any, Iterable
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from . import llama_flags
+
+try:  # typer >= 0.22 vendors click
+    from typer._click.exceptions import NoSuchOption
+    from typer._click.parser import _OptionParser
+except ImportError:  # pragma: no cover
+    from click.exceptions import NoSuchOption
+    from click.parser import _OptionParser
+
 INDENT = 2        # a row's names start here
 NAMES = 28        # names at most this wide have their help beside them
 GAP = 2           # between the names and the help beside them
@@ -179,12 +188,51 @@ def help_all_option(command: Any, ctx: Any) -> Any:
     return option
 
 
+class WholeFlagParser(_OptionParser):
+    """click's parser reading each argument as one flag name, as llama.cpp does (common/arg.cpp,
+    common_params_parse_ex): click would read an argument it does not know, `-cnv`, as short flags
+    run together (-c with the value "nv"); here it is refused by its whole name, in one line that
+    says what llama.cpp's flag is and what to use (llama_flags.refusal). As in llama.cpp, `--a_b`
+    is `--a-b`."""
+
+    def _process_opts(self, arg: str, state: Any) -> None:
+        if arg.startswith("--"):
+            name, eq, value = arg.partition("=")
+            arg = name.replace("_", "-") + eq + value
+        name = arg.partition("=")[0] if arg.startswith("--") else arg
+        if name not in self._long_opt and name not in self._short_opt:
+            raise NoSuchOption(name, message=self._refusal(name), ctx=self.ctx)
+        super()._process_opts(arg, state)
+
+    def _refusal(self, flag: str) -> str:
+        own = {name: option.takes_value for name, option in {**self._long_opt, **self._short_opt}.items()}
+        root = self.ctx.find_root()
+        elsewhere = [path for path, command in _commands(root.command, root.info_name or "speculate")
+                     if path != self.ctx.command_path and flag in _flag_names(command, root)]
+        return llama_flags.refusal(flag, self.ctx.command_path, own, elsewhere)
+
+
+def _commands(command: Any, path: str) -> Iterable[tuple[str, Any]]:
+    """(command path, command) of `command` and every command under it."""
+    yield path, command
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _commands(sub, f"{path} {name}")
+
+
+def _flag_names(command: Any, ctx: Any) -> set[str]:
+    return {name for param in command.get_params(ctx) if param.param_type_name == "option"
+            for name in (*param.opts, *param.secondary_opts)}
+
+
 class HelpCommand(TyperCommand):
     def format_help(self, ctx: Any, formatter: Any) -> None:
         write_help(self, ctx, formatter)
 
     def get_params(self, ctx: Any) -> list:
         return _with_help_all(self, ctx, super().get_params(ctx))
+
+    def make_parser(self, ctx: Any) -> WholeFlagParser:
+        return _whole_flag_parser(self, ctx)
 
 
 class HelpGroup(TyperGroup):
@@ -193,6 +241,9 @@ class HelpGroup(TyperGroup):
 
     def get_params(self, ctx: Any) -> list:
         return _with_help_all(self, ctx, super().get_params(ctx))
+
+    def make_parser(self, ctx: Any) -> WholeFlagParser:
+        return _whole_flag_parser(self, ctx)
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         if not args and self.no_args_is_help and not ctx.resilient_parsing:
@@ -208,6 +259,14 @@ def _with_help_all(command: Any, ctx: Any, params: list) -> list:
     if not hasattr(command, "_help_all"):
         command._help_all = help_all_option(command, ctx)
     return params + [command._help_all] if command._help_all is not None else params
+
+
+def _whole_flag_parser(command: Any, ctx: Any) -> WholeFlagParser:
+    """click's Command.make_parser, with WholeFlagParser."""
+    parser = WholeFlagParser(ctx)
+    for param in command.get_params(ctx):
+        param.add_to_parser(parser, ctx)
+    return parser
 
 
 class App(typer.Typer):

@@ -26,10 +26,10 @@ from .batch import batch_command
 from .bench import bench_command
 from .doctor import doctor_command
 from .helpformat import App
-from .prompt import process_escapes, read_prompt
+from .prompt import read_prompt, read_system_prompt
 from .render import run_and_render
 from .rpc_server import rpc_server_command
-from .serve import serve_command
+from .serve import build_info, serve_command
 
 try:  # typer >= 0.22 vendors click
     from typer._click.exceptions import ClickException
@@ -76,6 +76,22 @@ app.command("doctor", help="Show the llama.cpp build and measure whether greedy 
 P, O = "Prompt", "Output"
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(build_info().replace(", ", "\n", 1))
+        raise typer.Exit(0)
+
+
+SYSTEM_PROMPT_FILE = typer.Option(
+    None, "-sysf", "--system-prompt-file", rich_help_panel=P, metavar="FNAME",
+    help="As -sys, the message read from FNAME (one trailing newline dropped).")
+NO_CONVERSATION = typer.Option(
+    False, "-no-cnv", "--no-conversation", rich_help_panel=P,
+    help="Accepted: one generation from -p/-f is what speculate does (it has no conversation mode).")
+VERSION = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                       help="Print speculate's version and llama.cpp's, and exit.")
+
+
 @app.callback()
 @options.with_options(options.MODELS, options.SAMPLING, options.SPECULATION, options.POOL)
 def run(
@@ -96,7 +112,10 @@ def run(
         False, "--chat", rich_help_panel=P,
         help="Wrap the prompt in the model's own chat template (one user turn), rendered in a sandbox."),
     system_prompt: Optional[str] = typer.Option(
-        None, "-sys", "--system-prompt", rich_help_panel=P, help="System message for --chat."),
+        None, "-sys", "--system-prompt", rich_help_panel=P,
+        help="System message; the prompt goes through the chat template (--chat), as in llama-cli."),
+    system_prompt_file: Optional[Path] = SYSTEM_PROMPT_FILE,
+    no_conversation: bool = NO_CONVERSATION,
     prompt_cache: Optional[Path] = typer.Option(
         None, "--prompt-cache", rich_help_panel=P, metavar="FILE",
         help="Restore the models' caches for the longest prefix this prompt shares with the prompt saved "
@@ -110,6 +129,7 @@ def run(
     json_output: bool = typer.Option(
         False, "--json", rich_help_panel=O,
         help="Print one JSON object (text, statistics, settings) instead of streaming text."),
+    version: bool = VERSION,
 ) -> None:
     """Generate text from a prompt, with speculative decoding."""
     if ctx.invoked_subcommand is not None:
@@ -120,9 +140,8 @@ def run(
         raise UsageError("--prompt-cache-ro needs --prompt-cache FILE")
     if prompt_cache is not None and not prompt_cache_ro:
         check_writable(prompt_cache)  # refused now, not after loading the models
-    if system_prompt is not None and escape:
-        system_prompt = process_escapes(system_prompt)
-
+    system_prompt = read_system_prompt(system_prompt, system_prompt_file, escape)
+    use_chat = use_chat or system_prompt is not None  # llama-cli's -sys: a system message is a chat
     target, draft = models.specs(use_draft, spec.branches, spec.longest_draft, spec.mtp, spec.features)
     code = run_and_render(
         target, draft, text, sampling, spec, use_chat=use_chat, system=system_prompt,

@@ -1,5 +1,6 @@
 """llama.cpp's model and memory flags: KV cache types (-ctk/-ctv, the draft's -ctkd/-ctvd), tensor
-placement (-ot/-otd, -cmoe/-ncmoe/-ncffn and the draft's -cmoed/-ncmoed), -ub, -lm, -sm/-ts/-mg
+placement (-ot/-otd, -cmoe/-ncmoe/-ncffn and the draft's -cmoed/-ncmoed), -ub, -lm (and older
+llama.cpp's --mlock/--mmap/--no-mmap), -sm/-ts/-mg
 and --swa-full, checked as llama.cpp checks them, and earlier where it fails late: values before
 anything loads, buffer types once the devices (--rpc's included) are known, head sizes and
 tensor names from the GGUF files before llama.cpp reads them."""
@@ -27,6 +28,7 @@ def check_values(o) -> None:
                         ("-ctvd/--spec-draft-type-v", o.cache_type_v_draft)):
         if value not in CACHE_TYPES:
             raise UsageError(f"{flag}: unsupported cache type {value!r} (valid: {', '.join(CACHE_TYPES)})")
+    load_mode(o)
     for flag, value, valid in (("-lm/--load-mode", o.load_mode, LOAD_MODES),
                                ("-sm/--split-mode", o.split_mode, SPLIT_MODES)):
         if value not in valid:
@@ -41,6 +43,19 @@ def check_values(o) -> None:
         if CACHE_TYPES[v] > 1 and o.flash_attn == "off":
             raise UsageError(f"{flag} {v}: a quantized V cache needs flash attention, which -fa off turns off "
                              "(give -fa auto or on, or an unquantized V cache type)")
+
+
+def load_mode(o) -> str:
+    """-lm, or what older llama.cpp's --mlock, --mmap and --no-mmap say of loading (the pinned
+    llama.cpp has -lm only): the weights mapped or read in, and locked in RAM or not."""
+    if not o.mlock and o.mmap is None:
+        return o.load_mode
+    if o.load_mode != ModelSpec.load_mode:
+        raise UsageError(f"-lm/--load-mode {o.load_mode} and --mlock/--mmap/--no-mmap both say how the weights "
+                         "load; give one of them")
+    if o.mmap is False:
+        return "mlock" if o.mlock else "none"
+    return "mmap+mlock" if o.mlock else "mmap"
 
 
 def tensor_split(value: Optional[str], max_devices: int) -> tuple[float, ...]:
@@ -132,7 +147,7 @@ def apply(target: ModelSpec, draft: Optional[ModelSpec], o, placed: tuple, place
     """The flags on the models' specs, as llama.cpp gives them (common_base_params_to_speculative):
     the draft (or a head drafting beside the target) takes -ctkd/-ctvd and -otd/-cmoed/-ncmoed;
     -ub, -fa, -lm, -sm, -ts and -mg follow the target."""
-    shared = dict(n_ubatch=o.ubatch_size, load_mode=o.load_mode, split_mode=o.split_mode,
+    shared = dict(n_ubatch=o.ubatch_size, load_mode=load_mode(o), split_mode=o.split_mode,
                   tensor_split=split, main_gpu=o.main_gpu)
     drafts = dict(cache_type_k=o.cache_type_k_draft, cache_type_v=o.cache_type_v_draft)
     target = replace(target, **shared, cache_type_k=o.cache_type_k, cache_type_v=o.cache_type_v, overrides=placed,

@@ -16,7 +16,7 @@ import typer
 from speculative.decoding.settings import (CACHE_TYPES, DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, FLASH_ATTN_MODES, LOAD_MODES,
                                            NGRAM_CACHE_DRAFT, NGRAM_N_AUTO, NGRAM_N_FIXED, POOL_TOKENS, SPLIT_MODES,
                                            LookupCacheSettings, ModelSpec, NgramModSettings, NgramSettings,
-                                           SamplerSettings, SpecSettings)
+                                           SamplerSettings, SpecSettings, canonical_types)
 from speculative.errors import UsageError
 from speculative.models.registry import Registry, check_gguf_file
 
@@ -57,13 +57,19 @@ N_GPU_LAYERS = typer.Option(
     ModelSpec.n_gpu_layers, "-ngl", "--n-gpu-layers", "--gpu-layers", rich_help_panel=M,
     help="Target layers to offload to the GPU (-1: all that the build can).")
 N_GPU_LAYERS_DRAFT = typer.Option(
-    None, "-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl", rich_help_panel=M,
+    None, "-ngld", "--n-gpu-layers-draft", "--spec-draft-ngl", "--gpu-layers-draft", rich_help_panel=M,
     help="Draft layers to offload to the GPU (default: -ngl).")
 THREADS = typer.Option(
     None, "-t", "--threads", rich_help_panel=M, help="CPU threads for the target (default: all available).")
 THREADS_DRAFT = typer.Option(
     None, "-td", "--threads-draft", "--spec-draft-threads", rich_help_panel=M,
     help="CPU threads for the draft (default: -t).")
+THREADS_BATCH = typer.Option(
+    None, "-tb", "--threads-batch", rich_help_panel=M, metavar="N",
+    help="CPU threads for the target's batches: prompts and drafts verified (default: -t).")
+THREADS_BATCH_DRAFT = typer.Option(
+    None, "-tbd", "--threads-batch-draft", "--spec-draft-threads-batch", rich_help_panel=M, metavar="N",
+    help="CPU threads for the draft's batches (default: -tb if given, else -td).")
 FLASH_ATTN = typer.Option(
     ModelSpec.flash_attn, "-fa", "--flash-attn", rich_help_panel=M, metavar="on|off|auto",
     help="Flash attention (both models). auto: llama.cpp's choice on this machine's GPUs, off on the CPU, "
@@ -130,6 +136,26 @@ UBATCH_SIZE = typer.Option(
 LOAD_MODE = typer.Option(
     ModelSpec.load_mode, "-lm", "--load-mode", rich_help_panel=M, metavar="MODE", envvar="LLAMA_ARG_LOAD_MODE",
     show_envvar=False, help=f"How the weights load (both models): {', '.join(LOAD_MODES)}.")
+MLOCK = typer.Option(
+    False, "--mlock", rich_help_panel=M,
+    help="Older llama.cpp's: keep the weights in RAM, -lm mmap+mlock (with --no-mmap: -lm mlock).")
+MMAP = typer.Option(
+    None, "--mmap/--no-mmap", rich_help_panel=M,
+    help="Older llama.cpp's: memory-map the weights (-lm mmap), or read them in (-lm none).")
+VERBOSE = typer.Option(
+    False, "-v", "--verbose", "--log-verbose", rich_help_panel=M,
+    help="Show llama.cpp's log (loading, contexts, devices) on stderr, as SPECULATE_LLAMA_LOG=1 does.")
+JINJA = typer.Option(
+    True, "--jinja/--no-jinja", rich_help_panel=M,
+    help="Chats through the model's Jinja template, rendered in a sandbox (the default); --no-jinja: through "
+         "llama.cpp's built-in chat formats, which it recognises in the template, as llama-server --no-jinja.")
+CHAT_TEMPLATE = typer.Option(
+    None, "--chat-template", rich_help_panel=M, metavar="JINJA_TEMPLATE",
+    help="Chats through this Jinja template instead of the model's, or through one of llama.cpp's built-in "
+         "formats by its name (chatml, llama3, gemma, mistral-v7, ...: a wrong name lists them).")
+CHAT_TEMPLATE_FILE = typer.Option(
+    None, "--chat-template-file", rich_help_panel=M, metavar="JINJA_TEMPLATE_FILE",
+    help="As --chat-template, the template read from a file.")
 SPLIT_MODE = typer.Option(
     ModelSpec.split_mode, "-sm", "--split-mode", rich_help_panel=M, metavar="{" + ",".join(SPLIT_MODES) + "}",
     envvar="LLAMA_ARG_SPLIT_MODE", show_envvar=False,
@@ -157,7 +183,7 @@ LORA_DRAFT = typer.Option(
 
 SPEC_TYPE = typer.Option(
     None, "--spec-type", rich_help_panel=D, metavar="TYPES",
-    help="Comma-separated, tried in order: draft (the -md model), draft-mtp (the target's own NextN/MTP "
+    help="Comma-separated (or repeated), tried in order: draft (the -md model; llama.cpp's draft-simple), draft-mtp (the target's own NextN/MTP "
          "layers), ngram-simple, ngram-map-k, and llama.cpp's ngram-map-k4v, ngram-mod, ngram-cache; auto "
          "(the default): choose among ngram-simple, draft and draft-mtp and k each step by measured cost, "
          "k = 0 included; none: target only, same code path.")
@@ -166,11 +192,11 @@ SPEC_DEFAULT = typer.Option(
     help="llama.cpp's default speculation: adds ngram-mod (n-match 24, n-min 48, n-max 64) to --spec-type, "
          "before ngram-cache and the model drafters, as llama.cpp's order of types puts it.")
 DRAFT_MAX = typer.Option(
-    None, "--draft-max", "--draft", "--spec-draft-n-max", rich_help_panel=D,
+    None, "--draft-max", "--draft", "--draft-n", "--spec-draft-n-max", rich_help_panel=D,
     help=f"Most tokens drafted per step (default {DRAFT_MAX_FIXED}; auto: up to {DRAFT_MAX_AUTO}; llama.cpp's "
          f"ngram-mod, ngram-map-k4v: their own n-max, size-m; ngram-cache: {NGRAM_CACHE_DRAFT}).")
 DRAFT_MIN = typer.Option(
-    SpecSettings.draft_min, "--draft-min", "--spec-draft-n-min", rich_help_panel=D,
+    SpecSettings.draft_min, "--draft-min", "--draft-n-min", "--spec-draft-n-min", rich_help_panel=D,
     help="Drafts shorter than this are not verified.")
 DRAFT_P_MIN = typer.Option(
     SpecSettings.draft_p_min, "--draft-p-min", "--spec-draft-p-min", rich_help_panel=D,
@@ -248,7 +274,7 @@ TEMP = typer.Option(SamplerSettings.temp, "--temp", "--temperature", rich_help_p
 TOP_K = typer.Option(SamplerSettings.top_k, "--top-k", rich_help_panel=S, help="Top-k sampling (0: off).")
 TOP_P = typer.Option(SamplerSettings.top_p, "--top-p", rich_help_panel=S, help="Top-p sampling (1.0: off).")
 MIN_P = typer.Option(SamplerSettings.min_p, "--min-p", rich_help_panel=S, help="Min-p sampling (0.0: off).")
-TYPICAL = typer.Option(SamplerSettings.typical_p, "--typical", rich_help_panel=S,
+TYPICAL = typer.Option(SamplerSettings.typical_p, "--typical", "--typical-p", rich_help_panel=S,
                        help="Locally typical sampling, p (1.0: off).")
 REPEAT_PENALTY = typer.Option(SamplerSettings.repeat_penalty, "--repeat-penalty", rich_help_panel=S,
                               help="Penalise repeated tokens (1.0: off).")
@@ -295,7 +321,7 @@ def sampler_settings(*, temp: float, top_k: int, top_p: float, min_p: float, typ
     return sampling
 
 
-def spec_settings(*, spec_type: Optional[str], draft_max: Optional[int], draft_min: int, draft_p_min: float,
+def spec_settings(*, spec_type: Optional[List[str]], draft_max: Optional[int], draft_min: int, draft_p_min: float,
                   spec_accept: str, branches: int, draft_p_split: float, ngram_n: Optional[int],
                   ngram_m: Optional[int], ngram_min_hits: Optional[int], simple_n: Optional[int],
                   simple_m: Optional[int], simple_hits: Optional[int], map_n: Optional[int],
@@ -307,8 +333,8 @@ def spec_settings(*, spec_type: Optional[str], draft_max: Optional[int], draft_m
     """The speculation flags as validated settings. An n-gram type's own flag wins over the
     common --spec-ngram-* one, which wins over the default. The -lcs/-lcd files are checked
     here, before any model loads."""
-    types = with_spec_default(tuple(t.strip() for t in spec_type.split(",")) if spec_type is not None else None,
-                              spec_default)
+    named = canonical_types([t.strip() for value in spec_type for t in value.split(",")]) if spec_type else None
+    types = with_spec_default(named, spec_default)
     common = (ngram_n, ngram_m, ngram_min_hits)
 
     def one(own: Ngram) -> NgramSettings:
@@ -395,6 +421,8 @@ class ModelOptions:
     n_gpu_layers_draft: Optional[int] = None
     threads: Optional[int] = None
     threads_draft: Optional[int] = None
+    threads_batch: Optional[int] = None
+    threads_batch_draft: Optional[int] = None
     batch_size: int = ModelSpec.n_batch
     flash_attn: str = ModelSpec.flash_attn
     lora: Optional[List[str]] = None
@@ -420,10 +448,16 @@ class ModelOptions:
     n_cpu_moe_draft: int = 0
     ubatch_size: int = ModelSpec.n_ubatch
     load_mode: str = ModelSpec.load_mode
+    mlock: bool = False  # older llama.cpp's load flags: memory.load_mode reads them as -lm
+    mmap: Optional[bool] = None
     split_mode: str = ModelSpec.split_mode
     tensor_split: Optional[str] = None
     main_gpu: int = ModelSpec.main_gpu
     swa_full: bool = False  # accepted: the full sliding-window cache is always kept
+    jinja: bool = True
+    chat_template: Optional[str] = None
+    chat_template_file: Optional[Path] = None
+    verbose: bool = False
 
     @property
     def draft_available(self) -> bool:
@@ -459,9 +493,51 @@ class ModelOptions:
         SpecSettings.mtp, whether the target's NextN layers are loaded to draft with; `features`:
         SpecSettings.features, which drafter of its own file reading the target's layer inputs
         (-md) may draft."""
+        self._check(use_draft)
+        memory.check_values(self)
+        placed = memory.overrides(self.override_tensor, self.cpu_moe, self.n_cpu_moe, self.n_cpu_ffn, "-ot")
+        placed_draft = memory.overrides(self.override_tensor_draft, self.cpu_moe_draft, self.n_cpu_moe_draft, 0,
+                                        "-otd")
+        loras = ([(name, 1.0) for name in _names(self.lora, "--lora")] + _scaled(self.lora_scaled),
+                 [(name, 1.0) for name in _names(self.lora_draft, "--lora-draft")])
+        # llama.cpp loads from here on (imported this late, a refused command line answers at once)
+        from speculative.engine.engine import MAX_SNAPSHOTS
+        from speculative.llamacpp.devices import max_devices, show_llama_log
+
+        if self.verbose:
+            show_llama_log()
+        template = _chat_template(self.chat_template, self.chat_template_file, self.jinja)
+        split = memory.tensor_split(self.tensor_split, max_devices())
+        devices = self._devices()  # RPC servers checked and registered before anything loads
+        memory.check_buffer_types(placed, "-ot")
+        memory.check_buffer_types(placed_draft, "-otd")
+        # -md is resolved for draft-mtp too: it may be an MTP head file (convert_hf_to_gguf.py --mtp)
+        # and for the drafters of a file of their own (draft-eagle3, ...), which it names
+        with_md = use_draft or ((mtp or features) is not None and (self.model_draft or self.hf_repo_draft) is not None)
+        target, draft = resolve_models(
+            Registry.load(), self.model, self.model_draft, with_md, ctx=(self.ctx_size, self.ctx_size_draft),
+            ngl=(self.n_gpu_layers, self.n_gpu_layers_draft), threads=(self.threads, self.threads_draft),
+            n_batch=self.batch_size, flash_attn=self.flash_attn, loras=tuple(_adapters(names) for names in loras),
+            hf_repo=(self.hf_repo, self.hf_repo_draft), hf_file=self.hf_file, hf_token=self.hf_token)
+        target, draft = _place_head(target, draft, use_draft, mtp, features)
+        target, draft = memory.apply(target, draft, self, placed, placed_draft, split)
+        target = replace(target, n_rs_seq=min(longest_draft, MAX_SNAPSHOTS), devices=devices[0],
+                         mtp=mtp is not None and not target.mtp_sidecar and not target.feature_drafter,
+                         n_threads_batch=self.threads_batch, chat_template=template, jinja=self.jinja)
+        draft = None if draft is None else replace(draft, devices=devices[1],
+                                                   n_threads_batch=_first(self.threads_batch_draft, self.threads_batch))
+        if branches <= 1:
+            return target, draft
+        # Both models get a KV-cache sequence per draft-tree branch (-np).
+        return replace(target, n_seq=branches), None if draft is None else replace(draft, n_seq=branches)
+
+    def _check(self, use_draft: bool) -> None:
+        """The model flags on their own: numbers in range, one source per model."""
         for flag, value, least in (("-c/--ctx-size", self.ctx_size, 0), ("-b/--batch-size", self.batch_size, 1),
                                    ("-cd/--ctx-size-draft", self.ctx_size_draft, 0),
-                                   ("-t/--threads", self.threads, 1), ("-td/--threads-draft", self.threads_draft, 1)):
+                                   ("-t/--threads", self.threads, 1), ("-td/--threads-draft", self.threads_draft, 1),
+                                   ("-tb/--threads-batch", self.threads_batch, 1),
+                                   ("-tbd/--threads-batch-draft", self.threads_batch_draft, 1)):
             if value is not None and value < least:
                 raise UsageError(f"{flag} must be >= {least}, got {value}")
         for flag, value in (("-ngl/--n-gpu-layers", self.n_gpu_layers),
@@ -481,38 +557,6 @@ class ModelOptions:
                              f"got {self.flash_attn!r}")
         if self.lora_draft and not use_draft:
             raise UsageError("--lora-draft is for the draft model, which this run does not load")
-        memory.check_values(self)
-        placed = memory.overrides(self.override_tensor, self.cpu_moe, self.n_cpu_moe, self.n_cpu_ffn, "-ot")
-        placed_draft = memory.overrides(self.override_tensor_draft, self.cpu_moe_draft, self.n_cpu_moe_draft, 0,
-                                        "-otd")
-        loras = ([(name, 1.0) for name in _names(self.lora, "--lora")] + _scaled(self.lora_scaled),
-                 [(name, 1.0) for name in _names(self.lora_draft, "--lora-draft")])
-        # llama.cpp loads from here on (imported this late, a refused command line answers at once)
-        from speculative.engine.engine import MAX_SNAPSHOTS
-        from speculative.llamacpp.devices import max_devices
-
-        split = memory.tensor_split(self.tensor_split, max_devices())
-        devices = self._devices()  # RPC servers checked and registered before anything loads
-        memory.check_buffer_types(placed, "-ot")
-        memory.check_buffer_types(placed_draft, "-otd")
-        # -md is resolved for draft-mtp too: it may be an MTP head file (convert_hf_to_gguf.py --mtp)
-        # and for the drafters of a file of their own (draft-eagle3, ...), which it names
-        with_md = use_draft or ((mtp or features) is not None and (self.model_draft or self.hf_repo_draft) is not None)
-        target, draft = resolve_models(
-            Registry.load(), self.model, self.model_draft, with_md, ctx=(self.ctx_size, self.ctx_size_draft),
-            ngl=(self.n_gpu_layers, self.n_gpu_layers_draft), threads=(self.threads, self.threads_draft),
-            n_batch=self.batch_size, flash_attn=self.flash_attn, loras=tuple(_adapters(names) for names in loras),
-            hf_repo=(self.hf_repo, self.hf_repo_draft), hf_file=self.hf_file, hf_token=self.hf_token)
-        target, draft = _place_head(target, draft, use_draft, mtp, features)
-        target, draft = memory.apply(target, draft, self, placed, placed_draft, split)
-        target = replace(target, n_rs_seq=min(longest_draft, MAX_SNAPSHOTS), devices=devices[0],
-                         mtp=mtp is not None and not target.mtp_sidecar and not target.feature_drafter)
-        draft = None if draft is None else replace(draft, devices=devices[1])
-        if branches <= 1:
-            return target, draft
-        # Both models get a KV-cache sequence per draft-tree branch (-np).
-        return replace(target, n_seq=branches), None if draft is None else replace(draft, n_seq=branches)
-
 
     def _devices(self) -> tuple[tuple[str, ...] | None, tuple[str, ...] | None]:
         """The devices of the target's and the draft's offloaded layers (None: llama.cpp's choice),
@@ -528,6 +572,22 @@ class ModelOptions:
             return target, draft if draft is not None else target
         return (target if target is not None else remote,
                 draft if draft is not None else tuple(offload_devices(remote=False)))
+
+
+def _chat_template(text: Optional[str], file: Optional[Path], jinja: bool) -> str | None:
+    """--chat-template or --chat-template-file's template (None: the model's), checked."""
+    from speculative.engine.chat import check_template
+
+    if text is not None and file is not None:
+        raise UsageError("give --chat-template or --chat-template-file, not both")
+    if file is not None:
+        try:
+            text = file.read_bytes().decode("utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"cannot read --chat-template-file {file}: {getattr(e, 'strerror', None) or e}") from None
+    if text is not None:
+        check_template(text, jinja)
+    return text
 
 
 def _device_list(value: Optional[str], flag: str) -> tuple[str, ...] | None:
@@ -678,6 +738,7 @@ MODELS = Group("models", (
     ("ctx_size", int, CTX_SIZE), ("ctx_size_draft", Optional[int], CTX_SIZE_DRAFT),
     ("n_gpu_layers", int, N_GPU_LAYERS), ("n_gpu_layers_draft", Optional[int], N_GPU_LAYERS_DRAFT),
     ("threads", Optional[int], THREADS), ("threads_draft", Optional[int], THREADS_DRAFT),
+    ("threads_batch", Optional[int], THREADS_BATCH), ("threads_batch_draft", Optional[int], THREADS_BATCH_DRAFT),
     ("batch_size", int, BATCH_SIZE), ("flash_attn", str, FLASH_ATTN), ("lora", Optional[List[str]], LORA),
     ("lora_scaled", Optional[List[str]], LORA_SCALED), ("lora_draft", Optional[List[str]], LORA_DRAFT),
     ("rpc", Optional[str], RPC), ("device", Optional[str], DEVICE), ("device_draft", Optional[str], DEVICE_DRAFT),
@@ -687,13 +748,17 @@ MODELS = Group("models", (
     ("override_tensor_draft", Optional[List[str]], OVERRIDE_TENSOR_DRAFT),
     ("cpu_moe", bool, CPU_MOE), ("n_cpu_moe", int, N_CPU_MOE), ("n_cpu_ffn", int, N_CPU_FFN),
     ("cpu_moe_draft", bool, CPU_MOE_DRAFT), ("n_cpu_moe_draft", int, N_CPU_MOE_DRAFT),
-    ("ubatch_size", int, UBATCH_SIZE), ("load_mode", str, LOAD_MODE), ("split_mode", str, SPLIT_MODE),
+    ("ubatch_size", int, UBATCH_SIZE), ("load_mode", str, LOAD_MODE), ("mlock", bool, MLOCK),
+    ("mmap", Optional[bool], MMAP), ("split_mode", str, SPLIT_MODE),
     ("tensor_split", Optional[str], TENSOR_SPLIT), ("main_gpu", int, MAIN_GPU), ("swa_full", bool, SWA_FULL),
+    ("jinja", bool, JINJA), ("chat_template", Optional[str], CHAT_TEMPLATE),
+    ("chat_template_file", Optional[Path], CHAT_TEMPLATE_FILE), ("verbose", bool, VERBOSE),
 ), ModelOptions)
 
 # the memory flags of the target alone (doctor's)
 TARGET_MEMORY_FLAGS = ("cache_type_k", "cache_type_v", "override_tensor", "cpu_moe", "n_cpu_moe", "n_cpu_ffn",
-                       "ubatch_size", "load_mode", "split_mode", "tensor_split", "main_gpu", "swa_full")
+                       "ubatch_size", "load_mode", "mlock", "mmap", "split_mode", "tensor_split", "main_gpu",
+                       "swa_full")
 
 SAMPLING = Group("sampling", (
     ("temp", float, TEMP), ("top_k", int, TOP_K), ("top_p", float, TOP_P), ("min_p", float, MIN_P),
@@ -706,7 +771,7 @@ SAMPLING = Group("sampling", (
 
 SPECULATION = Group("spec", (
     ("n_predict", int, N_PREDICT), ("ignore_eos", bool, IGNORE_EOS),  # in the Sampling panel, as llama.cpp has them
-    ("spec_type", Optional[str], SPEC_TYPE), ("draft_max", Optional[int], DRAFT_MAX),
+    ("spec_type", Optional[List[str]], SPEC_TYPE), ("draft_max", Optional[int], DRAFT_MAX),
     ("draft_min", int, DRAFT_MIN), ("draft_p_min", float, DRAFT_P_MIN), ("spec_accept", str, SPEC_ACCEPT),
     ("branches", int, PARALLEL), ("draft_p_split", float, DRAFT_P_SPLIT),
     ("ngram_n", Optional[int], NGRAM_N), ("ngram_m", Optional[int], NGRAM_M),

@@ -1,4 +1,5 @@
-"""Where the prompt comes from: -p TEXT, -f FILE, or standard input ('-')."""
+"""Where the prompt comes from: -p TEXT, -f FILE, or standard input ('-'); and the system
+message: -sys TEXT or -sysf FILE."""
 
 from __future__ import annotations
 
@@ -25,18 +26,37 @@ def process_escapes(text: str) -> str:
 
 
 def read_prompt(prompt: str | None, file: str | None, escape: bool) -> str:
+    """The prompt of -p or -f (standard input for '-'); an empty one is refused, as a mistake
+    rather than something to generate from."""
     if prompt is not None and file is not None:
         raise UsageError("give the prompt with -p or -f, not both")
     if prompt is None and file is None:
         raise UsageError("no prompt: give -p TEXT, -f FILE, or -p - to read standard input")
     if prompt == "-" or file == "-":
-        return _read_stdin()
+        text, source = _read_stdin(), "standard input gave nothing"
+    elif file is not None:
+        text, source = _read_file(file, "prompt file"), f"the prompt file {file} is empty"
+    else:
+        text, source = process_escapes(prompt) if escape else prompt, '-p ""'
+    if not text:
+        raise UsageError(f"the prompt is empty ({source}): give the text to generate from")
+    return text
+
+
+def read_system_prompt(text: str | None, file: Path | None, escape: bool) -> str | None:
+    """-sys TEXT (escapes processed) or -sysf FILE (one trailing newline dropped, as llama.cpp)."""
+    if text is not None and file is not None:
+        raise UsageError("give the system message with -sys or -sysf, not both")
     if file is not None:
-        try:
-            return Path(file).read_bytes().decode("utf-8", errors="replace")
-        except OSError as e:
-            raise UsageError(f"cannot read prompt file {file}: {e.strerror or e}") from None
-    return process_escapes(prompt) if escape else prompt
+        return _read_file(str(file), "system prompt file").removesuffix("\n")
+    return process_escapes(text) if text is not None and escape else text
+
+
+def _read_file(file: str, what: str) -> str:
+    try:
+        return Path(file).read_bytes().decode("utf-8", errors="replace")
+    except OSError as e:
+        raise UsageError(f"cannot read {what} {file}: {e.strerror or e}") from None
 
 
 def _read_stdin() -> str:

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from speculative.decoding.settings import ModelSpec, SpecSettings
+from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.engine.ram_cache import DEFAULT_MIB
 from speculative.errors import UsageError
 
@@ -17,16 +17,54 @@ from . import options
 from .progress import StatusLine
 
 N = "Server"
+REASONING_FORMATS = ("none",)  # llama.cpp's --reasoning-format: thoughts left in the text (no extraction yet)
+
+METRICS = typer.Option(False, "--metrics", rich_help_panel=N,
+                       help="Serve GET /metrics (Prometheus text), as llama-server's --metrics does.")
+ALIAS = typer.Option(
+    None, "-a", "--alias", rich_help_panel=N, metavar="STRING",
+    help="The model's names in the API, comma-separated: /v1/models and every answer give the first in "
+         "sorted order as its id, as llama-server (default: the -m name).")
+TAGS = typer.Option(None, "--tags", rich_help_panel=N, metavar="STRING",
+                    help="Tags listed with the model by /v1/models, comma-separated (informational).")
+CONT_BATCHING = typer.Option(
+    False, "-cb", "--cont-batching", rich_help_panel=N,
+    help="Accepted: the -np slots' requests are always decoded together, as they come (continuous batching).")
+NO_UI = typer.Option(False, "--no-ui", "--no-webui", rich_help_panel=N,
+                     help="Accepted: speculate serve has no web UI.")
+NO_MMPROJ = typer.Option(False, "--no-mmproj", "--no-mmproj-auto", rich_help_panel=N,
+                         help="Accepted: speculate loads no multimodal projector (text only).")
+REASONING_FORMAT = typer.Option(
+    "none", "--reasoning-format", rich_help_panel=N, metavar="FORMAT",
+    help="none (the only one yet): a thinking model's reasoning stays in the text, as llama.cpp's none.")
 
 
-@options.with_options(options.MODELS, options.SPECULATION.but(
-    branches=(int, options.DRAFT_BRANCHES), n_predict=None, ignore_eos=None),  # per request here
-    options.POOL, options.SLOTS)
+def api_names(alias: Optional[str] = None, tags: Optional[str] = None, cont_batching: bool = False,
+              no_ui: bool = False, no_mmproj: bool = False, reasoning_format: str = "none") -> tuple[list, list]:
+    """-a's names and --tags' tags of the model in the API; llama-server's flags that ask for what
+    speculate serve does anyway, checked."""
+    if reasoning_format not in REASONING_FORMATS:
+        raise UsageError(f"--reasoning-format {reasoning_format}: speculate does not take a thinking model's "
+                         "reasoning out of the text yet; none (the default) leaves it there")
+    return _names(alias), _names(tags)
+
+
+# llama-server's flags for the API's model names, and those that say what serve does anyway
+LLAMA_SERVER = options.Group("names", (
+    ("alias", Optional[str], ALIAS), ("tags", Optional[str], TAGS), ("cont_batching", bool, CONT_BATCHING),
+    ("no_ui", bool, NO_UI), ("no_mmproj", bool, NO_MMPROJ), ("reasoning_format", str, REASONING_FORMAT),
+), api_names)
+
+
+@options.with_options(options.MODELS, options.SAMPLING, options.SPECULATION.but(
+    branches=(int, options.DRAFT_BRANCHES)), options.POOL, options.SLOTS, LLAMA_SERVER)
 def serve_command(
     models: options.ModelOptions,
+    sampling: SamplerSettings,
     spec: SpecSettings,
     pool: options.PoolOptions,
     slots: options.SlotOptions,
+    names: tuple[list, list],
     host: str = typer.Option("127.0.0.1", "--host", rich_help_panel=N,
                              help="Address to listen on. Anything but loopback needs an API key."),
     port: int = typer.Option(8080, "--port", rich_help_panel=N, help="Port to listen on (0: any free one)."),
@@ -49,17 +87,16 @@ def serve_command(
         help="Host memory for earlier conversations' caches (llama-server's prompt cache): a request that "
              "does not continue the cached one saves it there, and restores the saved one sharing the "
              "longest prefix with it; least recently used go first. 0: off; -1: no limit."),
-    metrics: bool = typer.Option(
-        False, "--metrics", rich_help_panel=N,
-        help="Serve GET /metrics (Prometheus text), as llama-server's --metrics does."),
+    metrics: bool = METRICS,
 ) -> None:
-    """Serve the models over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions,
-    streamed or not, /v1/models) and llama-server's own endpoints for editors (/completion,
-    /infill, /tokenize, /detokenize, /props, /slots, /health, and /metrics with --metrics). -np
-    generations run at once, decoded together; Ctrl-C or SIGTERM stops the server (exit 0)."""
+    """Serve the models over OpenAI's HTTP API (/v1/completions, /v1/chat/completions, streamed or not,
+    /v1/models) and llama-server's endpoints (/completion, /infill, /tokenize, /detokenize, /props,
+    /slots, /health, /metrics with --metrics): -np generations at once, decoded together; the sampling
+    flags, -n and --ignore-eos are requests' defaults, as llama-server's. Ctrl-C or SIGTERM: exit 0."""
     from speculative.serving import app as server  # the web stack: imported by this command only (start-up time)
     from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
     from speculative.engine.parallel import Parallel
+    from speculative.serving.generation import Defaults
     from speculative.serving.worker import Worker
 
     api_key = api_key or None  # an empty SPECULATE_API_KEY is no key
@@ -72,11 +109,12 @@ def serve_command(
                               cache_ram_mib=cache_ram, **pool.engine_args()) as engine:
         engine.factory.make(spec)  # auto measures its costs now rather than in the first request
         status.clear()
-        model_info = _model_info(engine, target, draft, spec)
+        model_info = _model_info(engine, target, draft, spec, *names)
         parallel = Parallel(engine, slots.n_slots, **slots.parallel_args())
         with Worker(parallel, spec, waiting=max_waiting, timeout=timeout) as worker:
             app = server.create_app(worker, model_info, api_key, loopback_only=server.is_loopback(host),
-                                    metrics=metrics, build_info=build_info(), slots=slots_endpoint)
+                                    metrics=metrics, build_info=build_info(), slots=slots_endpoint,
+                                    defaults=Defaults(sampling, spec.n_predict, spec.ignore_eos))
             print(_banner(target, draft, spec, slots.n_slots, f"{_url_host(host)}:{sock.getsockname()[1]}", api_key),
                   file=sys.stderr, flush=True)
             server.run(app, worker, sock)
@@ -102,9 +140,17 @@ def _banner(target: ModelSpec, draft: ModelSpec | None, spec: SpecSettings, n_sl
             + ("(API key required)" if api_key else "(no API key)"))
 
 
-def _model_info(engine, target: ModelSpec, draft: ModelSpec | None, spec: SpecSettings) -> dict:
-    """What /v1/models says of the model served, and what /props says besides."""
-    return {"id": target.name, "created": int(time.time()),
+def _names(value: str | None) -> list[str]:
+    """-a's and --tags' comma-separated names, as llama.cpp keeps them (a std::set): stripped, each once,
+    sorted."""
+    return sorted({name.strip() for name in (value or "").split(",")} - {""})
+
+
+def _model_info(engine, target: ModelSpec, draft: ModelSpec | None, spec: SpecSettings, aliases: list[str],
+                tags: list[str]) -> dict:
+    """What /v1/models says of the model served (its id: the first alias, else its name), and what
+    /props says besides."""
+    return {"id": aliases[0] if aliases else target.name, "aliases": aliases, "tags": tags, "created": int(time.time()),
             "meta": {"n_ctx": engine.target.n_ctx, "draft": draft.name if draft else None,
                      "spec_type": ",".join(spec.types)},
             # for /props only
@@ -113,16 +159,17 @@ def _model_info(engine, target: ModelSpec, draft: ModelSpec | None, spec: SpecSe
 
 
 def build_info() -> str:
-    """What /props reports as the build: speculate's and llama-cpp-python's versions."""
+    """What /props reports as the build, and `speculate --version`: speculate's version, and
+    llama-cpp-python's with the llama.cpp it was built from."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from speculative.llamacpp.devices import bindings_version
+    from speculative.llamacpp.devices import llama_cpp_versions
 
     try:
         own = version("speculate")
     except PackageNotFoundError:
         own = "unknown"
-    return f"speculate {own}, llama-cpp-python {bindings_version()}"
+    return f"speculate {own}, {llama_cpp_versions()}"
 
 
 def _bind(host: str, port: int) -> socket.socket:

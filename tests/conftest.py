@@ -101,6 +101,15 @@ def speculate_here(*args: str, env: dict | None = None, input: bytes = b"") -> s
     return subprocess.CompletedProcess([SPECULATE, *args], code, out.getvalue(), err.getvalue())
 
 
+def assert_refused(proc: subprocess.CompletedProcess, message: str) -> None:
+    """A command line refused as every usage error is: exit 2, one line on stderr that says
+    `message`, nothing on stdout."""
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("speculate: error: ") and message in lines[0], proc.stderr
+    assert proc.stdout == b""
+
+
 PROBE = Path(__file__).resolve().with_name("probe.py")
 
 

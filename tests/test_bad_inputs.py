@@ -19,7 +19,7 @@ from speculative.engine.chat import conversation, render
 from speculative.engine.text import TextStream
 from speculative.errors import ModelError
 from speculative.llamacpp.model import LlamaModel
-from tests.conftest import SMOL, speculate, speculate_here, speculate_json
+from tests.conftest import SMOL, assert_refused, speculate, speculate_here, speculate_json
 from tests.gguf_builder import write_tiny_llama
 
 # -- chat templates -------------------------------------------------------------
@@ -115,11 +115,7 @@ def test_a_model_with_a_hostile_template_exits_3(tmp_path):
     (("-p", "x", "-n", "many"), "Invalid value for '-n'"),
 ])
 def test_bad_command_lines_exit_2_with_one_line(args, message):
-    proc = speculate_here(*args)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("speculate: error: ") and message in lines[0], proc.stderr
-    assert proc.stdout == b""
+    assert_refused(speculate_here(*args), message)
 
 
 

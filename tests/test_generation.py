@@ -3,11 +3,13 @@ fields, and the defaults both APIs take from the settings dataclasses."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from speculative.decoding.settings import SamplerSettings, SpecSettings
 from speculative.serving import llama_api, openai_api
-from speculative.serving.generation import ApiError, refuse_unsupported
+from speculative.serving.generation import ApiError, Defaults, refuse_unsupported
 
 NEUTRAL = {"n": (1,), "echo": (False,), "tool_choice": ("none", "auto"), "json_schema": ()}
 
@@ -63,3 +65,27 @@ def test_omitted_fields_are_llama_servers_own_defaults():
             sampling.typical_p) == (0.8, 40, 0.95, 0.05, 1.0)
     assert (sampling.repeat_last_n, sampling.repeat_penalty, sampling.presence_penalty,
             sampling.frequency_penalty, sampling.seed) == (64, 1.0, 0.0, 0.0, -1)
+
+
+def test_omitted_fields_take_the_servers_command_line():
+    """serve's sampling flags, -n and --ignore-eos are what a request gets for what it leaves out
+    (llama-server's --temp, --seed, -n, ...); what it gives wins."""
+    server = SamplerSettings(temp=0.2, top_k=5, seed=42, sequence="kt", grammar='root ::= "a"')
+    defaults = Defaults(server, n_predict=16, ignore_eos=True)
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    for generation in (openai_api.parse({"prompt": "x"}, False, defaults), openai_api.parse(chat, True, defaults),
+                       llama_api.parse({}, [1], "", defaults)[0]):
+        assert generation.sampling == server and generation.max_tokens == 16 and generation.ignore_eos
+    given = openai_api.parse({"prompt": "x", "temperature": 0, "seed": 7, "max_tokens": 3, "ignore_eos": False,
+                              "grammar": 'root ::= "b"'}, False, defaults)
+    assert (given.sampling.temp, given.sampling.seed, given.sampling.top_k) == (0.0, 7, 5)
+    assert given.max_tokens == 3 and not given.ignore_eos and given.sampling.grammar == 'root ::= "b"'
+    generation, options = llama_api.parse({"temperature": 0, "n_predict": 3}, [1], "", defaults)
+    assert (generation.sampling.temp, generation.sampling.top_k, generation.max_tokens) == (0.0, 5, 3)
+    assert options.settings["samplers"] == ["top_k", "temperature"]
+    assert openai_api.parse({"prompt": "x"}, False, Defaults(n_predict=-1)).max_tokens is None
+    vocab = SimpleNamespace(n_ctx=64)
+    props = llama_api.props(vocab, {"id": "x", "meta": {"spec_type": "none", "draft": None}}, "", "", False,
+                            defaults=defaults)
+    params = props["default_generation_settings"]["params"]
+    assert (params["temperature"], params["seed"], params["n_predict"], params["ignore_eos"]) == (0.2, 42, 16, True)

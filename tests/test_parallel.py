@@ -111,7 +111,7 @@ def test_a_pool_without_cells_left_ends_the_request_that_cannot_get_one(model_pa
 ])
 def test_what_cannot_run_together_is_refused_before_anything_loads(tmp_path, command, flags, message):
     if command == "batch" and flags[0] == "--prefill-budget":  # nothing streams there
-        message = "No such option: --prefill-budget"
+        message = "--prefill-budget is a flag of `speculate serve`, not of `speculate batch`"
     args = ["batch", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl")] if command == "batch" else ["serve"]
     proc = speculate_here(*args, "-m", "/nonexistent.gguf", "--spec-type", "draft", "-md", "/nonexistent.gguf", *flags)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr

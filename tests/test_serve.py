@@ -600,7 +600,6 @@ def test_omitted_fields_and_unknown_ones(server):
     ("/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, "stream"),
     ("/v1/completions", {"prompt": "hi", "stop": ["a", 1]}, 400, "stop.1"),
     ("/v1/completions", {"prompt": "hi", "seed": 2**40}, 400, "seed"),
-    ("/v1/completions", {"prompt": "hi", "max_tokens": 5000}, 400, "context"),
     ("/v1/completions", {"prompt": "hi " * 3000}, 400, "the context holds 2048"),
     ("/v1/completions", {"prompt": ""}, 400, "prompt"),
     ("/v1/completions", {"prompt": ["a", "b"]}, 400, "one prompt per request"),
@@ -610,8 +609,8 @@ def test_omitted_fields_and_unknown_ones(server):
     ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages.0.role"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
      "only text parts"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 9999},
-     400, "max_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0},
+     400, "max_completion_tokens"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]},
      400, "tools: not supported"),
 ])
@@ -621,7 +620,9 @@ def test_bad_requests_get_an_openai_error(server, path, body, status, message):
     assert got == status, answer
     error = answer["error"]
     assert message in error["message"] and error["type"] == "invalid_request_error", error
-    assert set(error) == {"message", "type", "param", "code"}
+    # a prompt the context cannot hold: llama-server's n_prompt_tokens and n_ctx besides
+    context = {"n_prompt_tokens", "n_ctx"} if error["code"] == "context_length_exceeded" else set()
+    assert set(error) == {"message", "type", "param", "code"} | context
 
 
 def test_bodies_must_be_small_json(server):
@@ -646,6 +647,59 @@ def test_a_hostile_chat_template_is_a_400_and_the_server_stays_up(model_path, tm
     finally:
         stop_server(server)
     assert "Traceback" not in server.log_text()
+
+
+# -- started as llama.cpp's server tests start llama-server --------------------------------
+
+
+@pytest.fixture(scope="module")
+def as_llama_tests(model_path, tmp_path_factory):
+    """A server started with the flags llama.cpp's own server tests give llama-server
+    (tools/server/tests/utils.py: --temp 0.8 --seed 42 --no-jinja unless a test asks for jinja, an
+    alias, -n, -cb), on a context of 256 tokens."""
+    s = start_server(model_path, tmp_path_factory.mktemp("as-llama-tests"), "--temp", "0.8", "--seed", "42",
+                     "--no-jinja", "--alias", "x", "-n", "16", "-cb", "--spec-type", "none", "-c", "256", "-np", "1")
+    yield s
+    stop_server(s)
+
+
+def test_llama_cpps_server_test_flags_mean_what_they_mean_to_llama_server(as_llama_tests, batch_invariant):
+    client = as_llama_tests.client()
+    assert [m.id for m in client.models.list().data] == ["x"]
+    chat = [{"role": "user", "content": "Name a colour."}]
+    # ignore_eos: all -n 16 tokens ("length") wherever this CPU's sampled text would reach EOS
+    first, second = (client.chat.completions.create(model="any", messages=chat, extra_body={"ignore_eos": True})
+                     for _ in range(2))
+    for answer in (first, second):
+        assert answer.model == "x" and answer.choices[0].finish_reason == "length"
+        assert answer.usage.completion_tokens == 16  # -n: the default of max_tokens
+    # sampled at --temp 0.8 with --seed 42: a request that gives neither draws the same
+    assert first.choices[0].message.content == second.choices[0].message.content
+    params = as_llama_tests.request("GET", "/props")[2]["default_generation_settings"]["params"]
+    assert (params["temperature"], params["seed"], params["n_predict"]) == (0.8, 42, 16)
+    # --no-jinja: llama.cpp's own chatml, without the system message SmolLM2's Jinja template adds
+    chatml = "<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\n"
+    tokens = as_llama_tests.request("POST", "/tokenize", {"content": chatml, "add_special": True})[2]["tokens"]
+    assert first.usage.prompt_tokens == len(tokens)
+
+
+def test_max_tokens_beyond_the_context_ends_at_its_end_with_length(as_llama_tests):
+    """Clients send max_tokens 4096 whatever -c is: as llama-server, the answer is clamped to
+    what the context leaves after the prompt and ends there, finish_reason length."""
+    client = as_llama_tests.client()
+    answer = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Count to a thousand."}],
+                                            max_tokens=4096, extra_body={"ignore_eos": True})
+    usage = answer.usage
+    assert answer.choices[0].finish_reason == "length" and usage.prompt_tokens + usage.completion_tokens == 256
+    chunks = list(client.completions.create(model="x", prompt="Once upon a time", max_tokens=4096, stream=True,
+                                            extra_body={"ignore_eos": True}))
+    usage = chunks[-1].usage
+    assert chunks[-1].choices[0].finish_reason == "length" and usage.prompt_tokens + usage.completion_tokens == 256
+    # a prompt that fills the context by itself is still refused, with llama-server's numbers
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="x", prompt="word " * 300, max_tokens=4)
+    assert e.value.code == "context_length_exceeded"
+    assert e.value.body["n_ctx"] == 256 and e.value.body["n_prompt_tokens"] > 256
 
 
 # -- load, disconnects, time -----------------------------------------------------------

@@ -86,6 +86,8 @@ class SamplerSettings:
 DRAFTER_TYPES = ("draft", "draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
                  "ngram-pool", "forced")
 SPEC_TYPES = ("none", *DRAFTER_TYPES, "auto")  # none: no drafting; auto: chooses among drafters
+# llama.cpp's names (common/speculative.cpp's map) of speculate's types, read as the type named
+SPEC_TYPE_ALIASES = {"draft-simple": "draft"}
 # llama.cpp's own n-gram drafters, ported as they are (drafters/ngram_mod.py, ngram_map.py,
 # ngram_cache.py): each drafts up to its own maximum, which --draft-max caps only when given.
 LLAMA_NGRAM_TYPES = ("ngram-map-k4v", "ngram-mod", "ngram-cache")
@@ -174,6 +176,9 @@ class SpecSettings:
     draft_max_given: bool = False  # --draft-max was given: it caps llama.cpp's n-gram types
                                    # (LLAMA_NGRAM_TYPES) too, which otherwise draft up to their own maximum
 
+    def __post_init__(self):
+        object.__setattr__(self, "types", canonical_types(self.types))
+
     @property
     def drafters(self) -> tuple[str, ...]:
         """The drafter types named, without 'auto' and 'none'."""
@@ -226,8 +231,9 @@ class SpecSettings:
     def validate(self) -> None:
         unknown = [t for t in self.types if t not in SPEC_TYPES]
         if unknown or not self.types:
+            aliases = ", ".join(f"llama.cpp's {alias} for {name}" for alias, name in SPEC_TYPE_ALIASES.items())
             raise UsageError(f"--spec-type: unknown type {', '.join(unknown) or '(empty)'} "
-                             f"(known: {', '.join(SPEC_TYPES)})")
+                             f"(known: {', '.join(SPEC_TYPES)}; {aliases})")
         if "none" in self.types and len(self.types) > 1:
             raise UsageError("--spec-type none cannot be combined with other types")
         if len(set(self.types)) != len(self.types):
@@ -266,6 +272,12 @@ class SpecSettings:
             raise UsageError(f"{flag} is for --spec-type ngram-cache, which this run does not use")
 
 
+def canonical_types(types: Sequence[str]) -> tuple[str, ...]:
+    """--spec-type's names as speculate's own (llama.cpp's draft-simple is draft), wherever they come
+    from: the flag, a request's speculative.type, bench's -C."""
+    return tuple(SPEC_TYPE_ALIASES.get(t, t) for t in types)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A model file and how it loads: the model flags (-m/-md, -c, -ngl, -t, -fa, --lora, -dev, and
@@ -276,6 +288,7 @@ class ModelSpec:
     n_batch: int = 2048
     n_gpu_layers: int = -1
     n_threads: int | None = None
+    n_threads_batch: int | None = None  # -tb: threads for batches of more than one token (None: n_threads)
     flash_attn: str = "auto"
     n_seq: int = 1  # KV-cache sequences per request: the most draft-tree branches
     n_slots: int = 1  # requests decoded together (serve's and batch's -np), each with n_seq sequences
@@ -297,6 +310,8 @@ class ModelSpec:
     # a head drafting beside it (MTP head, EAGLE-3, DFlash) takes the draft's -ctkd/-ctvd and -otd/-cmoed
     head_cache_types: tuple[str, str] = ("f16", "f16")
     head_overrides: tuple[tuple[str, str], ...] = ()
+    chat_template: str | None = None  # --chat-template: its own (a Jinja template, or a llama.cpp format's name)
+    jinja: bool = True  # chats through the Jinja template; False (--no-jinja): llama.cpp's built-in formats
 
     def lora_info(self) -> list[dict]:
         """The adapters, for JSON output."""

@@ -1,4 +1,5 @@
-"""Chat templates: the model's own Jinja template, rendered in a sandbox.
+"""Chat templates: the model's own Jinja template (or --chat-template's), rendered in a sandbox, or
+llama.cpp's built-in formats (--no-jinja, or one named by --chat-template).
 
 A template read from a GGUF file is untrusted input (CVE-2024-34359 was code
 execution through exactly this). It is rendered in jinja2's
@@ -27,7 +28,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from speculative.errors import ModelError, SpeculateError
+from speculative.errors import ModelError, SpeculateError, UsageError
 
 MIN_JINJA2 = (3, 1, 6)
 RENDER_SECONDS = 2.0
@@ -150,6 +151,38 @@ def render(template: str, messages: list[dict[str, str]], bos_token: str = "", e
         raise ModelError(f"chat template failed: {type(e).__name__}: {e}") from None
     finally:
         sys.settrace(previous)
+
+
+def format_chat(template: str, messages: list[dict[str, str]], jinja: bool = True, bos_token: str = "",
+                eos_token: str = "") -> str:
+    """A conversation as the prompt for the reply: through the Jinja `template` in the sandbox, or
+    through llama.cpp's built-in format (--no-jinja, or the name of one given as the template),
+    as llama-server formats it."""
+    from speculative.llamacpp import templates  # llama.cpp's bindings: imported when a chat is formatted
+
+    if jinja and template not in templates.builtin_names():
+        return render(template, messages, bos_token=bos_token, eos_token=eos_token)
+    return templates.apply(template, messages)
+
+
+_PROBE = "Hello from speculate."
+
+
+def check_template(template: str, jinja: bool) -> None:
+    """A --chat-template, before any model loads: the name of one of llama.cpp's built-in formats,
+    or a template that writes a conversation's text (rendered in the sandbox; with --no-jinja, one
+    that llama.cpp recognises). UsageError otherwise."""
+    from speculative.llamacpp import templates
+
+    if template in templates.builtin_names():
+        return
+    try:
+        text = format_chat(template, [{"role": "user", "content": _PROBE}], jinja)
+    except ModelError as e:
+        raise UsageError(f"--chat-template: {e}") from None
+    if _PROBE not in text:
+        raise UsageError("--chat-template: neither one of llama.cpp's built-in formats "
+                         f"({', '.join(templates.builtin_names())}) nor a template that writes the conversation")
 
 
 def conversation(user: str, system: str | None) -> list[dict[str, str]]:

@@ -81,6 +81,7 @@ class Engine:
             self._close_models()
             raise
         self.t_load = time.perf_counter() - t0
+        self.jinja = target.jinja  # chats through the Jinja template, else llama.cpp's formats (--no-jinja)
         # Each model's cache, kept between runs: a prompt that starts like the last one keeps that prefix.
         self.caches = {"target": Cache(self.target), **({"draft": Cache(self.draft)} if self.draft else {})}
         self.notify = notify
@@ -99,12 +100,8 @@ class Engine:
         self.pool = Pool(max_tokens=pool_tokens) if pool_tokens > 0 else None
         self.learn = True
         self.pool_file = self._open_pool_file(pool_file, target_vocab) if self.pool is not None else None
-        # The pool drafts a request from earlier ones' output, which would shape its verify passes
-        # by what ran before it: where those shapes change the logits' last bits (a batch-variant
-        # build), identical requests would then get different answers, so auto takes the pool by
-        # default only on an invariant one, or when asked (--spec-pool FILE, --spec-type ngram-pool)
         self.factory = DrafterFactory(self.caches, self.mtp, self.pool, self.costs, _largest_batch(self.target),
-                                      notify, pool_in_auto=pool_file is not None or self.target.batch_invariant)
+                                      notify, pool_asked=pool_file is not None)
         self._owner = True  # it loaded the models (a view does not: see view)
         # False once slots run requests on its models (parallel.py): measuring costs then would
         # decode into their sequences, so what was measured before is what there is
@@ -126,12 +123,14 @@ class Engine:
         return self.target.tokenize(text, add_special=True)
 
     def chat_tokens(self, messages: list[dict[str, str]]) -> list[int]:
-        """A conversation through the target's own chat template, ready for the reply."""
+        """A conversation through the target's chat template (its own, or --chat-template's), ready
+        for the reply."""
         template = self.target.chat_template()
         if not template:
-            raise ModelError(f"{self.target.name} has no chat template; run without --chat")
+            raise ModelError(f"{self.target.name} has no chat template, which --chat and -sys need "
+                             "(give one with --chat-template)")
         bos = self.target.special_text("bos")
-        rendered = chat.render(template, messages, bos_token=bos, eos_token=self.target.special_text("eos"))
+        rendered = chat.format_chat(template, messages, self.jinja, bos, self.target.special_text("eos"))
         # A template that writes BOS itself must not get a second one from the tokenizer.
         has_bos = bool(bos) and self.target.add_bos and rendered.startswith(bos)
         return self.target.tokenize(rendered, add_special=not has_bos)
@@ -233,11 +232,10 @@ class Engine:
         return getattr(self.drafter, "t_plan", 0.0)
 
     def costs(self, role: str, max_batch: int, sequences: int = 1) -> list[float]:
-        """What auto prices a pass of a model ("target", "draft", or "mtp": the head that drafts
-        from the target's hidden states) at, in seconds, for b = 1..max_batch tokens of one request;
-        `sequences` > 1 (the target of several slots): with one token of each of sequences - 1
-        others. From the book of costs (costs.py); a model it lacks sizes of is calibrated first,
-        unless requests run on its sequences now (may_measure): then [] if nothing was timed."""
+        """What auto prices a pass of a model ("target", "draft", or "mtp": the head drafting from the
+        target's hidden states) at, in seconds, for b = 1..max_batch tokens of one request, and one of
+        each of sequences - 1 others. From the book of costs (costs.py), calibrated first where it
+        lacks sizes, unless requests run on the model (may_measure): then [] if nothing was timed."""
         model = self.mtp.head if role == "mtp" else self.caches[role].model
         costs = self._model_costs(role)
         max_batch = min(max_batch, _largest_batch(model) - (sequences - 1))

@@ -37,11 +37,17 @@ class DrafterFactory:
     they share between runs."""
 
     def __init__(self, caches: dict[str, Cache], mtp: MtpCache | None, pool: Pool | None, costs: Costs,
-                 target_batch: int, notify: Callable[[str], None] | None = None, pool_in_auto: bool = True):
-        """`target_batch`: the largest batch the target verifies in one step; `pool_in_auto`: auto's
-        default choices include ngram-pool (see Engine)."""
+                 target_batch: int, notify: Callable[[str], None] | None = None, pool_asked: bool = False):
+        """`target_batch`: the largest batch the target verifies in one step; `pool_asked`: a pool
+        file was given (--spec-pool FILE)."""
         self.caches, self.mtp, self.pool, self.costs = caches, mtp, pool, costs
-        self.pool_in_auto = pool_in_auto
+        # The pool drafts a request from earlier ones' output, which would shape its verify passes by
+        # what ran before it: where those shapes change the logits' last bits (a batch-variant build,
+        # or a GPU's, not known to be invariant), identical requests could then get other answers,
+        # so auto takes it by default only where no such kernel runs, or when asked for
+        target = caches["target"].model
+        self.pool_in_auto = pool_asked or (getattr(target, "placement", "cpu") == "cpu"
+                                           and not getattr(target, "kernels", ()))
         self.target = caches["target"].model
         self.draft = caches["draft"].model if "draft" in caches else None
         self.target_batch = target_batch
@@ -94,7 +100,8 @@ class DrafterFactory:
     def view(self, caches: dict[str, Cache], mtp: MtpCache | None) -> "DrafterFactory":
         """The factory of another request's caches on the same models (parallel.py), sharing
         ngram-mod's tables and ngram-cache's files with this one."""
-        view = DrafterFactory(caches, mtp, self.pool, self.costs, self.target_batch, self.notify, self.pool_in_auto)
+        view = DrafterFactory(caches, mtp, self.pool, self.costs, self.target_batch, self.notify)
+        view.pool_in_auto = self.pool_in_auto
         view._mod_tables, view._lookup_files = self._mod_tables, self._lookup_files
         return view
 

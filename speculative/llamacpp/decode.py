@@ -96,9 +96,10 @@ def default_threads() -> int:
 
 
 def context_params(n_ctx: int, n_batch: int, threads: int, fa_type: int, n_seq: int = 1, kv_unified: bool = True,
-                   n_ubatch: int = 512, cache_types: tuple[str, str] = ("f16", "f16")):
+                   n_ubatch: int = 512, cache_types: tuple[str, str] = ("f16", "f16"), threads_batch: int | None = None):
     """llama.cpp's context parameters as speculate sets them for every context: the KV cache of
-    cache_types (K, V)."""
+    cache_types (K, V); `threads_batch` decode batches of more than one token (llama.cpp's -tb;
+    None: `threads`)."""
     cparams = ll.llama_context_default_params()
     cparams.n_ctx = n_ctx
     cparams.n_batch = n_batch
@@ -108,7 +109,7 @@ def context_params(n_ctx: int, n_batch: int, threads: int, fa_type: int, n_seq: 
     # branches share the prompt's cells: one cache, not n_seq slices (unless asked: --no-kv-unified)
     cparams.kv_unified = kv_unified
     cparams.n_threads = threads
-    cparams.n_threads_batch = threads
+    cparams.n_threads_batch = threads_batch or threads
     cparams.swa_full = True  # sliding-window caches keep everything, so rollback is exact
     cparams.no_perf = True
     cparams.flash_attn_type = fa_type
@@ -119,7 +120,7 @@ def head_context_params(target, n_seq: int):
     """Context parameters for a head drafting beside `target` (a LlamaModel): its context's size,
     batches and attention, the draft's -ctkd/-ctvd."""
     return context_params(ll.llama_n_ctx(target._ctx), target.n_batch, target.n_threads, target._flash_attn_type,
-                          n_seq, target.kv_unified, target.n_ubatch, target.spec.head_cache_types)
+                          n_seq, target.kv_unified, target.n_ubatch, target.spec.head_cache_types, target.n_threads_batch)
 
 
 @dataclass(frozen=True)
@@ -235,9 +236,9 @@ class Context:
         """Time spent inside llama_decode: the rest is Python."""
         return self._batch.busy_seconds if self._batch is not None else 0.0
 
-    def _timed(self, tokens: int, sequences: int = 1) -> None:
-        """The latest decode was a pass of this shape that scored every row (on_pass)."""
-        if self.on_pass is not None:
+    def _timed(self, tokens: int, sequences: int = 1, scored: bool = True) -> None:
+        """The latest decode was a pass of this shape: told to on_pass where it `scored` every row."""
+        if scored and self.on_pass is not None:
             self.on_pass(tokens, sequences, self._batch.last_seconds)
 
     def _roll_back(self, seq: int, n_keep: int) -> None:

@@ -1,7 +1,7 @@
 """llama.cpp in this process, and ggml's devices and RPC backend (ggml-rpc).
 
-Process-wide: llama.cpp's backend is initialised once, its log kept quiet (unless
-SPECULATE_LLAMA_LOG is set), and what the build can do is read here (system_info, its
+Process-wide: llama.cpp's backend is initialised once, its log kept quiet (unless -v or
+SPECULATE_LLAMA_LOG asks for it), and what the build can do is read here (system_info, its
 batch-variant kernels). The bindings leave out ggml's device registry and RPC backend: they
 are reached in libggml, for the devices a model's layers go to (model_params, placement),
 --rpc's servers (add_rpc_servers) and `speculate rpc-server` (serve_rpc).
@@ -25,14 +25,21 @@ _initialised = False
 
 _errors: collections.deque[str] = collections.deque(maxlen=8)  # llama.cpp's latest error lines
 GGML_LOG_LEVEL_ERROR = 4
+_show_log = False  # -v: llama.cpp's log on stderr, as SPECULATE_LLAMA_LOG
 
 
 @ll.llama_log_callback
 def _quiet_log(level, text, user_data):  # pragma: no cover - called from C
     if level == GGML_LOG_LEVEL_ERROR:
         _errors.append(text.decode(errors="replace").strip())
-    if os.environ.get("SPECULATE_LLAMA_LOG"):
+    if _show_log or os.environ.get("SPECULATE_LLAMA_LOG"):
         os.write(2, text)
+
+
+def show_llama_log() -> None:
+    """llama.cpp's log on stderr from now on (-v, as llama.cpp's own -v; SPECULATE_LLAMA_LOG=1 too)."""
+    global _show_log
+    _show_log = True
 
 
 def log_errors() -> str:
@@ -61,6 +68,24 @@ def system_info() -> str:
 def bindings_version() -> str:
     """The llama-cpp-python version."""
     return ll.__version__
+
+
+def llama_cpp_versions() -> str:
+    """llama-cpp-python's version, and those of the llama.cpp it was built from as the libraries
+    say (llama_version, ggml_version, ggml_commit: llama.cpp's commit when ggml is built inside it;
+    the build number stays in llama.cpp's libcommon, which the bindings do not ship)."""
+    from llama_cpp._ctypes_extensions import load_shared_library
+
+    ggml = load_shared_library("ggml-base", ll.llama_cpp._base_path)
+    said = {}
+    for lib, name in ((ll.llama_cpp._lib, "llama_version"), (ggml, "ggml_version"), (ggml, "ggml_commit")):
+        function = getattr(lib, name, None)
+        if function is not None:
+            function.restype, function.argtypes = ctypes.c_char_p, []
+            said[name] = function().decode(errors="replace")
+    parts = [f"{what} {said[name]}" for what, name in (("libllama", "llama_version"), ("ggml", "ggml_version"),
+                                                       ("commit", "ggml_commit")) if name in said]
+    return f"llama-cpp-python {bindings_version()}" + (f" ({', '.join(parts)})" if parts else "")
 
 
 def batch_variant_kernels() -> list[str]:

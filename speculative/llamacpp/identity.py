@@ -28,7 +28,8 @@ def speed_identity(model) -> dict:
             "kernels": model.kernels, "llama_cpp_python": ll.__version__,
             **({"loras": loras} if loras else {}),  # no key without: older calibrations stay valid
             **_device_identity(model.devices), **_memory_identity(model),
-            **({"n_ubatch": model.n_ubatch} if model.n_ubatch != ModelSpec.n_ubatch else {})}
+            **({"n_ubatch": model.n_ubatch} if model.n_ubatch != ModelSpec.n_ubatch else {}),
+            **({"threads_batch": model.n_threads_batch} if model.n_threads_batch != model.n_threads else {})}
 
 
 def cache_identity(model) -> dict:

@@ -88,12 +88,13 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
 
     def _create_context(self, spec: ModelSpec) -> None:
         self.n_threads = spec.n_threads or default_threads()
+        self.n_threads_batch = spec.n_threads_batch or self.n_threads
         # by the devices the layers are on: llama_supports_gpu_offload() is true in any RPC build
         self.placement = placement(spec.n_gpu_layers, self.devices)
         self.cache_types = (spec.cache_type_k, spec.cache_type_v)
         fa = flash_attn_type(spec.flash_attn, self.placement == "gpu", CACHE_TYPES[spec.cache_type_v] > 1)
         cparams = context_params(spec.n_ctx, spec.n_batch, self.n_threads, fa, spec.n_seq * spec.n_slots,
-                                 spec.kv_unified, spec.n_ubatch, self.cache_types)
+                                 spec.kv_unified, spec.n_ubatch, self.cache_types, self.n_threads_batch)
         cparams.n_rs_seq = spec.n_rs_seq if self.recurrent else 0  # llama.cpp clamps it to 0 where unsupported
         log_errors()  # only this call's
         ctx = ll.llama_init_from_model(self._model, cparams)
@@ -126,9 +127,6 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
         self._flash_attn_type = cparams.flash_attn_type
         self.flash_attn_on = self._flash_attn_type != ll.LLAMA_FLASH_ATTN_TYPE_DISABLED  # auto: a GPU's choice
         self.kernels = context_kernels(self.placement == "gpu", self._flash_attn_type)
-        # scores a position the same alone and in a batch, as far as the build and settings say (a
-        # GPU's kernels are not known to be; `speculate doctor` measures it)
-        self.batch_invariant = self.placement == "cpu" and not self.kernels
 
     def _apply_loras(self) -> None:
         """Load the adapters and set them, with their scales, on the context before the
@@ -160,6 +158,9 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
         return buf.value.decode(errors="replace")
 
     def chat_template(self) -> str | None:
+        """--chat-template's, else the model's own (None: it has none)."""
+        if self.spec.chat_template:
+            return self.spec.chat_template
         raw = ll.llama_model_chat_template(self._model, None)
         return raw.decode("utf-8", errors="replace") if raw else None
 
@@ -188,8 +189,7 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
             self._run(n, pos + start)
             self._decoded(0, n)
             self._keep_nextn([(0, pos + start, n)])
-            if outputs == "all" or (outputs == "last" and len(tokens) == 1):  # every row scored
-                self._timed(n)
+            self._timed(n, scored=outputs == "all" or (outputs == "last" and len(tokens) == 1))
         if outputs == "all":
             return [self._batch.logits(i) for i in range(len(tokens))]
         if outputs == "last" and tokens:
@@ -266,8 +266,7 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
         self._keep_nextn(spans)
         for part in parts:
             self._decoded(part.slot, len(part.tokens))
-        if sum(map(len, wanted)) == n:
-            self._timed(n, len(parts))
+        self._timed(n, len(parts), scored=sum(map(len, wanted)) == n)
         return [[batch.logits(i) for i in rows] for rows in wanted]
 
     def load(self, plain: bool = False) -> tuple[int, int]:

@@ -36,7 +36,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from speculative.engine.stream import Final, Piece
 from speculative.serving import llama_api, openai_api
-from speculative.serving.generation import ApiError, Busy, Generation
+from speculative.serving.generation import ApiError, Busy, Defaults, Generation
 from speculative.serving.openai_api import Reply
 from speculative.serving.worker import Failed, Job, Worker
 
@@ -49,15 +49,17 @@ LLAMA_PATHS = ("/completion", "/completions", "/infill", "/tokenize", "/detokeni
 
 
 def create_app(worker: Worker, model: dict, api_key: str | None, loopback_only: bool,
-               metrics: bool = False, build_info: str = "", slots: bool = True) -> FastAPI:
-    """`model`: what /v1/models says about the one model served (`id` is its name; `path`,
+               metrics: bool = False, build_info: str = "", slots: bool = True,
+               defaults: Defaults = Defaults()) -> FastAPI:
+    """`model`: what /v1/models says about the one model served (`id` is its name, or -a's; `path`,
     `bos_token` and `eos_token` for /props). `metrics`: serve /metrics (llama-server's --metrics);
-    `slots`: serve /slots (llama-server's --slots)."""
+    `slots`: serve /slots (llama-server's --slots); `defaults`: what a request gets for a field it
+    leaves out (the server's sampling flags, -n, --ignore-eos)."""
     app = FastAPI(title="speculate", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(Guard, api_key=api_key, loopback_only=loopback_only)
     _add_error_handlers(app)
-    _add_llama_routes(app, worker, model, metrics, build_info, slots)
-    _add_openai_routes(app, worker, model)
+    _add_llama_routes(app, worker, model, metrics, build_info, slots, defaults)
+    _add_openai_routes(app, worker, model, defaults)
     return app
 
 
@@ -78,7 +80,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def _add_llama_routes(app: FastAPI, worker: Worker, model: dict, metrics: bool, build_info: str,
-                      slots: bool) -> None:
+                      slots: bool, defaults: Defaults) -> None:
     """llama-server's own endpoints (llama_api.py), /health among them."""
     vocab = worker.engine.target  # read-only: tokenizing beside a generation is safe (llama-server does it too)
 
@@ -90,11 +92,11 @@ def _add_llama_routes(app: FastAPI, worker: Worker, model: dict, metrics: bool, 
     @app.post("/completion")
     @app.post("/completions")
     async def completion(request: Request):
-        return await _llama_generate(request, worker, model, llama_api.completion_prompt)
+        return await _llama_generate(request, worker, model, llama_api.completion_prompt, defaults)
 
     @app.post("/infill")
     async def infill(request: Request):
-        return await _llama_generate(request, worker, model, llama_api.infill_prompt)
+        return await _llama_generate(request, worker, model, llama_api.infill_prompt, defaults)
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict:
@@ -107,7 +109,7 @@ def _add_llama_routes(app: FastAPI, worker: Worker, model: dict, metrics: bool, 
     @app.get("/props")
     async def props() -> dict:
         return llama_api.props(vocab, model, vocab.chat_template() or "", build_info, metrics,
-                               worker.parallel.n_slots, slots)
+                               worker.parallel.n_slots, slots, defaults)
 
     @app.get("/slots")
     async def slot_list() -> list:
@@ -124,9 +126,9 @@ def _add_llama_routes(app: FastAPI, worker: Worker, model: dict, metrics: bool, 
                         headers={"Process-Start-Time-Unix": str(int(worker.started_at))})
 
 
-def _add_openai_routes(app: FastAPI, worker: Worker, model: dict) -> None:
+def _add_openai_routes(app: FastAPI, worker: Worker, model: dict, defaults: Defaults) -> None:
     """OpenAI's /v1 endpoints (openai_api.py)."""
-    listed = {k: v for k, v in model.items() if k in ("id", "created", "meta")}
+    listed = {k: v for k, v in model.items() if k in ("id", "aliases", "tags", "created", "meta")}
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -134,11 +136,11 @@ def _add_openai_routes(app: FastAPI, worker: Worker, model: dict) -> None:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await _generate(request, worker, model["id"], chat=False)
+        return await _generate(request, worker, model["id"], defaults, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await _generate(request, worker, model["id"], chat=True)
+        return await _generate(request, worker, model["id"], defaults, chat=True)
 
 
 def error_response(e: ApiError, llama: bool = False) -> JSONResponse:
@@ -151,19 +153,19 @@ def error_response(e: ApiError, llama: bool = False) -> JSONResponse:
     return JSONResponse(e.llama_body() if llama else e.body(), status_code=e.status, headers=headers)
 
 
-async def _generate(request: Request, worker: Worker, model: str, chat: bool):
-    generation = openai_api.parse(await read_json(request), chat)
+async def _generate(request: Request, worker: Worker, model: str, defaults: Defaults, chat: bool):
+    generation = openai_api.parse(await read_json(request), chat, defaults)
     reply = Reply(model, chat)
     return await _answer(request, worker, generation, lambda final: reply.full(final.text, final.reason, final.stats),
                          lambda job: _openai_events(job, reply))
 
 
-async def _llama_generate(request: Request, worker: Worker, model: dict, prompt_of):
+async def _llama_generate(request: Request, worker: Worker, model: dict, prompt_of, defaults: Defaults):
     """/completion or /infill: `prompt_of(vocab, body)` gives the prompt's tokens."""
     vocab = worker.engine.target
     data = await read_json(request)
     tokens = await asyncio.to_thread(prompt_of, vocab, data)
-    generation, options = llama_api.parse(data, tokens, model["meta"]["spec_type"])
+    generation, options = llama_api.parse(data, tokens, model["meta"]["spec_type"], defaults)
     reply = llama_api.Reply(model["id"], options, tokens, lambda: llama_api.text_of(vocab, tokens), vocab.n_ctx)
     return await _answer(request, worker, generation, reply.final, lambda job: _llama_events(job, reply))
 

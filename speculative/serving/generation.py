@@ -8,10 +8,10 @@ would change the answer in a way this server cannot honour, which each API lists
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
-from speculative.decoding.settings import SamplerSettings
+from speculative.decoding.settings import SamplerSettings, SpecSettings
 from speculative.errors import GrammarError
 from speculative.grammar import given
 
@@ -23,23 +23,25 @@ class ApiError(Exception):
              405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
              500: "server_error", 501: "not_supported_error", 503: "unavailable_error"}
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 extra: dict | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.extra = extra or {}  # fields of the error object besides these (llama-server's n_ctx, ...)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "invalid_request_error"),
-                          "param": self.param, "code": self.code}}
+                          "param": self.param, "code": self.code, **self.extra}}
 
     def llama_body(self) -> dict:
         """The error as llama-server's own endpoints give it (format_error_response): the HTTP
         status as `code`, and exceed_context_size_error for a prompt the context cannot hold."""
         kind = ("exceed_context_size_error" if self.code == "context_length_exceeded"
                 else self.TYPES.get(self.status, "invalid_request_error"))
-        return {"error": {"code": self.status, "message": self.message, "type": kind}}
+        return {"error": {"code": self.status, "message": self.message, "type": kind, **self.extra}}
 
 
 class Busy(ApiError):
@@ -47,6 +49,26 @@ class Busy(ApiError):
 
     def __init__(self, message: str):
         super().__init__(503, message)
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a request gets for a field it leaves out: the server's command line, as llama-server
+    gives its own to every request (its sampling flags, --grammar and --json-schema, -n and
+    --ignore-eos); without flags, llama-server's defaults (SamplerSettings', SpecSettings')."""
+    sampling: SamplerSettings = SamplerSettings()
+    n_predict: int = SpecSettings.n_predict  # -1: until end of generation or a full context
+    ignore_eos: bool = SpecSettings.ignore_eos
+
+    @property
+    def max_tokens(self) -> int | None:
+        return None if self.n_predict < 0 else self.n_predict
+
+    def chosen(self, **given) -> SamplerSettings:
+        """The sampling settings of a request: the fields it gives (not None), the server's for
+        the rest; its grammar when it gives one, else the server's."""
+        grammar = given.pop("grammar", "") or self.sampling.grammar
+        return replace(self.sampling, grammar=grammar, **{k: v for k, v in given.items() if v is not None})
 
 
 @dataclass(frozen=True)

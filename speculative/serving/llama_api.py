@@ -17,16 +17,13 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
-from speculative.decoding.settings import DEFAULT_SEQUENCE, SamplerSettings, SpecSettings
+from speculative.decoding.settings import SamplerSettings
 from speculative.engine.stream import Final, Piece
-from speculative.serving.generation import ApiError, Generation, refuse_unsupported, request_grammar, speculation
+from speculative.serving.generation import (ApiError, Defaults, Generation, refuse_unsupported, request_grammar,
+                                            speculation)
 from speculative.serving.openai_api import timings
 from speculative.serving.worker import Metrics
 
-# What an omitted field takes: the one-shot command's defaults, which are llama-server's too
-# (common_params_sampling, and task_params' n_predict -1: until end of generation).
-_SAMPLING = SamplerSettings()
-_SPEC = SpecSettings()
 INT32_MAX = 2**31 - 1
 UINT32_MAX = 2**32 - 1
 MAX_STOPS = 16
@@ -130,11 +127,11 @@ def _stops(data: dict) -> tuple[str, ...]:
     return tuple(w for w in words if w)
 
 
-def _sequence(data: dict) -> str:
+def _sequence(data: dict, default: str) -> str:
     """`samplers` as letters of --sampling-seq: names (unknown ones skipped, as llama-server
     does) or a string of letters."""
     if not _present(data, "samplers"):
-        return DEFAULT_SEQUENCE
+        return default
     samplers = data["samplers"]
     if isinstance(samplers, str):
         letters = "".join(c for c in samplers if c in SAMPLER_NAMES)
@@ -157,30 +154,34 @@ class Options:
     settings: dict          # generation_settings, as llama-server reports them
 
 
-def parse(data: object, prompt: list[int], spec_types: str = "") -> tuple[Generation, Options]:
+def parse(data: object, prompt: list[int], spec_types: str = "",
+          defaults: Defaults = Defaults()) -> tuple[Generation, Options]:
     """The sampling and stopping fields of a /completion or /infill body, for `prompt` (tokens);
-    `spec_types`: what the server drafts with, for generation_settings."""
+    `spec_types`: what the server drafts with, for generation_settings; what the body leaves
+    out, the server's `defaults` (its command line, as llama-server's)."""
     assert isinstance(data, dict)
     refuse_unsupported(data, _NEUTRAL, strict_types=False)
-    n_predict = int(_number(data, ("n_predict", "max_completion_tokens", "max_tokens"), _SPEC.n_predict, -1,
+    n_predict = int(_number(data, ("n_predict", "max_completion_tokens", "max_tokens"), defaults.n_predict, -1,
                             INT32_MAX, hard=True, integer=True))
-    sequence = _sequence(data)
-    temp = _number(data, ("temperature",), _SAMPLING.temp, 0.0, math.inf)
-    seed = int(_number(data, ("seed",), _SAMPLING.seed, -1, UINT32_MAX, integer=True))
+    base = defaults.sampling
+    sequence = _sequence(data, base.sequence)
+    temp = _number(data, ("temperature",), base.temp, 0.0, math.inf)
+    seed = int(_number(data, ("seed",), base.seed, -1, UINT32_MAX, integer=True))
     sampling = SamplerSettings(
         # without a temperature sampler llama-server draws from the chain whatever the temperature
         temp=temp if "t" in sequence or temp > 0 else 1.0,
-        top_k=int(_number(data, ("top_k",), _SAMPLING.top_k, 0, INT32_MAX, integer=True)),
-        top_p=_number(data, ("top_p",), _SAMPLING.top_p, 0.0, 1.0),
-        min_p=_number(data, ("min_p",), _SAMPLING.min_p, 0.0, 1.0),
-        typical_p=_number(data, ("typical_p",), _SAMPLING.typical_p, 1e-9, 1.0),
-        repeat_last_n=int(_number(data, ("repeat_last_n",), _SAMPLING.repeat_last_n, 0, INT32_MAX, hard=True,
+        top_k=int(_number(data, ("top_k",), base.top_k, 0, INT32_MAX, integer=True)),
+        top_p=_number(data, ("top_p",), base.top_p, 0.0, 1.0),
+        min_p=_number(data, ("min_p",), base.min_p, 0.0, 1.0),
+        typical_p=_number(data, ("typical_p",), base.typical_p, 1e-9, 1.0),
+        repeat_last_n=int(_number(data, ("repeat_last_n",), base.repeat_last_n, 0, INT32_MAX, hard=True,
                                   integer=True)),
-        repeat_penalty=_number(data, ("repeat_penalty",), _SAMPLING.repeat_penalty, 1e-9, math.inf),
-        presence_penalty=_number(data, ("presence_penalty",), _SAMPLING.presence_penalty, -math.inf, math.inf),
-        frequency_penalty=_number(data, ("frequency_penalty",), _SAMPLING.frequency_penalty, -math.inf, math.inf),
+        repeat_penalty=_number(data, ("repeat_penalty",), base.repeat_penalty, 1e-9, math.inf),
+        presence_penalty=_number(data, ("presence_penalty",), base.presence_penalty, -math.inf, math.inf),
+        frequency_penalty=_number(data, ("frequency_penalty",), base.frequency_penalty, -math.inf, math.inf),
         # llama-server's LLAMA_DEFAULT_SEED (UINT32_MAX) is a random seed, as -1 is here
-        sequence=sequence, seed=seed if seed != UINT32_MAX else -1, grammar=request_grammar(data, chat=False))
+        sequence=sequence, seed=seed if seed != UINT32_MAX else -1,
+        grammar=request_grammar(data, chat=False) or base.grammar)
     if not _present(data, "response_fields"):
         fields = ()
     elif isinstance(data["response_fields"], list) and all(isinstance(f, str) for f in data["response_fields"]):
@@ -192,7 +193,7 @@ def parse(data: object, prompt: list[int], spec_types: str = "") -> tuple[Genera
         chat=False, prompt=None, messages=None, sampling=sampling,
         # n_predict 0 (the editors' cache warm-up) generates one token: llama-server checks its budget after a token
         max_tokens=None if n_predict < 0 else max(n_predict, 1),
-        stops=_stops(data), ignore_eos=_bool(data, "ignore_eos", _SPEC.ignore_eos), stream=stream,
+        stops=_stops(data), ignore_eos=_bool(data, "ignore_eos", defaults.ignore_eos), stream=stream,
         tokens=tuple(prompt), speculation=speculation(data),
         n_indent=int(_number(data, ("n_indent",), 0, 0, INT32_MAX, hard=True, integer=True)),
         # -1: llama-server's default (task_params); Generation's 0 means the same, no limit
@@ -449,12 +450,13 @@ def text_of(vocab: Vocab, tokens: Sequence[int]) -> str:
 
 
 def props(vocab: Vocab, model: dict, chat_template: str, build_info: str, metrics: bool, n_slots: int = 1,
-          slots: bool = False) -> dict:
-    """/props: llama-server's fields that apply to this server."""
-    defaults = Generation(False, None, None, _SAMPLING, None, (), _SPEC.ignore_eos, False)
+          slots: bool = False, defaults: Defaults = Defaults()) -> dict:
+    """/props: llama-server's fields that apply to this server; `defaults`: what a request gets
+    for what it leaves out."""
+    generation = Generation(False, None, None, defaults.sampling, defaults.max_tokens, (), defaults.ignore_eos, False)
     bos, eos = model.get("bos_token", ""), model.get("eos_token", "")
     return {
-        "default_generation_settings": {"params": generation_settings(defaults, _SPEC.n_predict,
+        "default_generation_settings": {"params": generation_settings(generation, defaults.n_predict,
                                                                       model["meta"]["spec_type"]),
                                         "n_ctx": vocab.n_ctx},
         "total_slots": n_slots,

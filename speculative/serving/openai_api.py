@@ -6,10 +6,10 @@ Fields this server does not know are ignored, as llama-server does (clients send
 `user`, `stream_options` and the like); fields that would change the answer in a way
 it cannot honour (`n` > 1, `logprobs`, `tools`, ...) are refused.
 
-Omitted sampling fields take SamplerSettings' defaults, which are llama.cpp's, as
-llama-server's do (and the one-shot command's); OpenAI's own default would be temperature 1
-and top_p 1. Omitted `max_tokens` generates until an end-of-generation token or a full
-context.
+Omitted fields take the server's command line (--temp, --top-k, -s, -n, ...: generation.Defaults),
+as llama-server's do, and without flags SamplerSettings' defaults, which are llama.cpp's (and the
+one-shot command's); OpenAI's own default would be temperature 1 and top_p 1. Omitted
+`max_tokens` with no -n generates until an end-of-generation token or a full context.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Annotated, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from speculative.decoding.settings import SamplerSettings, SpecSettings
 from speculative.decoding.stats import Stats
-from speculative.serving.generation import ApiError, Generation, refuse_unsupported, request_grammar, speculation
+from speculative.serving.generation import (ApiError, Defaults, Generation, refuse_unsupported, request_grammar,
+                                            speculation)
 
 MAX_STOPS = 16           # stop strings per request (OpenAI allows 4, llama-server any number)
 MAX_STOP_CHARS = 256
@@ -51,7 +51,7 @@ class _Request(_Strict):
     repeat_penalty: Optional[float] = Field(None, gt=0.0, allow_inf_nan=False)  # llama-server's extension
     seed: Optional[int] = Field(None, ge=-1, lt=2**32)           # -1 or omitted: random
     stop: Optional[Annotated[list[Stop], Field(max_length=MAX_STOPS)]] = None  # a string is a list of one
-    ignore_eos: bool = SpecSettings.ignore_eos                   # llama-server's extension
+    ignore_eos: Optional[bool] = None                            # llama-server's extension
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -101,8 +101,9 @@ _NEUTRAL = {"n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",), "logp
             "tool_choice": ("none", "auto"), "function_call": ("none", "auto")}
 
 
-def parse(data: object, chat: bool) -> Generation:
-    """A request body (parsed JSON) as a Generation, or ApiError(400)."""
+def parse(data: object, chat: bool, defaults: Defaults = Defaults()) -> Generation:
+    """A request body (parsed JSON) as a Generation, or ApiError(400); what it leaves out, the
+    server's `defaults`."""
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object")
     refuse_unsupported(data, _NEUTRAL, strict_types=True)
@@ -116,17 +117,18 @@ def parse(data: object, chat: bool) -> Generation:
     chosen = {"temp": request.temperature, "top_k": request.top_k, "top_p": request.top_p, "min_p": request.min_p,
               "repeat_penalty": request.repeat_penalty, "presence_penalty": request.presence_penalty,
               "frequency_penalty": request.frequency_penalty, "seed": request.seed}
-    sampling = SamplerSettings(**{name: value for name, value in chosen.items() if value is not None},
-                               grammar=request_grammar(data, chat))
+    sampling = defaults.chosen(**chosen, grammar=request_grammar(data, chat))
     stops = tuple(request.stop or ())
+    ignore_eos = defaults.ignore_eos if request.ignore_eos is None else request.ignore_eos
+    newer = request.max_completion_tokens if chat else None  # newer clients' name wins
+    max_tokens = next((n for n in (newer, request.max_tokens) if n is not None), defaults.max_tokens)
     if chat:
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content}
                     for m in request.messages]
-        max_tokens = request.max_tokens if request.max_completion_tokens is None else request.max_completion_tokens
-        return Generation(True, None, messages, sampling, max_tokens, stops, request.ignore_eos, request.stream,
+        return Generation(True, None, messages, sampling, max_tokens, stops, ignore_eos, request.stream,
                           speculation=speculation(data))
-    return Generation(False, request.prompt, None, sampling, request.max_tokens, stops, request.ignore_eos,
-                      request.stream, speculation=speculation(data))
+    return Generation(False, request.prompt, None, sampling, max_tokens, stops, ignore_eos, request.stream,
+                      speculation=speculation(data))
 
 
 # -- responses ----------------------------------------------------------------

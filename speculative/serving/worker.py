@@ -70,14 +70,12 @@ def prompt_tokens(engine: Engine, generation: Generation) -> list[int]:
     else:
         tokens = engine.prompt_tokens(generation.prompt)
     n_ctx = engine.target.n_ctx
-    if len(tokens) >= n_ctx:
+    if len(tokens) >= n_ctx:  # llama-server's error, with its n_prompt_tokens and n_ctx
         raise ApiError(400, f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}, "
-                            "leaving no room to generate", code="context_length_exceeded")
-    # llama-server's own endpoints stop at a full context instead (its `truncated`)
-    if generation.tokens is None and generation.max_tokens is not None and generation.max_tokens > n_ctx - len(tokens):
-        raise ApiError(400, f"max_tokens ({generation.max_tokens}) is more than the {n_ctx - len(tokens)} "
-                            f"tokens the context leaves after the prompt's {len(tokens)}",
-                       param="max_tokens", code="context_length_exceeded")
+                            "leaving no room to generate", code="context_length_exceeded",
+                       extra={"n_prompt_tokens": len(tokens), "n_ctx": n_ctx})
+    # max_tokens beyond the room the prompt leaves: the answer ends at the context's end with
+    # finish_reason length, as llama-server's (clients send max_tokens 4096 whatever -c is)
     return tokens
 
 
