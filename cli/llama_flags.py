@@ -410,8 +410,6 @@ REFUSED = {
                         "-cram/--cache-ram keeps earlier conversations in host memory",
     "--cors-origins": "llama-server's CORS, which speculate serve does not grant: it refuses cross-origin requests "
                       "from web pages (docs/serving.md); put a proxy in front of it for a browser client",
-    "--offline": "llama.cpp's offline mode: set HF_HUB_OFFLINE=1, with which speculate takes -hf models from the "
-                 "caches only",
     "-mu": "llama.cpp's download of a model URL, which speculate does not have: give the file with -m, or a "
            "Hugging Face repository with -hf",
     "--models-dir": _ROUTER, "--models-preset": _ROUTER, "--models-max": _ROUTER, "--models-autoload": _ROUTER,

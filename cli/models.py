@@ -57,9 +57,10 @@ def say(message: str) -> None:
     stderr.print(message, highlight=False, soft_wrap=True)  # one line, however long the path
 
 
-def hub(token: str | None, progress: DownloadBars | None = None) -> hf.Hub:
-    """The hub as the command line reaches it: -hft (else HF_TOKEN), notices and bars on stderr."""
-    return hf.Hub(token=token, notice=say, progress=progress)
+def hub(token: str | None, progress: DownloadBars | None = None, offline: bool = False) -> hf.Hub:
+    """The hub as the command line reaches it: -hft (else HF_TOKEN), notices and bars on stderr;
+    `offline`: --offline, the caches only."""
+    return hf.Hub(token=token, notice=say, progress=progress, offline=offline)
 
 
 def pull_with_progress(entry: ModelEntry, dest: Path, force: bool = False, token: str | None = None) -> Path:
@@ -79,14 +80,20 @@ def resolve_models(registry: Registry, model: str | None, model_draft: str | Non
                    threads: tuple[int | None, int | None], n_batch: int, flash_attn: str = "auto",
                    loras: tuple[tuple, tuple] = ((), ()),
                    hf_repo: tuple[str | None, str | None] = (None, None), hf_file: str | None = None,
-                   hf_token: str | None = None) -> tuple[ModelSpec, ModelSpec | None]:
+                   hf_token: str | None = None, offline: bool = False) -> tuple[ModelSpec, ModelSpec | None]:
     """-m/-md (paths or names; defaults from the registry) or -hf/-hfd (hub repositories)
-    -> model specs, downloading or pulling as needed."""
+    -> model specs, downloading or pulling as needed (`offline`, --offline: never, the caches only)."""
+    def pulled(entry: ModelEntry, dest: Path) -> Path:
+        if offline:
+            raise ModelError(f"{entry.name} is not in the model cache and --offline forbids pulling it: run "
+                             f"`speculate models pull {entry.name}` first")
+        return pull_with_progress(entry, dest, token=hf_token)
+
     with DownloadBars() as bars:
         def locate(spec: str | None, repo: str | None, file: str | None, flag: str) -> tuple[Path, str]:
             if repo is not None:
-                return hub(hf_token, bars).fetch(repo, file, flag), repo + (f"/{file}" if file else "")
-            return resolve(spec, registry, lambda entry, dest: pull_with_progress(entry, dest, token=hf_token))
+                return hub(hf_token, bars, offline).fetch(repo, file, flag), repo + (f"/{file}" if file else "")
+            return resolve(spec, registry, pulled)
 
         target_path, target_name = locate(model or registry.default_target, hf_repo[0], hf_file, "-hf")
         target = ModelSpec(target_path, target_name, n_ctx=ctx[0], n_batch=n_batch,

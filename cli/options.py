@@ -142,6 +142,10 @@ MLOCK = typer.Option(
 MMAP = typer.Option(
     None, "--mmap/--no-mmap", rich_help_panel=M,
     help="Older llama.cpp's: memory-map the weights (-lm mmap), or read them in (-lm none).")
+OFFLINE = typer.Option(
+    False, "--offline", rich_help_panel=M, envvar="LLAMA_ARG_OFFLINE", show_envvar=False,
+    help="Offline mode, as llama.cpp's: models from the caches only, no network access (-hf as with "
+         "HF_HUB_OFFLINE=1; a registry model not pulled yet is an error).")
 VERBOSE = typer.Option(
     False, "-v", "--verbose", "--log-verbose", rich_help_panel=M,
     help="Show llama.cpp's log (loading, contexts, devices) on stderr, as SPECULATE_LLAMA_LOG=1 does.")
@@ -458,6 +462,7 @@ class ModelOptions:
     chat_template: Optional[str] = None
     chat_template_file: Optional[Path] = None
     verbose: bool = False
+    offline: bool = False
 
     @property
     def draft_available(self) -> bool:
@@ -518,7 +523,8 @@ class ModelOptions:
             Registry.load(), self.model, self.model_draft, with_md, ctx=(self.ctx_size, self.ctx_size_draft),
             ngl=(self.n_gpu_layers, self.n_gpu_layers_draft), threads=(self.threads, self.threads_draft),
             n_batch=self.batch_size, flash_attn=self.flash_attn, loras=tuple(_adapters(names) for names in loras),
-            hf_repo=(self.hf_repo, self.hf_repo_draft), hf_file=self.hf_file, hf_token=self.hf_token)
+            hf_repo=(self.hf_repo, self.hf_repo_draft), hf_file=self.hf_file, hf_token=self.hf_token,
+            offline=self.offline)
         target, draft = _place_head(target, draft, use_draft, mtp, features)
         target, draft = memory.apply(target, draft, self, placed, placed_draft, split)
         target = replace(target, n_rs_seq=min(longest_draft, MAX_SNAPSHOTS), devices=devices[0],
@@ -752,7 +758,7 @@ MODELS = Group("models", (
     ("mmap", Optional[bool], MMAP), ("split_mode", str, SPLIT_MODE),
     ("tensor_split", Optional[str], TENSOR_SPLIT), ("main_gpu", int, MAIN_GPU), ("swa_full", bool, SWA_FULL),
     ("jinja", bool, JINJA), ("chat_template", Optional[str], CHAT_TEMPLATE),
-    ("chat_template_file", Optional[Path], CHAT_TEMPLATE_FILE), ("verbose", bool, VERBOSE),
+    ("chat_template_file", Optional[Path], CHAT_TEMPLATE_FILE), ("verbose", bool, VERBOSE), ("offline", bool, OFFLINE),
 ), ModelOptions)
 
 # the memory flags of the target alone (doctor's)

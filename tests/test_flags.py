@@ -216,7 +216,6 @@ def test_long_flags_may_be_spelt_with_underscores_as_in_llama_cpp(spelling):
     (("serve", "--grp-attn-n", "4"), "--grp-attn-n is llama.cpp's self-extend"),
     (("serve", "--spec-synth-len", "2"), "--spec-synth-len is llama.cpp's synthetic acceptance"),
     (("serve", "--tools", "all"), "--tools is for llama-server's tools"),
-    (("serve", "--offline"), "--offline is llama.cpp's offline mode: set HF_HUB_OFFLINE=1"),
     (("serve", "-mu", "http://x/m.gguf"), "-mu is llama.cpp's download of a model URL"),
 ])
 def test_flags_a_command_lacks_are_refused_by_name_in_one_line(args, message):

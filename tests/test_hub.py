@@ -291,7 +291,7 @@ def test_a_download_that_keeps_failing_exits_3_and_the_next_run_resumes_the_part
 
 
 @pytest.mark.real
-def test_offline_a_cached_model_runs_with_no_connection_at_all(fake, user, tiny):
+def test_offline_a_cached_model_runs_with_no_connection_at_all(fake, user, tiny, tmp_path):
     fake.add_repo("u/tiny-GGUF", {"tiny-Q4_K_M.gguf": tiny["tiny-Q4_K_M.gguf"], "tiny-Q8_0.gguf": tiny["tiny-Q8_0.gguf"]})
     online = user.generate("-hf", "u/tiny-GGUF")
     before = fake.connections
@@ -304,6 +304,12 @@ def test_offline_a_cached_model_runs_with_no_connection_at_all(fake, user, tiny)
     unknown = user.run("-hf", "u/other-GGUF", *RUN, HF_HUB_OFFLINE="1")
     assert unknown.returncode == 3 and "is not in the cache" in unknown.stderr
     assert "run once without HF_HUB_OFFLINE" in unknown.stderr
+    assert fake.connections == before
+    flag = user.run("-hf", "u/tiny-GGUF", *RUN, "--offline")  # llama.cpp's flag: the same
+    assert flag.returncode == 0 and json.loads(flag.stdout)["text"] == online["text"], flag.stderr
+    unpulled = user.run("-m", "smollm2-135m-instruct", *RUN, "--offline",  # a registry model not pulled here
+                        SPECULATE_HOME=str(tmp_path / "empty-home"))
+    assert unpulled.returncode == 3 and "--offline forbids pulling it" in unpulled.stderr, unpulled.stderr
     assert fake.connections == before
 
 

@@ -256,12 +256,13 @@ class Hub:
     token: str | None = None
     notice: Notice = lambda message: None
     progress: Progress | None = None
+    offline: bool = False  # llama.cpp's --offline: the caches only, as HF_HUB_OFFLINE=1
 
     def fetch(self, spec: str, hf_file: str | None = None, flag: str = "-hf") -> Path:
         """USER/REPO[:QUANT] (and -hff FILE) -> the local path of the model (its first part),
         downloaded and verified if no cache has it."""
         repo, quant = split_repo(spec, flag)
-        if variable := offline():
+        if variable := ("--offline" if self.offline else offline()):
             return self._from_cache(repo, quant, hf_file, f"{variable} is set",
                                     f"run once without {variable} to download it")
         try:
@@ -280,7 +281,7 @@ class Hub:
         """A registry model's hub source: `path` at `revision`, which must be the file the registry pins."""
         if blob := find_blob(repo, sha256, size):
             return blob
-        if variable := offline():
+        if variable := ("--offline" if self.offline else offline()):
             raise ModelError(f"{repo}/{path} is not in the cache and {variable} is set")
         try:
             commit, files = self.listing(repo, revision)
