@@ -387,8 +387,6 @@ _MULTIMODAL = "for multimodal models, which speculate does not run (text only)"
 _TOOLS = "for llama-server's tools, which speculate serve does not have"
 _EMBEDDINGS = "for embeddings and reranking, which speculate serve does not compute (it generates text)"
 _SELF_EXTEND = "llama.cpp's self-extend (group attention), which speculate does not have"
-_SYNTHETIC = ("llama.cpp's synthetic acceptance (benchmarking only), which speculate does not have: speculate "
-              "bench measures real runs")
 
 # llama.cpp's flags that speculate refuses, and why or what to use instead: under one of each
 # flag's names (its other names find it through OPTIONS). A flag whose other side speculate
@@ -420,7 +418,6 @@ REFUSED = {
     "--ui-mcp-proxy": _TOOLS,
     "--ui": "llama-server's web UI, which speculate serve does not have",
     "-gan": _SELF_EXTEND, "-gaw": _SELF_EXTEND,
-    "--spec-synth-len": _SYNTHETIC, "--spec-synth-rates": _SYNTHETIC,
     "--sleep-idle-seconds": "llama-server's sleep, which speculate serve does not have: the models stay loaded",
     "-rea": "llama.cpp's reasoning switch, which speculate does not have yet: the chat template's own default holds",
     "--no-cache-idle-slots": "for llama-server's idle slots, which speculate serve always saves to -cram/--cache-ram "

@@ -251,6 +251,15 @@ MOD_N_MIN = typer.Option(
 MOD_N_MAX = typer.Option(
     None, "--spec-ngram-mod-n-max", rich_help_panel=D,
     help=f"ngram-mod: most tokens drafted, 0-1024 (default {NgramModSettings.n_max}).")
+SYNTH_LEN = typer.Option(
+    None, "--spec-synth-len", rich_help_panel=D, metavar="L", envvar="LLAMA_ARG_SPEC_SYNTH_LEN", show_envvar=False,
+    help="Benchmarking only, as llama.cpp's: keep drafted tokens at random, for a mean of L tokens a step (the "
+         "target's included), whatever the target picks: the output is not the target's.")
+SYNTH_RATES = typer.Option(
+    None, "--spec-synth-rates", rich_help_panel=D, metavar="P0,P1,...", envvar="LLAMA_ARG_SPEC_SYNTH_RATES",
+    show_envvar=False,
+    help="Benchmarking only, as --spec-synth-len: the chance each drafted position is kept, one per --draft-max, "
+         "non-increasing.")
 LOOKUP_STATIC = typer.Option(
     None, "-lcs", "--lookup-cache-static", rich_help_panel=D, metavar="FNAME",
     help="ngram-cache: a static n-gram cache in llama.cpp's format (llama-lookup-create), read only. It "
@@ -333,7 +342,8 @@ def spec_settings(*, spec_type: Optional[List[str]], draft_max: Optional[int], d
                   ignore_eos: bool = SpecSettings.ignore_eos, k4v_n: Optional[int] = None, k4v_m: Optional[int] = None,
                   k4v_hits: Optional[int] = None, mod_n_match: Optional[int] = None,
                   mod_n_min: Optional[int] = None, mod_n_max: Optional[int] = None, spec_default: bool = False,
-                  lookup_static: Optional[Path] = None, lookup_dynamic: Optional[Path] = None) -> SpecSettings:
+                  lookup_static: Optional[Path] = None, lookup_dynamic: Optional[Path] = None,
+                  synth_len: Optional[float] = None, synth_rates: Optional[str] = None) -> SpecSettings:
     """The speculation flags as validated settings. An n-gram type's own flag wins over the
     common --spec-ngram-* one, which wins over the default. The -lcs/-lcd files are checked
     here, before any model loads."""
@@ -355,7 +365,8 @@ def spec_settings(*, spec_type: Optional[List[str]], draft_max: Optional[int], d
         ignore_eos=ignore_eos, accept=spec_accept, branches=branches, p_split=draft_p_split,
         ngram_simple=one((simple_n, simple_m, simple_hits)), ngram_map_k=one((map_n, map_m, map_hits)),
         ngram_map_k4v=one((k4v_n, k4v_m, k4v_hits)), ngram_mod=mod,
-        lookup_cache=LookupCacheSettings(lookup_static, lookup_dynamic))
+        lookup_cache=LookupCacheSettings(lookup_static, lookup_dynamic), synth_len=synth_len,
+        synth_rates=_rates(synth_rates))
     spec.validate()
     if lookup_static is not None or lookup_dynamic is not None:
         from speculative.drafters import lookup_cache  # (numpy: imported only when needed, for start-up time)
@@ -365,6 +376,14 @@ def spec_settings(*, spec_type: Optional[List[str]], draft_max: Optional[int], d
         if lookup_dynamic is not None:
             lookup_cache.check_writable(lookup_dynamic)  # refused now, not after loading the models
     return spec
+
+
+def _rates(text: Optional[str]) -> tuple[float, ...]:
+    """--spec-synth-rates P0,P1,...: numbers, as llama.cpp reads them."""
+    try:
+        return tuple(float(item) for item in text.split(",")) if text is not None else ()
+    except ValueError:
+        raise UsageError(f"--spec-synth-rates: expected comma-separated numbers, got {text!r}") from None
 
 
 @dataclass(frozen=True)
@@ -788,6 +807,7 @@ SPECULATION = Group("spec", (
     ("mod_n_match", Optional[int], MOD_N_MATCH), ("mod_n_min", Optional[int], MOD_N_MIN),
     ("mod_n_max", Optional[int], MOD_N_MAX), ("spec_default", bool, SPEC_DEFAULT),
     ("lookup_static", Optional[Path], LOOKUP_STATIC), ("lookup_dynamic", Optional[Path], LOOKUP_DYNAMIC),
+    ("synth_len", Optional[float], SYNTH_LEN), ("synth_rates", Optional[str], SYNTH_RATES),
 ), spec_settings)
 
 

@@ -214,7 +214,8 @@ def test_long_flags_may_be_spelt_with_underscores_as_in_llama_cpp(spelling):
     (("serve", "--embedding"), "--embedding is for embeddings and reranking"),
     (("serve", "--models-dir", "/tmp"), "--models-dir is llama-server's router mode"),
     (("serve", "--grp-attn-n", "4"), "--grp-attn-n is llama.cpp's self-extend"),
-    (("serve", "--spec-synth-len", "2"), "--spec-synth-len is llama.cpp's synthetic acceptance"),
+    (("-p", "x", "--spec-synth-len", "2", "--spec-synth-rates", "0.5"), "mutually exclusive"),
+    (("-p", "x", "--spec-synth-rates", "0.5,x"), "--spec-synth-rates: expected comma-separated numbers"),
     (("serve", "--tools", "all"), "--tools is for llama-server's tools"),
     (("serve", "-mu", "http://x/m.gguf"), "-mu is llama.cpp's download of a model URL"),
 ])

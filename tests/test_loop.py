@@ -100,6 +100,26 @@ def test_penalties_are_recomputed_for_every_position_of_a_verified_batch(model, 
         assert tokens_of(events) == plain_decode(model, PROMPT, 50, Sampler(sampled, 3))
 
 
+@pytest.mark.parametrize("temp", [0.0, 1.0])
+def test_synthetic_acceptance_keeps_drafts_at_its_rates(model, temp):
+    """llama.cpp's --spec-synth-rates (benchmarking only): at rates 0 every draft is rejected and
+    the output is target-only decoding's, seed for seed (llama.cpp's test_with_and_without_draft);
+    at rates 1 every drafted token is kept whatever the target picks (a draft unlike the target:
+    the output is then not the target's)."""
+    sampling = SamplerSettings(temp=temp, top_k=0, top_p=1.0, min_p=0.0)
+    draft = model.perturbed(0.6, seed=9)
+    never, _, _ = run(model, draft, sampling=sampling, seed=2, n=40, types=("draft",), draft_max=4,
+                      synth_rates=(0.0,) * 4)
+    assert tokens_of(never) == plain_decode(model, PROMPT, 40, Sampler(sampling, 2))
+    steps = steps_of(never)
+    assert sum(s.n_drafted for s in steps) > 0 and sum(s.n_accepted for s in steps) == 0
+    always, _, _ = run(model, draft, sampling=sampling, seed=2, n=40, types=("draft",), draft_max=4,
+                       synth_rates=(1.0,) * 4)
+    steps = steps_of(always)
+    assert all(s.n_accepted == s.n_drafted == 4 for s in steps[:-1])
+    assert tokens_of(always) != plain_decode(model, PROMPT, 40, Sampler(sampling, 2))
+
+
 def target_only_marginals(model, sampling, n_tokens: int) -> list[np.ndarray]:
     """The exact distribution of each of the first generated tokens, target alone."""
     sampler = Sampler(sampling, 0)

@@ -15,7 +15,10 @@ import pytest
 
 from speculative.decoding.sampling import draw, one_hot
 from speculative.decoding.tree import Tree
-from speculative.decoding.verify import match_tree, prob, rejection_sample, rejection_sample_tree, residual
+from speculative.decoding.settings import SpecSettings
+from speculative.decoding.verify import (match_tree, prob, rejection_sample, rejection_sample_tree, residual,
+                                         synthetic_keep, synthetic_match)
+from speculative.errors import UsageError
 
 V = 6
 N = 100_000
@@ -204,3 +207,54 @@ def test_forks_judged_by_the_draft_distribution_are_not_exact():
     p, q = PAIRS["overlapping"]
     l1 = np.abs(tree_emitted(forks_as_samples, p, q, seed=2, n=N // 10) - dense(p)).sum()
     assert l1 > LAM * math.sqrt(10)  # the check's bound for a tenth of the draws
+
+
+# -- synthetic acceptance (llama.cpp's --spec-synth-*, benchmarking only) -----------------------
+
+
+def test_synthetic_match_keeps_what_it_is_told_and_asks_the_target_up_to_the_first_not_kept():
+    asked = []
+
+    def pick(i):
+        asked.append(i)
+        return 100 + i
+
+    assert synthetic_match([5, 6, 7], pick, lambda i, token: i < 2) == ([0, 1], 102) and asked == [0, 1, 2]
+    asked.clear()
+    assert synthetic_match([5, 6, 7], pick, lambda i, token: True) == ([0, 1, 2], 103) and asked == [0, 1, 2, 3]
+
+
+def test_synthetic_keep_draws_its_own_seeded_stream_and_never_keeps_an_end_of_generation():
+    keep = synthetic_keep([0.5] * 4, 7, lambda t: False)
+    first = [keep(0, 1) for _ in range(400)]
+    keep = synthetic_keep([0.5] * 4, 7, lambda t: False)
+    assert [keep(0, 1) for _ in range(400)] == first and 150 < sum(first) < 250
+    assert not synthetic_keep([1.0], 7, lambda t: t == 2)(0, 2)
+
+
+@pytest.mark.parametrize("given, probs", [
+    ({"synth_rates": (0.8, 0.6, 0.3)}, (0.8, 0.75, 0.5)),
+    ({"synth_rates": (0.5, 0.0, 0.0)}, (0.5, 0.0, 0.0)),
+    ({"synth_len": 1.0}, (0.0, 0.0, 0.0)),
+    ({"synth_len": 4.0}, (1.0, 1.0, 1.0)),
+])
+def test_synthetic_probabilities_are_llama_cpps(given, probs):
+    assert SpecSettings(types=("draft",), draft_max=3, **given).synthetic_probs() == pytest.approx(probs)
+
+
+def test_a_synthetic_length_gives_that_mean_acceptance_length():
+    probs = SpecSettings(types=("draft",), draft_max=3, synth_len=2.5).synthetic_probs()
+    p = probs[0]
+    assert probs == pytest.approx((p, p, p)) and 1 + p + p * p + p ** 3 == pytest.approx(2.5, abs=1e-6)
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"synth_rates": (0.5, 0.4)}, "must have 3 values"),
+    ({"synth_rates": (0.5, 0.6, 0.1)}, "non-increasing"),
+    ({"synth_rates": (1.5, 0.6, 0.1)}, "within [0, 1]"),
+    ({"synth_len": 5.0}, "within [1, 4]"),
+    ({"synth_len": 2.0, "synth_rates": (0.5, 0.4, 0.3)}, "mutually exclusive"),
+])
+def test_synthetic_settings_llama_cpp_refuses_are_refused(given, message):
+    with pytest.raises(UsageError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        SpecSettings(types=("draft",), draft_max=3, **given).validate()

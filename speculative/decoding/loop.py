@@ -36,7 +36,7 @@ from speculative.decoding.events import Done, Event, Prefilled, Step, Token
 from speculative.decoding.sampling import Sampler, one_hot
 from speculative.decoding.settings import SpecSettings, acceptance
 from speculative.decoding.tree import Tree
-from speculative.decoding.verify import match_tree, rejection_sample_tree
+from speculative.decoding.verify import match_tree, rejection_sample_tree, synthetic_keep, synthetic_match
 from speculative.errors import ContextFull
 
 
@@ -46,6 +46,7 @@ def generate(target: Cache, prompt: Sequence[int], sampler: Sampler, settings: S
     the longest prefix of the prompt it already holds, from an earlier run, and only
     processes the rest. With `constraint`, only what its grammar admits (constraint.py)."""
     rule = acceptance(sampler.settings, settings)
+    keep = synthetic_keep(settings.synthetic_probs(), sampler.seed, target.model.is_eog) if rule == "synthetic" else None
     t0 = time.perf_counter()
     context = list(prompt)
     try:
@@ -69,7 +70,7 @@ def generate(target: Cache, prompt: Sequence[int], sampler: Sampler, settings: S
             t_verify = time.perf_counter()
             tree = Tree(draft.tree)
             rows = score(target, context[-1], draft, tree)
-            path, bonus = verify(rule, sampler, context, draft, tree, rows, constraint)
+            path, bonus = verify(rule, sampler, context, draft, tree, rows, constraint, keep)
             branch = roll_back(target, tree, path, len(context))
         except ContextFull:
             yield Done("length", time.perf_counter() - t_start, _cut(constraint), _spent(constraint))
@@ -130,13 +131,17 @@ def score(target: Cache, last: int, draft: Draft, tree: Tree) -> list[np.ndarray
 
 
 def verify(rule: str, sampler: Sampler, context: list[int], draft: Draft, tree: Tree,
-           rows: list[np.ndarray], constraint: Constraint | None = None) -> tuple[list[int], int]:
+           rows: list[np.ndarray], constraint: Constraint | None = None,
+           keep: Callable[[int, int], bool] | None = None) -> tuple[list[int], int]:
     """The accepted path (drafted nodes, root to leaf) and the target's own token after it.
     Under a grammar each row is sampled among what it admits after the path to it, and a row
-    where it admits one token only (Draft.certain) needs no sampling."""
+    where it admits one token only (Draft.certain) needs no sampling. `keep`: the synthetic
+    rule's choice (verify.synthetic_keep)."""
     history = _history(sampler, context, draft.tokens, tree)  # what row i follows, for penalties
     state = (path_states(constraint.state, draft.tokens, draft.tree) if constraint is not None
              else lambda i: None)
+    if rule == "synthetic":
+        return synthetic_match(draft.tokens, lambda i: sampler.sample(rows[i], history(i), state(i)), keep)
     if rule == "rejection":
         return rejection_sample_tree(
             draft.tokens, tree, draft.q, lambda i: one_hot(draft.tokens[i]) if i < draft.certain

@@ -157,6 +157,7 @@ class Sampler:
     def __init__(self, settings: SamplerSettings, seed: int, banned: np.ndarray | None = None,
                  vocab: Vocab | None = None):
         self.settings = settings
+        self.seed = seed
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.banned = banned if banned is not None and len(banned) else None
         self.vocab = vocab

@@ -175,6 +175,8 @@ class SpecSettings:
     lookup_cache: LookupCacheSettings = LookupCacheSettings()
     draft_max_given: bool = False  # --draft-max was given: it caps llama.cpp's n-gram types
                                    # (LLAMA_NGRAM_TYPES) too, which otherwise draft up to their own maximum
+    synth_len: float | None = None  # --spec-synth-len: synthetic acceptance's mean length (synthetic_probs)
+    synth_rates: tuple[float, ...] = ()  # --spec-synth-rates: its chance per drafted position
 
     def __post_init__(self):
         object.__setattr__(self, "types", canonical_types(self.types))
@@ -228,6 +230,38 @@ class SpecSettings:
         """The most drafted tokens one step may verify (and roll back)."""
         return 0 if self.types == ("none",) else self.step_max
 
+    def synthetic_probs(self) -> tuple[float, ...]:
+        """llama.cpp's synthetic acceptance (benchmarking only: --spec-synth-len, --spec-synth-rates,
+        common_speculative_synth_rates_resolve): drafted token i is kept with chance probs[i] once
+        the ones before it were, whatever the target picks; () without it. Given a mean length L
+        (the target's token included), rates p, p^2, ... with 1 + p + ... + p^n_max = L; the
+        probabilities are each rate over the one before it. UsageError for what llama.cpp refuses."""
+        if self.synth_len is None and not self.synth_rates:
+            return ()
+        n_max = self.step_max
+        if self.synth_len is not None and self.synth_rates:
+            raise UsageError("--spec-synth-len and --spec-synth-rates are mutually exclusive")
+        if self.synth_rates:
+            rates = self.synth_rates
+            if len(rates) != n_max:
+                raise UsageError(f"--spec-synth-rates must have {n_max} values (--draft-max), got {len(rates)}")
+            if not all(math.isfinite(r) and 0.0 <= r <= 1.0 for r in rates):
+                raise UsageError("--spec-synth-rates must be finite and within [0, 1]")
+            if any(b > a for a, b in zip(rates, rates[1:])):
+                raise UsageError("--spec-synth-rates must be monotonically non-increasing")
+        else:
+            if not (math.isfinite(self.synth_len) and 1.0 <= self.synth_len <= n_max + 1):
+                raise UsageError(f"--spec-synth-len must be finite and within [1, {n_max + 1}], got {self.synth_len}")
+            p = 1.0 if self.synth_len == n_max + 1 else 0.0
+            if 1.0 < self.synth_len < n_max + 1:  # llama.cpp's bisection, 32 rounds
+                lo, hi = 0.0, 1.0
+                for _ in range(32):
+                    mid = (lo + hi) / 2
+                    lo, hi = (mid, hi) if sum(mid ** (j + 1) for j in range(n_max)) < self.synth_len - 1 else (lo, mid)
+                p = (lo + hi) / 2
+            rates = tuple(p ** (i + 1) for i in range(n_max))
+        return tuple(r / before if before > 0 else 0.0 for r, before in zip(rates, (1.0, *rates)))
+
     def validate(self) -> None:
         unknown = [t for t in self.types if t not in SPEC_TYPES]
         if unknown or not self.types:
@@ -258,6 +292,8 @@ class SpecSettings:
                              f"use --spec-type draft (auto, {', '.join(HEAD_TYPES)} draft chains only)")
         if self.n_predict < -1:
             raise UsageError(f"-n/--n-predict must be -1 (no limit) or >= 0, got {self.n_predict}")
+        if self.synthetic_probs() and self.branches > 1:
+            raise UsageError("--spec-synth-*: synthetic acceptance verifies draft chains only (no -np branches)")
         self.ngram_simple.validate("--spec-ngram-simple-*")
         self.ngram_map_k.validate("--spec-ngram-map-k-*")
         self.ngram_map_k4v.validate("--spec-ngram-map-k4v-*")
@@ -321,8 +357,11 @@ class ModelSpec:
 def acceptance(sampling: SamplerSettings, spec: SpecSettings) -> str:
     """How drafted tokens are verified, decided once for the engine, the drafter and the loop:
     "greedy" (the target's argmax must match), "match" (the target samples and a drafted token
-    is kept when it is the one drawn), or "rejection" (speculative sampling: the draft model
-    samples too, and a token is kept with probability min(1, p/q))."""
+    is kept when it is the one drawn), "rejection" (speculative sampling: the draft model
+    samples too, and a token is kept with probability min(1, p/q)), or "synthetic" (kept at
+    random, benchmarking only: SpecSettings.synthetic_probs)."""
+    if spec.synthetic_probs():
+        return "synthetic"
     if sampling.greedy:
         return "greedy"
     return spec.accept

@@ -86,6 +86,27 @@ def sample_and_match(drafted: Sequence[int], target_pick: Callable[[int], int]) 
     return len(path), bonus
 
 
+def synthetic_match(drafted: Sequence[int], target_pick: Callable[[int], int],
+                    keep: Callable[[int, int], bool]) -> tuple[list[int], int]:
+    """llama.cpp's synthetic acceptance, for benchmarking only (its output is not the target's):
+    drafted token i (a chain's) is kept when keep(i, token) says so, whatever the target picks.
+    The target still picks every row up to the first token not kept, in order, as sample and
+    match does, and that pick replaces it. Returns (path, bonus) as match_tree."""
+    for i, token in enumerate(drafted):
+        picked = target_pick(i)
+        if not keep(i, token):
+            return list(range(i)), picked
+    return list(range(len(drafted))), target_pick(len(drafted))
+
+
+def synthetic_keep(probs: Sequence[float], seed: int, is_eog: Callable[[int], bool]) -> Callable[[int, int], bool]:
+    """Whether synthetic acceptance keeps drafted token i: with chance probs[i] (the ones before it
+    kept), from a random stream of its own seeded by the run's seed, as llama-server seeds it; a
+    drafted end of generation never (it would end the answer early)."""
+    rng = np.random.Generator(np.random.PCG64(seed))
+    return lambda i, token: rng.random() < probs[i] and not is_eog(token)
+
+
 def rejection_sample(drafted: Sequence[int], q: Sequence[Dist] | None,
                      target_dist: Callable[[int], Dist], rng: np.random.Generator) -> tuple[int, int]:
     """Speculative sampling of `drafted`, a chain (d_i ~ q[i]; q None: deterministic proposals).
