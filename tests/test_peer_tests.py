@@ -129,8 +129,6 @@ def test_a_run_against_a_fake_server_shows_what_it_was_given_and_why_each_test_e
 
 
 @pytest.mark.real
-@pytest.mark.xfail(strict=False, reason="speculate serve refuses flags llama.cpp's tests pass at start (--temp, "
-                   "--seed, --offline, --alias, --n-predict, --no-jinja): until issue 44's flag work lands")
 def test_llama_cpps_own_seed_batch_size_and_draft_tests_pass_against_speculate(tmp_path):
     """Issue 44's three tests of the pinned llama.cpp's server suite, through scripts/peer_tests.py
     against `speculate serve` on the stand-ins, in this Python (the packages scripts/test.sh installs)."""
