@@ -146,9 +146,9 @@ def apply(target: ModelSpec, draft: Optional[ModelSpec], o, placed: tuple, place
           split: tuple[float, ...]) -> tuple[ModelSpec, Optional[ModelSpec]]:
     """The flags on the models' specs, as llama.cpp gives them (common_base_params_to_speculative):
     the draft (or a head drafting beside the target) takes -ctkd/-ctvd and -otd/-cmoed/-ncmoed;
-    -ub, -fa, -lm, -sm, -ts and -mg follow the target."""
+    -ub, -fa, -lm, -nr, -sm, -ts and -mg follow the target."""
     shared = dict(n_ubatch=o.ubatch_size, load_mode=load_mode(o), split_mode=o.split_mode,
-                  tensor_split=split, main_gpu=o.main_gpu)
+                  tensor_split=split, main_gpu=o.main_gpu, repack=o.repack)
     drafts = dict(cache_type_k=o.cache_type_k_draft, cache_type_v=o.cache_type_v_draft)
     target = replace(target, **shared, cache_type_k=o.cache_type_k, cache_type_v=o.cache_type_v, overrides=placed,
                      head_cache_types=(o.cache_type_k_draft, o.cache_type_v_draft), head_overrides=placed_draft)

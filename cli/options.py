@@ -142,6 +142,10 @@ MLOCK = typer.Option(
 MMAP = typer.Option(
     None, "--mmap/--no-mmap", rich_help_panel=M,
     help="Older llama.cpp's: memory-map the weights (-lm mmap), or read them in (-lm none).")
+REPACK = typer.Option(
+    True, "--repack/--no-repack", " /-nr", rich_help_panel=M, envvar="LLAMA_ARG_REPACK", show_envvar=False,
+    help="Weight repacking for the CPU's faster kernels (both models), as llama.cpp's; -nr: weights as they are "
+         "(slower on most CPUs; one batch-variant kernel fewer: docs/exactness-and-builds.md).")
 OFFLINE = typer.Option(
     False, "--offline", rich_help_panel=M, envvar="LLAMA_ARG_OFFLINE", show_envvar=False,
     help="Offline mode, as llama.cpp's: models from the caches only, no network access (-hf as with "
@@ -471,6 +475,7 @@ class ModelOptions:
     n_cpu_moe_draft: int = 0
     ubatch_size: int = ModelSpec.n_ubatch
     load_mode: str = ModelSpec.load_mode
+    repack: bool = True
     mlock: bool = False  # older llama.cpp's load flags: memory.load_mode reads them as -lm
     mmap: Optional[bool] = None
     split_mode: str = ModelSpec.split_mode
@@ -773,7 +778,8 @@ MODELS = Group("models", (
     ("override_tensor_draft", Optional[List[str]], OVERRIDE_TENSOR_DRAFT),
     ("cpu_moe", bool, CPU_MOE), ("n_cpu_moe", int, N_CPU_MOE), ("n_cpu_ffn", int, N_CPU_FFN),
     ("cpu_moe_draft", bool, CPU_MOE_DRAFT), ("n_cpu_moe_draft", int, N_CPU_MOE_DRAFT),
-    ("ubatch_size", int, UBATCH_SIZE), ("load_mode", str, LOAD_MODE), ("mlock", bool, MLOCK),
+    ("ubatch_size", int, UBATCH_SIZE), ("load_mode", str, LOAD_MODE), ("repack", bool, REPACK),
+    ("mlock", bool, MLOCK),
     ("mmap", Optional[bool], MMAP), ("split_mode", str, SPLIT_MODE),
     ("tensor_split", Optional[str], TENSOR_SPLIT), ("main_gpu", int, MAIN_GPU), ("swa_full", bool, SWA_FULL),
     ("jinja", bool, JINJA), ("chat_template", Optional[str], CHAT_TEMPLATE),
@@ -782,7 +788,7 @@ MODELS = Group("models", (
 
 # the memory flags of the target alone (doctor's)
 TARGET_MEMORY_FLAGS = ("cache_type_k", "cache_type_v", "override_tensor", "cpu_moe", "n_cpu_moe", "n_cpu_ffn",
-                       "ubatch_size", "load_mode", "mlock", "mmap", "split_mode", "tensor_split", "main_gpu",
+                       "ubatch_size", "load_mode", "repack", "mlock", "mmap", "split_mode", "tensor_split", "main_gpu",
                        "swa_full")
 
 SAMPLING = Group("sampling", (

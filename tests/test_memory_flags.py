@@ -112,6 +112,18 @@ def test_weights_stay_out_of_the_amx_buffer_type_and_repacking_stays():
         assert list(bufts)[:len(after) + 1] == [*after, None], before
 
 
+def test_no_repack_loads_weights_as_they_are_and_drops_repack_from_the_batch_variant_kernels(monkeypatch):
+    """llama.cpp's -nr/--no-repack: no extra buffer types for the weights, so the repacked kernels
+    do not run (a build's other batch-variant kernels still do)."""
+    from speculative.llamacpp import decode, devices
+
+    assert not devices.model_params(-1, None, repack=False)[0].use_extra_bufts
+    monkeypatch.setattr(decode, "batch_variant_kernels", lambda: ["LLAMAFILE", "REPACK", "TILED_MM"])
+    off = decode.ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    assert decode.context_kernels(False, off) == ["LLAMAFILE", "REPACK", "TILED_MM"]
+    assert decode.context_kernels(False, off, repack=False) == ["LLAMAFILE", "TILED_MM"]
+
+
 # -- with models ---------------------------------------------------------------------
 
 
@@ -188,6 +200,8 @@ def test_doctor_takes_the_memory_flags(model_path):
     out = json.loads(speculate("doctor", "-m", str(model_path(SMOL)), "-ctk", "q8_0", "-ctv", "q8_0", "--json").stdout)
     assert (out["cache_type_k"], out["cache_type_v"], out["flash_attn_on"]) == ("q8_0", "q8_0", True)
     assert "FLASH_ATTN" in out["batch_variant_kernels"]
+    plain = json.loads(speculate("doctor", "-m", str(model_path(SMOL)), "-nr", "--json").stdout)
+    assert "REPACK" not in plain["batch_variant_kernels"] and plain["checks"]
 
 
 @real

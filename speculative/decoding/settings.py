@@ -339,6 +339,7 @@ class ModelSpec:
     cache_type_v: str = "f16"
     n_ubatch: int = 512  # -ub: most tokens in one physical batch (at most n_batch)
     load_mode: str = "auto"  # -lm, LOAD_MODES
+    repack: bool = True  # weights repacked for the CPU's kernels (llama.cpp's extra buffer types; -nr: not)
     split_mode: str = "layer"  # -sm, SPLIT_MODES
     tensor_split: tuple[float, ...] = ()  # -ts: each device's share of the layers (empty: by free memory)
     main_gpu: int = 0  # -mg

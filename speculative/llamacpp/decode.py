@@ -79,13 +79,14 @@ def flash_attn_type(mode: str, on_gpu: bool, quantized_v: bool = False) -> int:
     return ll.LLAMA_FLASH_ATTN_TYPE_AUTO
 
 
-def context_kernels(on_gpu: bool, fa_type: int) -> list[str]:
-    """The batch-variant kernels a context runs (see devices.batch_variant_kernels): the build's,
-    and flash attention on the CPU, which splits a lone query's cache over the threads (from 512
-    cells) and tiles many queries: the same position then scores differently alone and inside
-    a batch."""
+def context_kernels(on_gpu: bool, fa_type: int, repack: bool = True) -> list[str]:
+    """The batch-variant kernels a context runs (see devices.batch_variant_kernels): the build's
+    (REPACK only where weights are repacked: not with -nr), and flash attention on the CPU,
+    which splits a lone query's cache over the threads (from 512 cells) and tiles many queries:
+    the same position then scores differently alone and inside a batch."""
     fa_on_cpu = not on_gpu and fa_type != ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    return batch_variant_kernels() + (["FLASH_ATTN"] if fa_on_cpu else [])
+    build = [k for k in batch_variant_kernels() if repack or k != "REPACK"]
+    return build + (["FLASH_ATTN"] if fa_on_cpu else [])
 
 
 def default_threads() -> int:

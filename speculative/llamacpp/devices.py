@@ -237,9 +237,9 @@ class _Override(ctypes.Structure):  # struct llama_model_tensor_buft_override
 
 def model_params(n_gpu_layers: int, devices: Sequence[str] | None, split_mode: str = "layer", main_gpu: int = 0,
                  tensor_split: Sequence[float] = (), load_mode: str = "auto",
-                 overrides: Sequence[tuple[str, str]] = ()):
+                 overrides: Sequence[tuple[str, str]] = (), repack: bool = True):
     """Model parameters: n_gpu_layers (-1: llama.cpp's default); unless None, the devices for the
-    offloaded layers (empty: none, the CPU keeps them); -sm, -mg, -ts, -lm; and the -ot overrides,
+    offloaded layers (empty: none, the CPU keeps them); -sm, -mg, -ts, -lm, -nr; and the -ot overrides,
     (pattern, buffer type name) in order. What llama.cpp reads through pointers (the device list,
     the split, the overrides and their strings) is returned too, to be kept until the model has
     loaded."""
@@ -250,6 +250,7 @@ def model_params(n_gpu_layers: int, devices: Sequence[str] | None, split_mode: s
     mparams.split_mode = SPLIT_MODES.index(split_mode)
     mparams.main_gpu = main_gpu
     mparams.load_mode = LOAD_MODES.index(load_mode) - 1  # llama_load_mode: auto is -1
+    mparams.use_extra_bufts = repack  # llama.cpp's --no-repack: weights in plain host memory
     keep: list = []
     if devices is not None:  # NULL-terminated; llama.cpp's default selection may skip RPC devices
         devs = (ctypes.c_void_p * (len(devices) + 1))(*(_device(name) for name in devices), None)

@@ -56,6 +56,8 @@ def _memory_identity(model) -> dict:
     split = (spec.split_mode, list(spec.tensor_split), spec.main_gpu)
     if split != (default.split_mode, list(default.tensor_split), default.main_gpu):
         out["split"] = list(split)
+    if not spec.repack:
+        out["repack"] = False
     return out
 
 

@@ -78,7 +78,7 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
     def _load_weights(self, load_mtp: bool, causal: bool) -> None:
         spec = self.spec
         mparams, _keep = model_params(self.n_gpu_layers, self.devices, spec.split_mode, spec.main_gpu,
-                                      spec.tensor_split, spec.load_mode, spec.overrides)
+                                      spec.tensor_split, spec.load_mode, spec.overrides, spec.repack)
         mparams.load_mtp = load_mtp
         model = self._model = load_weights(self.path, mparams, self.arch, causal)
         # A recurrent state (Mamba, RWKV; the hybrids' recurrent layers) is one per sequence:
@@ -126,7 +126,7 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
         self.kv_bytes = kv_cache_bytes(self.path, allocated, *self.cache_types)
         self._flash_attn_type = cparams.flash_attn_type
         self.flash_attn_on = self._flash_attn_type != ll.LLAMA_FLASH_ATTN_TYPE_DISABLED  # auto: a GPU's choice
-        self.kernels = context_kernels(self.placement == "gpu", self._flash_attn_type)
+        self.kernels = context_kernels(self.placement == "gpu", self._flash_attn_type, spec.repack)
 
     def _apply_loras(self) -> None:
         """Load the adapters and set them, with their scales, on the context before the
