@@ -10,7 +10,8 @@ Four `speculate --json` runs, one after the other in this session:
      and processes only the question;
   4. question B without a cache: the text run 3 must reproduce, token for token.
 It prints each run's prompt-processing time (restoring the cache counted in) and the
-ratios, and exits 1 if run 3's text differs from run 4's. Defaults: the Qwen target
+ratios, and its decoding speed (runs 3 and 4 decode the same tokens after the same context, one
+restored and one processed), and exits 1 if run 3's text differs from run 4's. Defaults: the Qwen target
 alone (`-m qwen2.5-coder-1.5b-instruct --spec-type none`), greedy, 64 tokens, and
 GGML_CPU_TILED_MM=0 so that the CPU build is batch-invariant (docs/exactness-and-builds.md).
 """
@@ -67,7 +68,7 @@ def main(argv: list[str]) -> int:
     for label, r in runs.items():
         print(f"{label:26s} {r['n_prompt']:5d} prompt tokens, {r['n_restored']:5d} restored: "
               f"prompt processing {prompt_seconds(r):7.3f} s (restore {r['t_restore_s']:.3f} s, "
-              f"save {r['t_save_s']:.3f} s)")
+              f"save {r['t_save_s']:.3f} s), decoding {r['decode_tps']:.2f} t/s")
     base, _, warm, plain = (prompt_seconds(r) for r in runs.values())
     print(f"B with the cache vs B without: {plain / warm:.1f}x less prompt-processing time; "
           f"vs A without: {base / warm:.1f}x")

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Decode speed of two llama-cpp-python builds, target-only and speculative, interleaved.
 
-    scripts/compare_builds.py VENV_A VENV_B [--rounds 3] [--env-b KEY=VALUE ...] [-o results.json]
-                              [-- extra speculate flags]
+    scripts/compare_builds.py VENV_A VENV_B [--rounds 3] [--env-b KEY=VALUE ...] [--flag-b FLAG ...]
+                              [-o results.json] [-- extra speculate flags]
 
 Each venv must have speculate installed over its own llama-cpp-python build (for
 example the stock build in .venv and the batch-invariant one in .venv-test). Every
@@ -10,7 +10,8 @@ round runs, for each build, the default pair's target alone and then with its dr
 so machine drift hits all four alike. Prints each run and the medians, with ratios
 against the first build's target-only speed measured in this same run. --env-b sets
 environment variables for the second build's runs only (GGML_CPU_TILED_MM=0 makes the
-test build of scripts/test.sh batch-invariant, as its tests run it).
+test build of scripts/test.sh batch-invariant, as its tests run it), and --flag-b speculate
+flags (-nr: weights not repacked); with them VENV_B may be VENV_A, the same build otherwise set.
 """
 
 from __future__ import annotations
@@ -42,29 +43,34 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--env-b", action="append", default=[], metavar="KEY=VALUE",
                         help="an environment variable for VENV_B's runs")
+    parser.add_argument("--flag-b", action="append", default=[], metavar="FLAG",
+                        help="a speculate flag for VENV_B's runs (-nr; several: repeat it)")
     parser.add_argument("-o", "--output", type=Path, help="every run's speed and the medians (JSON, with meta)")
     parser.add_argument("extra", nargs="*", help="more speculate flags, after --")
     args = parser.parse_args()
 
-    envs = {str(args.venvs[0]): {}, str(args.venvs[1]): dict(kv.partition("=")[::2] for kv in args.env_b)}
+    env_b = dict(kv.partition("=")[::2] for kv in args.env_b)
+    label_b = " ".join([str(args.venvs[1]), *(f"{k}={v}" for k, v in env_b.items()), *args.flag_b])
+    sides = [(str(args.venvs[0]), args.venvs[0], {}, []), (label_b, args.venvs[1], env_b, args.flag_b)]
     speeds: dict[tuple[str, str], list[float]] = {}
     for r in range(args.rounds):
-        for venv in args.venvs:
+        for label, venv, env, own in sides:
             for mode, flags in MODES.items():
-                result = run(venv, flags, args.extra, envs[str(venv)])
-                speeds.setdefault((str(venv), mode), []).append(result["decode_tps"])
-                print(f"round {r + 1}  {venv}  {mode:12s}  {result['decode_tps']:6.2f} t/s  "
+                result = run(venv, flags, [*args.extra, *own], env)
+                speeds.setdefault((label, mode), []).append(result["decode_tps"])
+                print(f"round {r + 1}  {label}  {mode:12s}  {result['decode_tps']:6.2f} t/s  "
                       f"accepted {result['n_accept']}/{result['n_drafted']}", flush=True)
 
-    base = statistics.median(speeds[(str(args.venvs[0]), "target only")])
-    print(f"\nmedian decode speed over {args.rounds} rounds, ratio to {args.venvs[0]} target only:")
-    for (venv, mode), values in speeds.items():
+    base = statistics.median(speeds[(sides[0][0], "target only")])
+    print(f"\nmedian decode speed over {args.rounds} rounds, ratio to {sides[0][0]} target only:")
+    for (label, mode), values in speeds.items():
         median = statistics.median(values)
-        print(f"  {venv}  {mode:12s}  {median:6.2f} t/s  {median / base:5.2f}x")
+        print(f"  {label}  {mode:12s}  {median:6.2f} t/s  {median / base:5.2f}x")
     if args.output:
         args.output.write_text(json.dumps({
-            "meta": meta(prompt=PROMPT, modes=MODES, extra=args.extra, env=envs),
-            "runs": [{"venv": venv, "mode": mode, "decode_tps": values} for (venv, mode), values in speeds.items()]},
+            "meta": meta(prompt=PROMPT, modes=MODES, extra=args.extra,
+                         env={label: env for label, _, env, _ in sides}, flags_b=args.flag_b),
+            "runs": [{"venv": label, "mode": mode, "decode_tps": values} for (label, mode), values in speeds.items()]},
             indent=1))
 
 

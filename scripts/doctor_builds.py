@@ -4,8 +4,9 @@
     python scripts/doctor_builds.py [--stock .venv] [--test .venv-test] [-m MODEL] [-o results.json]
 
 The stock build (README's first set-up command) with llama.cpp's own defaults on the CPU
-(flash attention on, the tiled matmul on), and scripts/test.sh's build as its tests run it
-(GGML_CPU_TILED_MM=0, -fa auto): where each scores a position differently alone and inside
+(flash attention on, the tiled matmul on), then with everything that can be switched off at
+run time off (GGML_CPU_TILED_MM=0, -fa off, -nr), and scripts/test.sh's build as its tests run
+it (GGML_CPU_TILED_MM=0, -fa auto): where each scores a position differently alone and inside
 a batch, after 16 and after 300 cached tokens (docs/exactness-and-builds.md).
 """
 
@@ -37,6 +38,7 @@ def main() -> int:
     parser.add_argument("-o", "--output", type=Path)
     args = parser.parse_args()
     cases = [("stock", args.stock, {"GGML_CPU_TILED_MM": "1"}, ["-fa", "on"]),
+             ("stock, run-time switches off", args.stock, {"GGML_CPU_TILED_MM": "0"}, ["-fa", "off", "-nr"]),
              ("test", args.test, {"GGML_CPU_TILED_MM": "0"}, ["-fa", "auto"])]
     reports = []
     for label, venv, env, flags in cases:

@@ -173,14 +173,15 @@ def cache_ram(data) -> list[str]:
 
 
 def prompt_cache(data) -> list[str]:
-    lines = header("run", "prompt tokens", "from the cache", "prompt processing")
+    lines = header("run", "prompt tokens", "from the cache", "prompt processing", "decoding")
     for label, r in data["runs"].items():
         name = label.split(". ", 1)[1]
         if "saves" in name:
             name += f" ({data['cache_bytes'] / 2**20:.1f} MiB, written in {r['t_save_s']:.2f} s)"
         seconds = r["t_encode_s"] + r["t_restore_s"]
         restore = f" (restore {r['t_restore_s']:.2f} s)" if r["n_restored"] else ""
-        lines.append(row(f"question {name}", f"{r['n_prompt']:,}", f"{r['n_restored']:,}", f"{seconds:.2f} s{restore}"))
+        lines.append(row(f"question {name}", f"{r['n_prompt']:,}", f"{r['n_restored']:,}", f"{seconds:.2f} s{restore}",
+                         f"{r['decode_tps']:.2f} t/s"))
     return lines
 
 
@@ -212,7 +213,8 @@ def builds(data) -> list[str]:
     speeds = {(r["venv"], r["mode"]): median(r["decode_tps"]) for r in data["runs"]}
     venvs = list(dict.fromkeys(v for v, _ in speeds))
     base = speeds[(venvs[0], "target only")]
-    names = {venvs[0]: f"stock (`{venvs[0]}`, {base:.2f} t/s target only)", venvs[1]: f"batch-invariant (`{venvs[1]}`)"}
+    names = {venvs[0]: f"stock (`{venvs[0]}`, {base:.2f} t/s target only)",
+             **{venv: f"`{venv}`" for venv in venvs[1:]}}
     lines = header("build", "target only", "draft model")
     for venv in venvs:
         lines.append(row(names[venv], f"{speeds[(venv, 'target only')] / base:.2f}x",
@@ -457,6 +459,9 @@ TABLES = {t.name: t for t in [
     Table("builds", ("builds.json",),
           "python scripts/compare_builds.py .venv .venv-test --env-b GGML_CPU_TILED_MM=0 -o docs/results/builds.json",
           builds),
+    Table("builds-switches", ("builds-switches.json",),
+          "python scripts/compare_builds.py .venv .venv --env-b GGML_CPU_TILED_MM=0 --flag-b=-nr "
+          "-o docs/results/builds-switches.json", builds),
 ]}
 
 def render(name: str) -> list[str]:

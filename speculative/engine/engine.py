@@ -30,7 +30,6 @@ from speculative.decoding.loop import generate
 from speculative.decoding.sampling import Sampler
 from speculative.decoding.settings import (POOL_TOKENS, ModelSpec, SamplerSettings, SpecSettings, acceptance,
                                            check_prompt)
-from speculative.drafters.auto import Auto
 from speculative.drafters.pool import Pool, PoolFile, fingerprint
 from speculative.engine import calibrate, chat
 from speculative.engine.costs import CostBook, ModelCosts
