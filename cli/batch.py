@@ -17,6 +17,7 @@ from speculative.files import write_atomic
 from speculative.serving import batch
 
 from . import options
+from .progress import StatusLine
 from .render import EXIT_INTERRUPTED
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)  # log lines stay whole in files
@@ -57,8 +58,13 @@ def batch_command(
             from speculative.engine.parallel import Parallel
 
             target, draft = models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft, spec.mtp, spec.features)
-            engine = Engine(slots.apply(target), slots.apply(draft), notify=_notice, **pool.engine_args())
-            engine.factory.make(spec)  # auto measures its costs now, before requests share the models
+            with StatusLine() as status:  # while the models load and auto measures (a terminal's only)
+                def notice(message: str) -> None:
+                    status.clear()
+                    _notice(message)
+                engine = Engine(slots.apply(target), slots.apply(draft), notify=notice, progress=status.update,
+                                **pool.engine_args())
+                engine.factory.make(spec)  # auto measures its costs now, before requests share the models
             parallel = Parallel(engine, slots.n_slots, **slots.parallel_args())
         _notice(f"batch: {len(items)} requests in {requests}, {len(items) - len(todo)} already in {output}, "
                 f"{len(todo)} to run" + (f", {slots.n_slots} at once" if parallel and slots.n_slots > 1 else ""))
