@@ -381,3 +381,27 @@ def test_bench_shows_which_run_and_fits_its_tables_to_the_terminal(tmp_path):
     table = screen(out)
     assert all(len(line) <= 80 for line in table), out  # a temporary folder's path is in none of them
     assert "left out at this width:" in out and "ngram-simple" in out
+
+
+@pytest.mark.real
+def test_a_calibration_shows_its_round_and_time_left_on_a_terminal_and_nothing_in_a_pipe(model_path, tmp_path):
+    """A model the book of costs does not know is calibrated first: on a terminal the status line
+    says which round and size it is at and about how long is left, and is gone after; through a
+    pipe the calibration's two notices are all there is."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models").symlink_to(model_path(SMOL).parent)
+    args = ("-m", SMOL, "-p", "def fib(n):", "-n", "1", "--temp", "0", "--draft-max", "4")
+    code, out, err = run_on_terminals(*args, stdout_terminal=False, env={"SPECULATE_HOME": str(home)})
+    assert code == 0, err
+    statuses = re.findall(r"\r([^\r\n\x1b]*)\x1b\[K", err)
+    rounds = [s for s in statuses if re.fullmatch(rf"calibrating {SMOL}: round \d of \d, \d tokens? "
+                                                  r"\(about \d+ s left\)( \(again: .*)?", s)]
+    assert rounds, statuses
+    assert all(len(s) < 80 for s in statuses) and not any("round" in line for line in screen(err))
+    assert any(line.startswith(f"calibrating {SMOL}'s passes") for line in screen(err))
+    (home / "costs.json").unlink()
+    piped = subprocess.run([SPECULATE, *args], capture_output=True, text=True,
+                           env=terminal_env({"SPECULATE_HOME": str(home)}))
+    assert piped.returncode == 0 and "\r" not in piped.stderr and "round" not in piped.stderr
+    assert f"calibrating {SMOL}'s passes" in piped.stderr and "calibrated in" in piped.stderr
