@@ -8,6 +8,7 @@
   chat.py          chat templates
   prompt_cache.py  the --prompt-cache file
   ram_cache.py     --cache-ram: conversations kept in host memory
-  calibrate.py     what a model's decode costs on this machine (auto's prices)
+  costs.py         what a model's passes cost on this machine, learnt as runs go (auto's prices)
+  calibrate.py     the short calibration of what the book of costs lacks
   bench.py         speculate bench: configurations over a prompt set
 """
