@@ -12,8 +12,8 @@ alone, then the drafter with it (speculative.engine.engine.Engine), and reports:
 - memory: the resident memory (/proc/self/status) of the target loaded with the drafter less
   that of the target alone, each in a process of its own (the drafter's weights, context and
   compute buffers; for draft-mtp, the NextN layers and the head's context);
-- the target's pass: one decode of one token after 32 of context (calibrate.measure, as auto
-  measures it), best of --repeat;
+- the target's pass: one decode of one token after 32 of context (calibrate.measure, as auto's
+  calibration measures it), best of its rounds and of --repeat;
 - the drafter's cost per drafted token, best of --repeat, for a draft of K tokens (4, or the
   block's size less one): EAGLE-3 and single-layer MTP one decode of one entry each; chained
   MTP a decode of 1, 2, ... entries (head i decodes the draft region again); DFlash and DSpark
@@ -70,7 +70,8 @@ kw = {"feature_drafter": Path(drafter)} if kind in ("draft-eagle3", "draft-dflas
      {"mtp_sidecar": Path(drafter)} if kind == "gemma4-assistant" else {"mtp": True}
 if alone_only:  # what the target costs without the drafter: its pass, and its memory
     with Engine(ModelSpec(target, "target", n_ctx=512, n_threads=threads)) as alone:
-        pass_s = min(calibrate.measure(alone.caches["target"], 1)[0] for _ in range(repeat))
+        pass_s = min(min(calibrate.measure(alone.caches["target"], [1], lambda text: None).rounds[1])
+                     for _ in range(repeat))
         print(json.dumps({"pass_s": pass_s, "rss_mib": rss()}))
     sys.exit(0)
 with Engine(ModelSpec(target, "target", n_ctx=512, n_threads=threads, **kw)) as engine:

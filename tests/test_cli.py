@@ -93,16 +93,18 @@ def test_seeded_sampling_repeats_and_matches_target_only(model_path, batch_invar
 
 
 def test_speculative_sampling_repeats_bit_for_bit_and_keeps_more_drafts(model_path, batch_invariant):
-    """Rejection sampling (the default): a seed repeats the run exactly, and it keeps
-    more drafted tokens than sample-and-match (whose draft proposes greedily). The draft is
-    the target, so q = p exactly only where a batch scores as a token alone does (on a
-    batch-variant build p/q strays from 1 in the last bits, and a few drafts are rejected)."""
+    """Rejection sampling (--spec-accept rejection; sample-and-match is the default): a seed
+    repeats the run exactly, and it keeps more drafted tokens than sample-and-match (whose draft
+    proposes greedily). The draft is the target, so q = p exactly only where a batch scores as a
+    token alone does (on a batch-variant build p/q strays from 1 in the last bits, and a few
+    drafts are rejected)."""
     smol = str(model_path(SMOL))
     common = ("-m", smol, "-md", smol, "--spec-type", "draft", "-p", "My favourite animal is", "-n", "64",
               "--temp", "1.0", "-s", "7", "--ignore-eos")
-    a = speculate_json(*common)
+    assert speculate_json(*common)["settings"]["spec_accept"] == "match"
+    a = speculate_json(*common, "--spec-accept", "rejection")
     assert a["settings"]["spec_accept"] == "rejection"
-    assert speculate_json(*common)["tokens"] == a["tokens"]
+    assert speculate_json(*common, "--spec-accept", "rejection")["tokens"] == a["tokens"]
     match = speculate_json(*common, "--spec-accept", "match")
     # the draft is the target, so q = p and every sampled draft is kept
     assert a["accept_rate"] == 1.0 and match["accept_rate"] < 0.9
