@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -309,3 +311,22 @@ def test_auto_output_equals_plain_decoding_with_a_model_drafter(cost):
     events, _ = run_auto(model, drafters, [cost] * 9, draft_costs={"draft": cost / 20})
     assert [e.id for e in events if isinstance(e, Token)] == plain_decode(model, [1, 2, 3], 60, Sampler(GREEDY, 0))
     assert any(e.drafter == "draft" for e in events if isinstance(e, Step))
+
+
+def test_doctor_reset_costs_forgets_every_model_or_the_one_named(tmp_path):
+    from speculative.files import content_identity
+    from tests.conftest import speculate_here
+
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF" + bytes(60))  # what -m is checked for; nothing loads
+    book = CostBook(tmp_path / "costs.json")
+    book.model({**content_identity(model), "threads": 2}).record_rounds({1: [1e-3] * 3})
+    book.model({"size": 1, "sha256_head_tail": "another", "threads": 2}).record_rounds({1: [1e-3] * 3})
+    book.save()
+    env = {"SPECULATE_HOME": str(tmp_path)}
+    named = speculate_here("doctor", "--reset-costs", "-m", str(model), env=env)
+    assert named.returncode == 0 and "forgot the costs of 1 model " in named.stderr, named.stderr
+    assert CostBook(tmp_path / "costs.json").model({"size": 1, "sha256_head_tail": "another", "threads": 2}).measured()
+    every = speculate_here("doctor", "--reset-costs", env=env)
+    assert every.returncode == 0 and "forgot the costs of 1 model " in every.stderr
+    assert json.loads((tmp_path / "costs.json").read_text())["models"] == {}
