@@ -4,7 +4,7 @@
     scripts/peer_tests.py run --server speculate|PATH [--server ...] [TEST ...] [--out DIR]
                               [--python PY] [--speculate PATH] [--timeout 120] [--slow] [-k EXPR]
     scripts/peer_tests.py summary DIR
-    scripts/peer_tests.py compare DIR_A DIR_B [-o FILE]
+    scripts/peer_tests.py compare DIR_A DIR_B [-o FILE] [--json FILE]
 
 The suite is the pinned llama.cpp's `tools/server/tests` (pytest, one `unit/` file per feature),
 copied out of the sdist scripts/test.sh keeps (.cache/sdist) into DIR/suite, fresh for every
@@ -459,6 +459,7 @@ def main(argv: list[str]) -> int:
     compare.add_argument("a", help="DIR/LABEL of one run")
     compare.add_argument("b", help="DIR/LABEL of the other")
     compare.add_argument("-o", "--output", help="also write the table here")
+    compare.add_argument("--json", help="also write both runs' outcomes, with the machine and commit (docs/results)")
     args = parser.parse_args(argv)
 
     if args.command == "summary":
@@ -469,6 +470,10 @@ def main(argv: list[str]) -> int:
         print(table, end="")
         if args.output:
             Path(args.output).write_text(table)
+        if args.json:
+            from results import meta  # noqa: E402 (scripts/results.py: the date, machine and commit)
+            runs = [load_summary(args.a), load_summary(args.b)]
+            Path(args.json).write_text(json.dumps({"meta": meta(), "runs": runs}, indent=1))
         return 0
     if len(args.server) > 2:
         parser.error("--server: one, or two to compare")

@@ -412,6 +412,26 @@ def kv(data) -> list[str]:
     return lines
 
 
+def peer_tests(data) -> list[str]:
+    """llama.cpp's server tests per file: passed, failed and skipped on each server."""
+    runs = data["runs"]
+    lines = header("file", *(f"{r['server']} passed / failed / skipped" for r in runs))
+    files = list(dict.fromkeys(f for r in runs for f in r["files"]))
+    totals = [[0, 0, 0] for _ in runs]
+
+    def count(run, file) -> list[int]:
+        outcomes = [t["outcome"] for t in run["files"].get(file, {"tests": {}})["tests"].values()]
+        return [outcomes.count("passed"), outcomes.count("failed") + outcomes.count("error"), outcomes.count("skipped")]
+
+    for file in files:
+        cells = [count(r, file) for r in runs]
+        for total, c in zip(totals, cells):
+            total[:] = [a + b for a, b in zip(total, c)]
+        lines.append(row(f"`{file.split('/')[-1]}`", *(" / ".join(map(str, c)) for c in cells)))
+    lines.append(row("all", *(" / ".join(map(str, t)) for t in totals)))
+    return lines
+
+
 TABLES = {t.name: t for t in [
     Table("recurrent", ("recurrent.json",), "python scripts/bench_recurrent.py -o docs/results/recurrent.json",
           recurrent),
@@ -459,6 +479,9 @@ TABLES = {t.name: t for t in [
     Table("builds", ("builds.json",),
           "python scripts/compare_builds.py .venv .venv-test --env-b GGML_CPU_TILED_MM=0 -o docs/results/builds.json",
           builds),
+    Table("peer-tests", ("peer-tests.json",),
+          "python scripts/peer_tests.py compare OUT/llama-server OUT/speculate --json docs/results/peer-tests.json "
+          "(after the run below)", peer_tests),
     Table("builds-switches", ("builds-switches.json",),
           "python scripts/compare_builds.py .venv .venv --env-b GGML_CPU_TILED_MM=0 --flag-b=-nr "
           "-o docs/results/builds-switches.json", builds),
