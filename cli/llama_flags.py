@@ -441,6 +441,6 @@ def refusal(flag: str, command: str, own: Mapping[str, bool], elsewhere: Sequenc
     if elsewhere:
         return f"{flag} is a flag of {', '.join(f'`{c}`' for c in elsewhere)}, not of `{command}`"
     if names:
-        return f"{flag} is a llama.cpp flag that `{command}` does not have (`{command} --help` lists its flags)"
+        return f"{flag} is a llama.cpp flag that `{command}` does not have (`{command} --help-all` lists its flags)"
     close = difflib.get_close_matches(flag, list(own), n=3)
     return f"No such option: {flag}" + (f" (Possible options: {', '.join(close)})" if close else "")
