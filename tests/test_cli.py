@@ -375,8 +375,9 @@ def test_a_busy_machine_no_longer_decides_later_runs(model_path, tmp_path):
     later = speculate(*flags, "-n", "1", env=env)
     assert later.returncode == 0 and ("calibrating" in later.stderr) != kept, later.stderr
     (entry,) = book(env).values()
-    now = float(np.median(entry["seconds"][: costs.SAMPLES]))
-    assert entry["prices"]["seconds"] == pytest.approx(now, rel=costs.DRIFT)
+    if "not kept" not in later.stderr:  # (a calibration the machine disturbed again keeps no prices)
+        now = float(np.median(entry["seconds"][: costs.SAMPLES]))
+        assert entry["prices"]["seconds"] == pytest.approx(now, rel=costs.DRIFT)
 
 
 def test_the_readmes_ngram_simple_example_drafts(model_path):
