@@ -62,7 +62,7 @@ def calibrate(measure: Callable[[list[int], Progress], Timings], sizes: list[int
     for attempt in range(ATTEMPTS):
         report = progress
         if progress is not None and attempt:
-            report = lambda text, attempt=attempt: progress(f"{text} (again: {why})")  # noqa: E731
+            report = lambda text: progress(f"{text} (again: {why})")  # noqa: E731 (why: the last attempt's)
         timings = measure(sizes, report or (lambda text: None))
         why = disagreement(timings)
         if why is None:

@@ -239,7 +239,7 @@ class Engine:
         costs = self._model_costs(role)
         max_batch = min(max_batch, _largest_batch(model) - (sequences - 1))
         sizes = calibrate.target_sizes(max_batch) if role == "target" else sorted({1, max_batch})
-        missing = [b for b in sizes if b not in costs.measured()]
+        missing = sorted(set(sizes) - set(costs.measured()))
         if missing and self.may_measure:
             self._calibrate(role, model, costs, sorted({1, *missing}))
         if costs.seconds() is None:
