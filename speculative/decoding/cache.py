@@ -15,7 +15,9 @@ overwritten by every token: llama.cpp can undo at most the latest `rollback_limi
 tokens of the latest decode, and not all of them, once (its n_rs_seq snapshots; 0
 where the architecture has none). Beyond that, a rollback goes back to a checkpoint (a copy of the
 recurrent state taken when the caller said drafted tokens were coming, see
-`checkpoint`) and decodes the kept tokens after it again; without one it clears the
+`checkpoint`, or at the end of a prompt, see `mark`: the latest MARKS of those are kept from
+one run to the next, so a conversation's next turn or a regenerated answer comes back to the
+end of its prompt) and decodes the kept tokens after it again; without one it clears the
 cache and decodes everything kept again. Slower, exact for any model: a recurrent
 state cannot be cut to any prefix, so what is exact is kept and the rest recomputed.
 """
@@ -27,6 +29,8 @@ from typing import Sequence
 import numpy as np
 
 from speculative.decoding.backend import Backend, MtpBackend, Outputs
+
+MARKS = 2  # a recurrent state's copies at prompt ends kept (this turn's, and the one before)
 
 
 def _common_prefix(held: list[int], tokens: Sequence[int], n: int) -> int:
@@ -46,6 +50,7 @@ class Cache:
         # each token of the latest decode but the last, not the state before that decode.
         self._undoable = 0
         self._checkpoint: tuple[int, bytes] | None = None  # (length, recurrent state at that length)
+        self._marks: list[tuple[int, bytes]] = []  # the same at prompt ends, oldest first (mark)
 
     def __len__(self) -> int:
         """Tokens sequence 0 holds."""
@@ -78,17 +83,21 @@ class Cache:
         """What keep_prefix(tokens, limit) would keep, changing nothing (unless a checkpoint
         it would come back to cannot be loaded)."""
         self._settle()
-        return self._kept(self._seqs[0], tokens, limit, self._undoable, self._checkpoint)
+        return self._kept(self._seqs[0], tokens, limit, self._undoable, self._checkpoints())
 
     def _kept(self, held: list[int], tokens: Sequence[int], limit: int | None, undoable: int,
-              checkpoint: tuple[int, bytes] | None) -> int:
+              checkpoints: Sequence[tuple[int, bytes]]) -> int:
         """What keep_prefix keeps of a cache holding `held` (its latest `undoable` tokens
-        undoable, a checkpoint at checkpoint[0]): the shared prefix, or for a recurrent state
-        that cannot be cut there, the checkpoint at or before it, else nothing."""
+        undoable, with `checkpoints`): the shared prefix, or for a recurrent state that cannot
+        be cut there, the latest checkpoint at or before it, else nothing."""
         n = _common_prefix(held, tokens, min(len(held), len(tokens), len(tokens) if limit is None else limit))
         if self._can_undo(len(held) - n, undoable):
             return n
-        return checkpoint[0] if checkpoint is not None and checkpoint[0] <= n else 0
+        return max((length for length, _ in checkpoints if length <= n), default=0)
+
+    def _checkpoints(self) -> list[tuple[int, bytes]]:
+        """Every recurrent state copy it can come back to."""
+        return [*self._marks, *([self._checkpoint] if self._checkpoint is not None else [])]
 
     def extend(self, tokens: Sequence[int], outputs: Outputs = "none") -> list[np.ndarray]:
         """Decode `tokens` after what sequence 0 holds (Backend.decode's rows)."""
@@ -110,8 +119,18 @@ class Cache:
         if limit is None or (ahead is not None and ahead <= limit):
             return
         self._settle()
-        if self._checkpoint is None or self._checkpoint[0] != len(self):
+        if all(length != len(self) for length, _ in self._checkpoints()):
             self._checkpoint = (len(self), self.model.save_state(partial=True))
+
+    def mark(self) -> None:
+        """A prompt is in: a model that cannot undo tokens copies its recurrent state here, and
+        keeps the copy across runs (the latest MARKS), since the next run's prompt may share this
+        one and not the output (a conversation's next turn, a regenerated answer)."""
+        if self.model.rollback_limit is None:
+            return
+        self._settle()
+        if all(length != len(self) for length, _ in self._marks):
+            self._marks = [*self._marks, (len(self), self.model.save_state(partial=True))][-MARKS:]
 
     def sync(self, tokens: Sequence[int], outputs: Outputs = "none") -> list[np.ndarray]:
         """Make sequence 0 hold exactly `tokens`, decoding only what it does not share with
@@ -130,8 +149,7 @@ class Cache:
             return
         self.model.trim(n)
         self._undoable = 0  # llama.cpp's recurrent rollback is single-use
-        if self._checkpoint is not None and self._checkpoint[0] > n:
-            self._checkpoint = None  # it holds tokens this cache no longer does
+        self._drop_checkpoints_past(n)
         for seq in self._seqs.values():
             del seq[n:]
 
@@ -187,18 +205,18 @@ class Cache:
         self._settle()
         loaded = self.model.load_state(state, len(tokens))
         self._seqs = {0: list(tokens) if loaded else []}
-        self._undoable, self._checkpoint = 0, checkpoint if loaded else None
+        self._undoable, self._checkpoint, self._marks = 0, checkpoint if loaded else None, []
         return loaded
 
     def saved_checkpoint(self) -> tuple[int, bytes] | None:
-        """The checkpoint a recurrent model's cache can come back to (length, state), if any."""
-        return self._checkpoint
+        """The latest checkpoint a recurrent model's cache can come back to (length, state), if any."""
+        return max(self._checkpoints(), key=lambda c: c[0], default=None)
 
     def keepable_after_restore(self, held: Sequence[int], tokens: Sequence[int], limit: int | None = None,
                                checkpoint: tuple[int, bytes] | None = None) -> int:
         """What keep_prefix(tokens, limit) would keep right after restore(state, held, checkpoint):
         for a recurrent state, all of `held` or the checkpoint (nothing of it can be undone)."""
-        return self._kept(list(held), tokens, limit, 0, checkpoint)
+        return self._kept(list(held), tokens, limit, 0, [checkpoint] if checkpoint is not None else [])
 
     # -- keeping the bookkeeping true ------------------------------------------
 
@@ -214,6 +232,12 @@ class Cache:
                 self._undoable = 0
                 self._rewind(len(self._seqs[0]))
 
+    def _drop_checkpoints_past(self, n: int) -> None:
+        """Checkpoints that hold tokens this cache no longer does go."""
+        if self._checkpoint is not None and self._checkpoint[0] > n:
+            self._checkpoint = None
+        self._marks = [m for m in self._marks if m[0] <= n]
+
     def _can_undo(self, n_tokens: int, undoable: int | None = None) -> bool:
         """Whether the model can drop its latest `n_tokens` (the one place this is decided);
         `undoable`: of a cache whose latest decode left that many undoable (default: this one)."""
@@ -227,14 +251,13 @@ class Cache:
         that point are decoded again (`redecode`), or left for the caller to decode."""
         held = self._seqs[0]
         kept = held[:n]
-        start = 0
-        if self._checkpoint is not None and self._checkpoint[0] <= n:
-            start = self._checkpoint[0]
-            if not self.model.load_state(self._checkpoint[1], start, partial=True):
-                start = 0
+        start, state = max(((length, s) for length, s in self._checkpoints() if length <= n),
+                           key=lambda c: c[0], default=(0, b""))
+        if start and not self.model.load_state(state, start, partial=True):
+            start = 0
         if start == 0:
             self.model.trim(0)
-            self._checkpoint = None
+        self._drop_checkpoints_past(start)
         self._seqs = {0: held[:start]}
         self._undoable = 0
         if redecode and n > start:

@@ -96,7 +96,7 @@ def prefill(target: Cache, drafter: Drafter | None, context: list[int]) -> int:
     the first step scores. Returns how many of its tokens the target cache already held."""
     n_cached = target.keep_prefix(context, len(context) - 1)
     target.extend(context[n_cached:-1])
-    target.checkpoint()  # a recurrent state: the next run's prompt may share this one, not the output
+    target.mark()  # a recurrent state: the next run's prompt may share this one, not the output
     if drafter is not None:
         drafter.prefill(context)
     return n_cached
