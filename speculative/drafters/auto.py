@@ -36,6 +36,7 @@ Where the numbers come from:
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
@@ -191,6 +192,13 @@ class Auto(Drafter):
         self._proposals: dict[str, Draft] = {}      # this step's free proposals
         self.t_plan = 0.0   # seconds auto itself spent planning and scoring (not in drafters' calls)
         self._t_drafters = 0.0  # of a propose or accept call, the seconds spent inside the drafters
+
+    def learn_from(self, earlier: "Auto") -> None:
+        """Start from what an earlier run's auto learnt (a conversation's earlier turn) rather
+        than the priors: its acceptance estimates of the drafters both have, for drafts as long."""
+        names = {d.name for d in self.drafters}
+        self.acceptance = {key: copy.deepcopy(estimates) for key, estimates in earlier.acceptance.items()
+                           if key[0] in names and estimates.k_max == self.k_max}
 
     def estimates(self, d: Drafter | str, kind: int = 0) -> Acceptance:
         name = d if isinstance(d, str) else d.name

@@ -143,11 +143,12 @@ class Engine:
         return (int(first), float(row[first])), (int(second), float(row[second]))
 
     def run(self, prompt: list[int], sampling: SamplerSettings, spec: SpecSettings,
-            seed: int) -> Iterator[Event]:
+            seed: int, carry: bool = False) -> Iterator[Event]:
         """Generate from `prompt`: the loop's events, and PromptCache after Prefilled when a
         prompt cache file is used. The longest prefix of the prompt that the caches still
         hold from the previous run is not processed again (stream.py turns this into text
-        and statistics)."""
+        and statistics). `carry`: the run continues the previous one (a conversation's next
+        turn), whose auto's estimates it starts from instead of the priors."""
         whole_prompt, self._whole_prompt = self._whole_prompt, False
         check_prompt(prompt, self.target.n_ctx, spec.n_predict)  # before any calibration
         rule = acceptance(sampling, spec)
@@ -155,8 +156,8 @@ class Engine:
         constraint = Constraint(self.target.grammar(sampling.grammar)) if sampling.grammar else None
         if constraint is None and "forced" in spec.drafters:
             raise UsageError("--spec-type forced drafts what a grammar forces: give --grammar or --json-schema")
-        self.drafter = self.factory.make(spec, self._draft_sampler(sampling, spec, seed, rule),
-                                         constraint)  # may calibrate
+        self.drafter = self.factory.make(spec, self._draft_sampler(sampling, spec, seed, rule), constraint,
+                                         self.drafter if carry else None)  # may calibrate
         restored = self.persist.restore_pending
         t_restore = self.persist.restore_file() if restored else 0.0
         t_swap = self.persist.swap_ram(prompt) if not whole_prompt else 0.0

@@ -56,10 +56,11 @@ class DrafterFactory:
         self._lookup_files: dict[tuple, LookupFiles] = {}  # ngram-cache's -lcs/-lcd, read once
 
     def make(self, spec: SpecSettings, draft_sampler: Sampler | None = None,
-             constraint: Constraint | None = None) -> Drafter | None:
+             constraint: Constraint | None = None, earlier: Drafter | None = None) -> Drafter | None:
         """The drafter --spec-type asks for: one, a chain, or auto over several.
         `draft_sampler`: the draft model samples with it (else it drafts greedily); `constraint`:
-        the run's grammar, which every drafter drafts under (and auto's choices add `forced`)."""
+        the run's grammar, which every drafter drafts under (and auto's choices add `forced`);
+        `earlier`: an earlier run's drafter whose auto this one's learns from."""
         names = spec.drafters or ("ngram-simple", *(("ngram-pool",) if self.pool and self.pool_in_auto else ()),
                                   *(("draft",) if self.draft else ()), *((self.mtp.head.kind,) if self.mtp else ()),
                                   *(("forced",) if constraint is not None else ()))
@@ -69,7 +70,10 @@ class DrafterFactory:
         for d in drafters:
             d.constraint = constraint
         if spec.auto:
-            return self._auto(names, drafters, spec.draft_max)
+            auto = self._auto(names, drafters, spec.draft_max)
+            if isinstance(earlier, Auto):
+                auto.learn_from(earlier)
+            return auto
         return drafters[0] if len(drafters) == 1 else Chain(drafters, [spec.draft_limit(n) for n in names])
 
     def _auto(self, names: tuple[str, ...], drafters: list[Drafter], draft_max: int) -> Auto:

@@ -62,11 +62,12 @@ class Stream:
 
     def __init__(self, engine: Engine, prompt: list[int], sampling: SamplerSettings, spec: SpecSettings,
                  seed: int, stops: Sequence[str] = (), should_stop: Callable[[], str | None] | None = None,
-                 limits: LineLimits | None = None):
+                 limits: LineLimits | None = None, carry: bool = False):
+        """`carry`: the run continues the previous one (Engine.run)."""
         self.engine = engine
         self.stats = Stats(t_load=engine.t_load)
         self.tokens: list[int] = []
-        self._events = engine.run(prompt, sampling, spec, seed)
+        self._events = engine.run(prompt, sampling, spec, seed, carry)
         self._text = TextStream(engine.target.token_bytes)
         self._stops = StopFilter(stops)
         self._limits = limits  # llama-server's n_indent and t_max_predict_ms, after the stop strings
