@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from speculative.decoding.events import Done, Event, Prefilled, PromptCache, Step, Token
 
@@ -79,6 +79,27 @@ class Stats:
             self.t_decode = event.t_decode
             self.incomplete = event.incomplete
             self.t_grammar = event.t_grammar
+
+    def merge(self, other: "Stats") -> None:
+        """Add another run's statistics (a conversation's turns summed): counts, times and
+        histograms add up; the load time is this one's, the finish the latest run's."""
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if f.name == "t_load":
+                continue
+            if f.name == "max_branches":
+                self.max_branches = max(mine, theirs)
+            elif isinstance(mine, Counter):
+                mine.update(theirs)
+            elif isinstance(mine, list):
+                grow = len(theirs) - len(mine)
+                mine += [0] * max(grow, 0)
+                for i, n in enumerate(theirs):
+                    mine[i] += n
+            elif isinstance(mine, (int, float)) and not isinstance(mine, bool):
+                setattr(self, f.name, mine + theirs)
+            else:  # the finish and whether the grammar was left incomplete: the latest run's
+                setattr(self, f.name, theirs)
 
     def _add_draft(self, k: int, m: int) -> None:
         self.n_draft_steps += 1
