@@ -40,7 +40,7 @@ CONTINUED = 4     # names that take more than one line: the further lines' inden
 # what llama-cli's and llama-server's users reach for first, and what the README's examples use.
 COMMON_FLAGS = frozenset((
     "--model", "--model-draft", "--hf-repo", "--ctx-size", "--threads", "--n-gpu-layers",  # Models
-    "--prompt", "--file", "--chat", "--system-prompt",                                      # Prompt
+    "--prompt", "--file", "--chat", "--system-prompt", "--conversation",                    # Prompt
     "--n-predict", "--temp", "--top-k", "--top-p", "--seed",                                # Sampling
     "--spec-type", "--draft-max",                                                           # Speculation
     "--json", "--help", "--help-all",

@@ -381,7 +381,7 @@ def llama_names(flag: str) -> tuple[str, ...]:
     return next((names for option in OPTIONS for names in option if flag in names), ())
 
 
-_CONVERSATION = "which speculate does not have yet: give the prompt with -p/-f (--chat for a chat model)"
+_CONVERSATION = "which speculate does not have: its conversation is llama-cli's (-cnv, the default on a terminal)"
 _ROUTER = "llama-server's router mode (models loaded on demand), which speculate serve does not have: it serves -m"
 _MULTIMODAL = "for multimodal models, which speculate does not run (text only)"
 _TOOLS = "for llama-server's tools, which speculate serve does not have"
@@ -392,16 +392,14 @@ _SELF_EXTEND = "llama.cpp's self-extend (group attention), which speculate does 
 # flag's names (its other names find it through OPTIONS). A flag whose other side speculate
 # takes (-no-cnv, -cb, --no-ui) has only the side it refuses here.
 REFUSED = {
-    "-cnv": f"llama-cli's conversation mode, {_CONVERSATION}",
-    "-st": f"llama-cli's single-turn conversation, {_CONVERSATION}",
     "-i": f"llama-completion's interactive mode, {_CONVERSATION}",
     "-if": f"llama-completion's interactive mode, {_CONVERSATION}",
-    "-mli": f"for llama.cpp's interactive mode, {_CONVERSATION}",
     "--in-prefix": f"for llama-completion's interactive mode, {_CONVERSATION}",
     "--in-suffix": f"for llama-completion's interactive mode, {_CONVERSATION}",
     "--in-prefix-bos": f"for llama-completion's interactive mode, {_CONVERSATION}",
-    "--context-shift": "llama.cpp's context shift, which speculate does not have: a generation stops at the "
-                       "context's end (finish_reason length); raise -c/--ctx-size for longer ones",
+    "--context-shift": "llama.cpp's context shift within a request, which this command does not have: a generation "
+                       "stops at the context's end (finish_reason length); raise -c/--ctx-size for longer ones "
+                       "(a conversation's --context-shift drops its oldest turns)",
     "-nocb": "no continuous batching, which speculate serve does not have: it always decodes the requests of "
              "its -np slots together",
     "--slot-save-path": "for llama-server's slot files (/slots?action=save), which speculate serve does not have: "

@@ -31,7 +31,7 @@ def read_prompt(prompt: str | None, file: str | None, escape: bool) -> str:
     if prompt is not None and file is not None:
         raise UsageError("give the prompt with -p or -f, not both")
     if prompt is None and file is None:
-        raise UsageError("no prompt: give -p TEXT, -f FILE, or -p - to read standard input")
+        raise UsageError("no prompt: give -p TEXT, -f FILE, or -p - to read standard input (-cnv: a conversation)")
     if prompt == "-" or file == "-":
         text, source = _read_stdin(), "standard input gave nothing"
     elif file is not None:

@@ -8,13 +8,13 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from rich.console import Console
 
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.decoding.stats import Stats
-from speculative.engine.stream import Stream
+from speculative.engine.stream import Final, Stream
 
 from .progress import StatusLine
 
@@ -25,7 +25,7 @@ GREEN, RESET = "\x1b[32m", "\x1b[0m"
 EXIT_INTERRUPTED = 130
 
 
-class _Stdout:
+class Stdout:
     """UTF-8 bytes straight to stdout; a closed pipe (| head) ends output quietly. `status`: the
     status line cleared before each write, so that text on a terminal starts on a clean line."""
 
@@ -73,18 +73,31 @@ def quiet_pipe():
         stdout_gone()
 
 
+@contextlib.contextmanager
+def loaded(target: ModelSpec, draft: ModelSpec | None, json_output: bool, prompt_cache: Path | None = None,
+           prompt_cache_ro: bool = False, pool: dict | None = None) -> Iterator[tuple[StatusLine, Engine]]:
+    """The models loaded (progress on the status line, unless --json), and the status line."""
+    from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
+
+    with StatusLine(enabled=not json_output) as status, Engine(
+            target, draft, notify=status.say, progress=status.update, prompt_cache_file=prompt_cache,
+            prompt_cache_ro=prompt_cache_ro, **(pool or {})) as engine:
+        yield status, engine
+
+
+def result_json(final: Final) -> dict:
+    """A run's text, tokens and statistics, as --json prints them."""
+    return {"text": final.text, "tokens": final.tokens, **final.stats.to_dict()}
+
+
 def run_and_render(target: ModelSpec, draft: ModelSpec | None, text: str, sampling: SamplerSettings,
                    spec: SpecSettings, *, use_chat: bool, system: str | None, color: bool,
                    json_output: bool, prompt_cache: Path | None = None, prompt_cache_ro: bool = False,
                    pool: dict | None = None) -> int:
-    from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
-
     seed = sampling.resolved_seed()
-    with StatusLine(enabled=not json_output) as status, Engine(
-            target, draft, notify=status.say, progress=status.update, prompt_cache_file=prompt_cache,
-            prompt_cache_ro=prompt_cache_ro, **(pool or {})) as engine:
+    with loaded(target, draft, json_output, prompt_cache, prompt_cache_ro, pool) as (status, engine):
         prompt = engine.prompt_tokens(text, use_chat, system)
-        out = _Stdout(color, status)
+        out = Stdout(color, status)
         stream = Stream(engine, prompt, sampling, spec, seed,
                         should_stop=lambda: "output closed" if out.closed else None)
         interrupted = False
@@ -98,7 +111,7 @@ def run_and_render(target: ModelSpec, draft: ModelSpec | None, text: str, sampli
         final = stream.end("interrupted" if interrupted else None)
         status.clear()
         if json_output:
-            result = {"text": final.text, "tokens": final.tokens, **final.stats.to_dict(),
+            result = {**result_json(final),
                       "target": _model_info(target, engine.target),
                       "draft": _model_info(draft, engine.draft) if draft else None,
                       "settings": _settings(sampling, spec, seed, use_chat, engine),

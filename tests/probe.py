@@ -124,7 +124,7 @@ if os.environ.get("PROBE_PIECES"):
 if os.environ.get("PROBE_STDOUT"):
     from speculative.cli import render  # noqa: E402
 
-    _write = render._Stdout.write
+    _write = render.Stdout.write
     _out = {"sent": 0, "before": int(os.environ["PROBE_STDOUT"]), "waited": False}
 
     def _write_once_the_reader_is_gone(self, text: str, from_draft: bool = False) -> None:
@@ -137,7 +137,7 @@ if os.environ.get("PROBE_STDOUT"):
         _write(self, text, from_draft)
         _out["sent"] += len(text.encode("utf-8"))
 
-    render._Stdout.write = _write_once_the_reader_is_gone
+    render.Stdout.write = _write_once_the_reader_is_gone
 
 if os.environ.get("PROBE_SERVE"):
     from speculative.llamacpp import decode as llamacpp_decode
