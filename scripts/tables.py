@@ -432,6 +432,38 @@ def peer_tests(data) -> list[str]:
     return lines
 
 
+def conversation(data) -> list[str]:
+    """bench_conversation.py's table: per turn of each conversation, the first configuration's tokens,
+    each configuration's decode speed (tokens over decode seconds, summed over the repeats) and the
+    ratios of speeds; then the edit turns and all turns together (aggregate speeds), and how many
+    answers are their tool's without speculation, word for word."""
+    configs, labels = data["configs"], list(data["summary"][0]["ratios"])
+    lines = header("conversation", "turn", "kind", f"tokens ({configs[0]})", *(f"{c} t/s" for c in configs), *labels)
+    for r in [*data["rows"], *data["summary"]]:
+        lines.append(row(r["conversation"], r["turn"], r["kind"], f"{r['tokens']:.0f}",
+                         *(opt(r["configs"][c]["tps"], ".2f") for c in configs),
+                         *(opt(r["ratios"][label], ".2f", "x") for label in labels)))
+    every = data["summary"][-1]["configs"]
+    lines.append(row("answers identical to the same tool's without speculation", "", "", "",
+                     *(fraction(every[c]["identical"], every[c]["compared"]) for c in configs), *[""] * len(labels)))
+    return lines
+
+
+def conversation_totals(data) -> list[str]:
+    """bench_conversation.py's second table: each configuration's turns summed (all conversations and
+    repeats): decoding, the prompt tokens processed and kept from the turn before, drafting, tokens
+    per target pass, answers cut at -n and the exchanges speculate dropped to fit the context."""
+    lines = header("config", "turns", "tokens", "decode s", "t/s", "prompt tokens processed",
+                   "kept from the turn before", "accepted / drafted", "tokens per pass", "answers cut at -n",
+                   "exchanges dropped (context full)")
+    for t in data["totals"]:
+        lines.append(row(f"`{t['config']}`", t["turns"], f"{t['tokens']:,}", f"{t['seconds']:.1f}",
+                         opt(t["tps"], ".2f"), f"{t['prompt_processed']:,}", f"{t['prompt_kept']:,}",
+                         f"{t['accepted']:,} / {t['drafted']:,}", opt(t["tokens_per_pass"], ".2f"), t["cut"],
+                         t["dropped"]))
+    return lines
+
+
 TABLES = {t.name: t for t in [
     Table("recurrent", ("recurrent.json",), "python scripts/bench_recurrent.py -o docs/results/recurrent.json",
           recurrent),
