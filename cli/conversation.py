@@ -27,12 +27,13 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.errors import UsageError
 
 from . import terminal
+from .options import TalkOptions
 from .render import EXIT_INTERRUPTED, Stdout, loaded, print_stats, result_json
 
 DIM, RESET = "\x1b[2m", "\x1b[0m"
@@ -51,15 +52,14 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 def converse(target: ModelSpec, draft: ModelSpec | None, first: str | None, sampling: SamplerSettings,
-             spec: SpecSettings, *, system: str | None, color: bool, json_output: bool, single_turn: bool,
-             multiline: bool, context_shift: bool, show_timings: bool, prompt_cache: Path | None = None,
-             prompt_cache_ro: bool = False, pool: dict | None = None) -> int:
+             spec: SpecSettings, talk: TalkOptions, *, system: str | None, color: bool, json_output: bool,
+             prompt_cache: Path | None = None, prompt_cache_ro: bool = False, pool: dict | None = None) -> int:
     """Run a conversation; `first`: the first message (-p/-f), if given. The exit code."""
     from speculative.engine.conversation import Conversation, ConversationFull
 
     interactive = terminal.is_terminal(sys.stdin)
     with loaded(target, draft, json_output, prompt_cache, prompt_cache_ro, pool) as (status, engine):
-        chat = Conversation(engine, sampling, spec, system, context_shift)
+        chat = Conversation(engine, sampling, spec, system, talk.context_shift)
         out = Stdout(color, status)
         screen = _Screen(interactive and terminal.is_terminal(sys.stdout), color)
         info = screen.info
@@ -70,11 +70,11 @@ def converse(target: ModelSpec, draft: ModelSpec | None, first: str | None, samp
         while True:
             if first is not None:
                 text, first = first, None
-                if interactive and not single_turn:
+                if interactive and not talk.single_turn:
                     info(f"> {text[:500]}" + (" ... (truncated)" if len(text) > 500 else ""))
             else:
                 try:
-                    text = read_message(lines, multiline)
+                    text = read_message(lines, talk.multiline)
                 except KeyboardInterrupt:
                     text = None
                 if text is None:
@@ -85,16 +85,8 @@ def converse(target: ModelSpec, draft: ModelSpec | None, first: str | None, samp
             if command == "/exit":
                 break
             try:
-                if command in ("/read", "/glob"):
-                    for name in (_read if command == "/read" else _glob)(argument.strip(), chat.attach):
-                        info(f"Loaded text from '{name}'")
-                    continue
-                if command == "/clear":
-                    chat.clear()
-                    info("Chat history cleared.")
-                    continue
-                if command == "/stats":
-                    _print_totals(chat, spec, target, draft, color, engine)
+                if _command(command, argument.strip(), chat, info,
+                            lambda: _print_totals(chat, spec, target, draft, color, engine)):
                     continue
                 turn = chat.regenerate() if command == "/regen" else chat.ask(text)
             except (UsageError, ConversationFull) as e:
@@ -102,31 +94,47 @@ def converse(target: ModelSpec, draft: ModelSpec | None, first: str | None, samp
                 continue
             if turn.dropped:
                 info(f"(the context is full: the {turn.dropped} oldest exchanges were dropped)")
-            interrupted = _answer(chat, turn, out, screen, json_output, show_timings)
-            if single_turn:
+            interrupted = _answer(chat, turn, out, screen, json_output, talk.show_timings)
+            if talk.single_turn:
                 code = EXIT_INTERRUPTED if interrupted else 0
                 break
         status.clear()
-        if not json_output and chat.turns and not single_turn:
+        if not json_output and chat.turns and not talk.single_turn:
             screen.info("")
             _print_totals(chat, spec, target, draft, color, engine)
     return code
 
 
+def _command(command: str, argument: str, chat, info: Callable[[str], None], totals: Callable[[], None]) -> bool:
+    """/read, /glob, /clear and /stats, done (True); anything else is not theirs (False)."""
+    if command in ("/read", "/glob"):
+        for name in (_read if command == "/read" else _glob)(argument, chat.attach):
+            info(f"Loaded text from '{name}'")
+    elif command == "/clear":
+        chat.clear()
+        info("Chat history cleared.")
+    elif command == "/stats":
+        totals()
+    else:
+        return False
+    return True
+
+
 def _answer(chat, turn, out: Stdout, screen: "_Screen", json_output: bool, show_timings: bool) -> bool:
     """Stream one answer; it joins the history as far as it went. Whether Ctrl-C stopped it."""
     split = Reasoning(turn.prompt_tail)
+    screen.thinking = False
     interrupted = False
     try:
         for piece in turn.stream:
             for part, from_draft in piece.parts:
-                shown = list(split.push(part))  # --json prints the whole answer at its end
-                for text, thinking in shown if not json_output else ():
-                    screen.answer(out, text, from_draft, thinking)
+                for text, thinking in split.push(part):
+                    if not json_output:  # --json prints the whole answer at its end
+                        screen.answer(out, text, from_draft, thinking)
     except KeyboardInterrupt:
         interrupted = True
     final = turn.stream.end("interrupted" if interrupted else None)
-    for text, thinking in split.push(final.tail):
+    for text, thinking in [*split.push(final.tail), *split.flush()]:
         if not json_output:
             screen.answer(out, text, False, thinking)
     chat.answered(split.content(), final)
@@ -173,10 +181,10 @@ class Reasoning:
         self._held = ""
         self._said: list[str] = []
 
-    def push(self, text: str) -> Iterator[tuple[str, bool]]:
+    def push(self, text: str) -> list[tuple[str, bool]]:
         """(text, whether it is thinking) pieces now known."""
-        text = self._held + text
-        self._held = ""
+        text, self._held = self._held + text, ""
+        pieces = []
         while text:
             marker = THINK_CLOSE if self.thinking else THINK_OPEN
             at = text.find(marker)
@@ -184,23 +192,29 @@ class Reasoning:
                 keep = next((n for n in range(min(len(marker) - 1, len(text)), 0, -1)
                              if text.endswith(marker[:n])), 0)
                 text, self._held = text[:len(text) - keep], text[len(text) - keep:]
-                yield from self._emit(text)
-                return
-            yield from self._emit(text[:at])
+                return pieces + self._emit(text)
+            pieces += self._emit(text[:at])
             self.thinking = not self.thinking
             text = text[at + len(marker):]
             if not self.thinking:
                 text = text.lstrip("\n")
+        return pieces
 
-    def _emit(self, text: str) -> Iterator[tuple[str, bool]]:
-        if text:
-            if not self.thinking:
-                self._said.append(text)
-            yield text, self.thinking
+    def flush(self) -> list[tuple[str, bool]]:
+        """The end of the answer: what was held back as a possible marker."""
+        held, self._held = self._held, ""
+        return self._emit(held)
+
+    def _emit(self, text: str) -> list[tuple[str, bool]]:
+        if not text:
+            return []
+        if not self.thinking:
+            self._said.append(text)
+        return [(text, self.thinking)]
 
     def content(self) -> str:
-        """What the model said (its thinking left out), markers held back included."""
-        return "".join(self._said) + ("" if self.thinking else self._held)
+        """What the model said, its thinking left out."""
+        return "".join(self._said)
 
 
 class _Screen:
@@ -210,7 +224,7 @@ class _Screen:
     def __init__(self, styled: bool, color: bool):
         self.styled = styled and not os.environ.get("NO_COLOR")
         self.color = color
-        self._thinking = False
+        self.thinking = False  # the latest text shown was thinking
 
     def info(self, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
@@ -226,8 +240,8 @@ class _Screen:
         return "\n> "
 
     def answer(self, out: Stdout, text: str, from_draft: bool, thinking: bool) -> None:
-        if thinking != self._thinking:
-            self._thinking = thinking
+        if thinking != self.thinking:
+            self.thinking = thinking
             if not self.styled:
                 out.write("[Start thinking]\n" if thinking else "\n[End thinking]\n\n")
         if thinking and self.styled:

@@ -22,7 +22,6 @@ from speculative.llamacpp import interrupt
 
 from . import models as models_cli
 from . import options
-from . import terminal
 from .batch import batch_command
 from .conversation import converse
 from .bench import bench_command
@@ -87,40 +86,19 @@ def _print_version(value: bool) -> None:
 SYSTEM_PROMPT_FILE = typer.Option(
     None, "-sysf", "--system-prompt-file", rich_help_panel=P, metavar="FNAME",
     help="As -sys, the message read from FNAME (one trailing newline dropped).")
-C = "Conversation"
-CONVERSATION = typer.Option(
-    False, "-cnv", "--conversation", rich_help_panel=P,
-    help="Chat as llama-cli (the default on a terminal without -p/-f; docs/conversation.md): /exit /regen /clear "
-         "/read /glob /stats.")
-NO_CONVERSATION = typer.Option(
-    False, "-no-cnv", "--no-conversation", rich_help_panel=C,
-    help="No conversation: one generation from -p/-f.")
-SINGLE_TURN = typer.Option(
-    False, "-st", "--single-turn", rich_help_panel=C,
-    help="A conversation of one answer, then exit (130 when Ctrl-C stopped it).")
-MULTILINE = typer.Option(
-    False, "-mli", "--multiline-input", rich_help_panel=C,
-    help="A message goes on over lines until one that ends in / or \\ (without it, a line ending in \\ "
-         "goes on).")
-CONTEXT_SHIFT = typer.Option(
-    False, "--context-shift/--no-context-shift", rich_help_panel=C,
-    help="When the conversation outgrows the context (-c), drop its oldest exchanges, leaving the answer a "
-         "quarter of the context (or -n); without it, say so and keep the conversation for /clear.")
-SHOW_TIMINGS = typer.Option(
-    True, "--show-timings/--no-show-timings", rich_help_panel=C,
-    help="After each answer, one line: tokens, tokens/s, drafted and accepted, tokens per pass, new prompt tokens.")
 VERSION = typer.Option(False, "--version", is_eager=True, callback=_print_version,
                        help="Print speculate's version and llama.cpp's, and exit.")
 
 
 @app.callback()
-@options.with_options(options.MODELS, options.SAMPLING, options.SPECULATION, options.POOL)
+@options.with_options(options.MODELS, options.SAMPLING, options.SPECULATION, options.POOL, options.TALK)
 def run(
     ctx: typer.Context,
     models: options.ModelOptions,
     sampling: SamplerSettings,
     spec: SpecSettings,
     pool: options.PoolOptions,
+    talk: options.TalkOptions,
     prompt: Optional[str] = typer.Option(
         None, "-p", "--prompt", rich_help_panel=P, help="The prompt; '-' reads it from standard input."),
     file: Optional[str] = typer.Option(
@@ -136,12 +114,6 @@ def run(
         None, "-sys", "--system-prompt", rich_help_panel=P,
         help="System message; the prompt goes through the chat template (--chat), as in llama-cli."),
     system_prompt_file: Optional[Path] = SYSTEM_PROMPT_FILE,
-    conversation: bool = CONVERSATION,
-    no_conversation: bool = NO_CONVERSATION,
-    single_turn: bool = SINGLE_TURN,
-    multiline: bool = MULTILINE,
-    context_shift: bool = CONTEXT_SHIFT,
-    show_timings: bool = SHOW_TIMINGS,
     prompt_cache: Optional[Path] = typer.Option(
         None, "--prompt-cache", rich_help_panel=P, metavar="FILE",
         help="Restore the models' caches for the longest prefix this prompt shares with the prompt saved "
@@ -161,13 +133,9 @@ def run(
     if ctx.invoked_subcommand is not None:
         return
     use_draft = models.uses_draft(spec)
-    talk = conversation_mode(conversation, no_conversation, single_turn, prompt is not None or file is not None)
-    if not talk and context_shift:
-        raise UsageError("--context-shift drops a conversation's oldest turns: it needs a conversation (-cnv)")
-    if talk and "-" in (prompt, file):
-        raise UsageError("a conversation reads its messages from standard input: give the first one with "
-                         "-p TEXT or -f FILE, not '-'")
-    text = read_prompt(prompt, file, escape) if not talk or prompt is not None or file is not None else None
+    given = prompt is not None or file is not None
+    chatting = talk.holds(given, "-" in (prompt, file))
+    text = read_prompt(prompt, file, escape) if given or not chatting else None
     if prompt_cache_ro and prompt_cache is None:
         raise UsageError("--prompt-cache-ro needs --prompt-cache FILE")
     if prompt_cache is not None and not prompt_cache_ro:
@@ -175,28 +143,11 @@ def run(
     system_prompt = read_system_prompt(system_prompt, system_prompt_file, escape)
     use_chat = use_chat or system_prompt is not None  # llama-cli's -sys: a system message is a chat
     target, draft = models.specs(use_draft, spec.branches, spec.longest_draft, spec.mtp, spec.features)
-    color = color and not os.environ.get("NO_COLOR")
-    if talk:
-        raise typer.Exit(converse(
-            target, draft, text, sampling, spec, system=system_prompt, color=color, json_output=json_output,
-            single_turn=single_turn, multiline=multiline, context_shift=context_shift, show_timings=show_timings,
-            prompt_cache=prompt_cache, prompt_cache_ro=prompt_cache_ro, pool=pool.engine_args()))
-    code = run_and_render(
-        target, draft, text, sampling, spec, use_chat=use_chat, system=system_prompt,
-        color=color, json_output=json_output,
-        prompt_cache=prompt_cache, prompt_cache_ro=prompt_cache_ro, pool=pool.engine_args(),
-    )
-    raise typer.Exit(code)
-
-
-def conversation_mode(asked: bool, refused: bool, single_turn: bool, prompt_given: bool) -> bool:
-    """Whether to hold a conversation: asked for (-cnv, -st), or, as llama-cli, when no prompt is given
-    and a person types at a terminal."""
-    if asked and refused:
-        raise UsageError("give -cnv or -no-cnv, not both")
-    if refused and single_turn:
-        raise UsageError("-st is a conversation of one turn: it cannot go with -no-cnv")
-    return asked or single_turn or (not refused and not prompt_given and terminal.is_terminal(sys.stdin))
+    shown = dict(system=system_prompt, color=color and not os.environ.get("NO_COLOR"), json_output=json_output,
+                 prompt_cache=prompt_cache, prompt_cache_ro=prompt_cache_ro, pool=pool.engine_args())
+    if chatting:
+        raise typer.Exit(converse(target, draft, text, sampling, spec, talk, **shown))
+    raise typer.Exit(run_and_render(target, draft, text, sampling, spec, use_chat=use_chat, **shown))
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ import functools
 import inspect
 import math
 import os
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, List, Optional
@@ -274,6 +275,28 @@ LOOKUP_DYNAMIC = typer.Option(
          "exists and replaced at the end with what the run generated added. A file that is not an n-gram "
          "cache is never overwritten.")
 
+CV = "Conversation"
+CONVERSATION = typer.Option(
+    False, "-cnv", "--conversation", rich_help_panel="Prompt",
+    help="Chat as llama-cli (the default on a terminal without -p/-f; docs/conversation.md): /exit /regen /clear "
+         "/read /glob /stats.")
+NO_CONVERSATION = typer.Option(
+    False, "-no-cnv", "--no-conversation", rich_help_panel=CV,
+    help="No conversation: one generation from -p/-f.")
+SINGLE_TURN = typer.Option(
+    False, "-st", "--single-turn", rich_help_panel=CV,
+    help="A conversation of one answer, then exit (130 when Ctrl-C stopped it).")
+MULTILINE = typer.Option(
+    False, "-mli", "--multiline-input", rich_help_panel=CV,
+    help="A message goes on over lines until one that ends in / or \\ (without it, a line ending in \\ "
+         "goes on).")
+CONTEXT_SHIFT = typer.Option(
+    False, "--context-shift/--no-context-shift", rich_help_panel=CV,
+    help="When the conversation outgrows the context (-c), drop its oldest exchanges, leaving the answer a "
+         "quarter of the context (or -n); without it, say so and keep the conversation for /clear.")
+SHOW_TIMINGS = typer.Option(
+    True, "--show-timings/--no-show-timings", rich_help_panel=CV,
+    help="After each answer, one line: tokens, tokens/s, drafted and accepted, tokens per pass, new prompt tokens.")
 SPEC_POOL = typer.Option(
     None, "--spec-pool", rich_help_panel=D, metavar="FILE",
     help="Keep what runs generate in FILE, and draft from it in later runs (auto; or --spec-type ngram-pool): "
@@ -388,6 +411,42 @@ def _rates(text: Optional[str]) -> tuple[float, ...]:
         return tuple(float(item) for item in text.split(",")) if text is not None else ()
     except ValueError:
         raise UsageError(f"--spec-synth-rates: expected comma-separated numbers, got {text!r}") from None
+
+
+@dataclass(frozen=True)
+class TalkOptions:
+    """The conversation's flags (-cnv, -no-cnv, -st, -mli, --context-shift, --show-timings)."""
+    asked: bool = False
+    refused: bool = False
+    single_turn: bool = False
+    multiline: bool = False
+    context_shift: bool = False
+    show_timings: bool = True
+
+    def __post_init__(self):
+        if self.asked and self.refused:
+            raise UsageError("give -cnv or -no-cnv, not both")
+        if self.refused and self.single_turn:
+            raise UsageError("-st is a conversation of one turn: it cannot go with -no-cnv")
+
+    @classmethod
+    def from_flags(cls, conversation: bool = False, no_conversation: bool = False, single_turn: bool = False,
+                   multiline: bool = False, context_shift: bool = False, show_timings: bool = True) -> "TalkOptions":
+        return cls(conversation, no_conversation, single_turn, multiline, context_shift, show_timings)
+
+    def holds(self, prompt_given: bool, prompt_from_stdin: bool) -> bool:
+        """Whether to hold a conversation: asked for (-cnv, -st), or, as llama-cli, when no prompt is
+        given and a person types at a terminal."""
+        from . import terminal
+
+        talk = self.asked or self.single_turn or (not self.refused and not prompt_given
+                                                  and terminal.is_terminal(sys.stdin))
+        if not talk and self.context_shift:
+            raise UsageError("--context-shift drops a conversation's oldest turns: it needs a conversation (-cnv)")
+        if talk and prompt_from_stdin:
+            raise UsageError("a conversation reads its messages from standard input: give the first one with "
+                             "-p TEXT or -f FILE, not '-'")
+        return talk
 
 
 @dataclass(frozen=True)
@@ -829,6 +888,11 @@ GRAMMAR_GROUP = Group("grammar", SAMPLING.options[-4:], grammar_text)
 
 POOL = Group("pool", (("spec_pool", Optional[Path], SPEC_POOL), ("spec_pool_tokens", int, SPEC_POOL_TOKENS)),
              pool_options)
+
+TALK = Group("talk", (("conversation", bool, CONVERSATION), ("no_conversation", bool, NO_CONVERSATION),
+                      ("single_turn", bool, SINGLE_TURN), ("multiline", bool, MULTILINE),
+                      ("context_shift", bool, CONTEXT_SHIFT), ("show_timings", bool, SHOW_TIMINGS)),
+             TalkOptions.from_flags)
 
 
 SLOTS = Group("slots", (

@@ -12,7 +12,6 @@ import os
 import pty
 import select
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,6 +24,8 @@ from speculative.decoding.loop import generate
 from speculative.decoding.sampling import Sampler
 from speculative.decoding.settings import SamplerSettings, SpecSettings
 from speculative.decoding.stats import Stats
+from speculative.drafters import NgramSimple
+from speculative.drafters.auto import Auto
 from speculative.drafters.model import ModelDrafter
 from speculative.engine.conversation import Conversation, ConversationFull
 from speculative.errors import UsageError
@@ -61,10 +62,11 @@ def test_thinking_is_told_apart_from_the_answer_across_pieces():
     assert "".join(t for t, thinking in pieces if not thinking) == "The answer is 4."
     assert split.content() == "The answer is 4."
     opened = Reasoning("<|im_start|>assistant\n<think>\n")  # the template opened the thinking
-    assert list(opened.push("hmm</think>yes")) == [("hmm", True), ("yes", False)]
+    assert opened.push("hmm</think>yes") == [("hmm", True), ("yes", False)]
     plain = Reasoning()
-    assert list(plain.push("a < b and <t")) == [("a < b and ", False)]
-    assert plain.content() == "a < b and <t"  # held back, and not a marker after all
+    assert plain.push("a < b and <t") == [("a < b and ", False)]
+    assert plain.flush() == [("<t", False)]  # held back, and not a marker after all
+    assert plain.content() == "a < b and <t"
 
 
 def test_a_conversations_statistics_add_up_its_turns():
@@ -96,6 +98,25 @@ def test_a_regenerated_answer_comes_back_to_the_prompts_checkpoint_after_drafts_
     assert target.checkpoints["saved"] > 1  # drafts took checkpoints of their own
     events = list(generate(cache, prompt, Sampler(GREEDY, 1), settings, drafter))
     assert next(e for e in events if isinstance(e, Prefilled)).n_cached == len(prompt) - 1
+
+
+def test_a_turns_auto_starts_from_what_the_previous_turns_learnt():
+    """Engine.run(carry=True) hands the previous run's auto to the new one (factory.make): its
+    acceptance estimates, copied (the new turn's evidence does not change the old one's), for the
+    drafters both have and drafts as long."""
+    costs = [0.01 * b for b in range(1, 18)]
+    earlier = Auto([NgramSimple(n=2, m=16)], costs, 16)
+    for _ in range(40):
+        earlier.estimates("ngram-simple", 2).observe(0, True)
+    later = Auto([NgramSimple(n=2, m=16)], costs, 16)
+    cold = later.estimates("ngram-simple", 2).rates()[0]
+    later.learn_from(earlier)
+    assert later.estimates("ngram-simple", 2).rates()[0] == earlier.estimates("ngram-simple", 2).rates()[0] > cold
+    later.estimates("ngram-simple", 2).observe(0, False)
+    assert later.estimates("ngram-simple", 2).rates()[0] < earlier.estimates("ngram-simple", 2).rates()[0]
+    shorter = Auto([NgramSimple(n=2, m=8)], costs, 8)
+    shorter.learn_from(earlier)  # other draft lengths: other slots, nothing carried
+    assert shorter.estimates("ngram-simple", 2).rates()[0] == cold
 
 
 class _Target:
@@ -199,6 +220,16 @@ def test_every_turn_through_a_pipe_is_the_answer_its_history_gets_alone(model_pa
     if spec_type == "ngram-simple":
         assert answers[1]["n_drafted"] > 0  # the rewrite drafts from the earlier answer
     assert "conversation: " not in proc.stderr  # --json: the objects say it all
+
+
+@pytest.mark.real
+def test_the_pool_keeps_what_a_conversation_said_for_the_next(tmp_path):
+    pool = tmp_path / "pool.bin"
+    flags = ("-m", SMOL, "--temp", "0", "-n", "24", "--spec-pool", str(pool))
+    converse(*flags, turns=["Write a Python function that adds two numbers."])
+    first = pool.stat().st_size
+    converse(*flags, turns=["Write a Python function that multiplies two numbers."])
+    assert 0 < first < pool.stat().st_size
 
 
 @pytest.mark.real
