@@ -464,6 +464,9 @@ def conversation_totals(data) -> list[str]:
     return lines
 
 
+CONVERSATION_RUN = ("python scripts/bench_conversation.py --llama-server LLAMA_SERVER -o conversation.json "
+                    "(then gzip -9 into docs/results/; the stock build)")
+
 TABLES = {t.name: t for t in [
     Table("recurrent", ("recurrent.json",), "python scripts/bench_recurrent.py -o docs/results/recurrent.json",
           recurrent),
@@ -511,6 +514,8 @@ TABLES = {t.name: t for t in [
     Table("builds", ("builds.json",),
           "python scripts/compare_builds.py .venv .venv-test --env-b GGML_CPU_TILED_MM=0 -o docs/results/builds.json",
           builds),
+    Table("conversation", ("conversation.json.gz",), CONVERSATION_RUN, conversation),
+    Table("conversation-totals", ("conversation.json.gz",), CONVERSATION_RUN, conversation_totals),
     Table("peer-tests", ("peer-tests.json",),
           "python scripts/peer_tests.py compare OUT/llama-server OUT/speculate --json docs/results/peer-tests.json "
           "(after the run below)", peer_tests),
