@@ -61,7 +61,7 @@ def converse(target: ModelSpec, draft: ModelSpec | None, first: str | None, samp
     with loaded(target, draft, json_output, prompt_cache, prompt_cache_ro, pool) as (status, engine):
         chat = Conversation(engine, sampling, spec, system, talk.context_shift)
         out = Stdout(color, status)
-        screen = _Screen(interactive and terminal.is_terminal(sys.stdout), color)
+        screen = _Screen(interactive and terminal.is_terminal(sys.stdout), status.clear)
         info = screen.info
         if interactive and first is None:
             info(f"speculate: a conversation with {target.name}; /exit or Ctrl-D ends it\n{HELP}")
@@ -221,20 +221,23 @@ class _Screen:
     """What a person sees beside the answers: notices and errors on stderr, the dim statistics
     line, thinking dimmed (or between llama-cli's markers where nothing is styled)."""
 
-    def __init__(self, styled: bool, color: bool):
+    def __init__(self, styled: bool, clear_status: Callable[[], None]):
+        """`styled`: thinking may be dimmed; `clear_status`: clears the status line (loading,
+        calibrating) before anything else is written where it is."""
         self.styled = styled and not os.environ.get("NO_COLOR")
-        self.color = color
+        self.clear_status = clear_status
         self.thinking = False  # the latest text shown was thinking
 
     def info(self, text: str) -> None:
+        self.clear_status()
         print(text, file=sys.stderr, flush=True)
 
     def error(self, text: str) -> None:
-        print(f"error: {' '.join(text.split())}", file=sys.stderr, flush=True)
+        self.info(f"error: {' '.join(text.split())}")
 
     def stats(self, line: str) -> None:
-        print(f"{DIM}{line}{RESET}" if terminal.is_terminal(sys.stderr) and not os.environ.get("NO_COLOR")
-              else line, file=sys.stderr, flush=True)
+        self.info(f"{DIM}{line}{RESET}" if terminal.is_terminal(sys.stderr) and not os.environ.get("NO_COLOR")
+                  else line)
 
     def prompt(self) -> str:
         return "\n> "
