@@ -24,7 +24,7 @@ def fake_engine():
     model = ToyModel(seed=0, eog_bias=-40.0)
     target, draft = Cache(FakeBackend(model)), Cache(FakeBackend(model.perturbed(0.4, seed=7), name="draft"))
 
-    def run(prompt, sampling, spec, seed):
+    def run(prompt, sampling, spec, seed, carry=False):
         return generate(target, prompt, Sampler(sampling, seed), spec, ModelDrafter(draft))
 
     return SimpleNamespace(run=run, target=target.model, t_load=0.5, busy_seconds=lambda: 0.0, notes=lambda: [],
