@@ -61,7 +61,7 @@ def converse(target: ModelSpec, draft: ModelSpec | None, first: str | None, samp
     with loaded(target, draft, json_output, prompt_cache, prompt_cache_ro, pool) as (status, engine):
         chat = Conversation(engine, sampling, spec, system, talk.context_shift)
         out = Stdout(color, status)
-        screen = _Screen(interactive and terminal.is_terminal(sys.stdout), status.clear)
+        screen = _Screen(interactive and terminal.is_terminal(sys.stdout), status.say)
         info = screen.info
         if interactive and first is None:
             info(f"speculate: a conversation with {target.name}; /exit or Ctrl-D ends it\n{HELP}")
@@ -221,16 +221,15 @@ class _Screen:
     """What a person sees beside the answers: notices and errors on stderr, the dim statistics
     line, thinking dimmed (or between llama-cli's markers where nothing is styled)."""
 
-    def __init__(self, styled: bool, clear_status: Callable[[], None]):
-        """`styled`: thinking may be dimmed; `clear_status`: clears the status line (loading,
-        calibrating) before anything else is written where it is."""
+    def __init__(self, styled: bool, say: Callable[[str], None]):
+        """`styled`: thinking may be dimmed; `say`: the status line's (StatusLine.say), which
+        clears it (loading, calibrating) before a lasting line."""
         self.styled = styled and not os.environ.get("NO_COLOR")
-        self.clear_status = clear_status
+        self.say = say
         self.thinking = False  # the latest text shown was thinking
 
     def info(self, text: str) -> None:
-        self.clear_status()
-        print(text, file=sys.stderr, flush=True)
+        self.say(text)
 
     def error(self, text: str) -> None:
         self.info(f"error: {' '.join(text.split())}")

@@ -41,6 +41,11 @@ def _common_prefix(held: list[int], tokens: Sequence[int], n: int) -> int:
     return next(i for i in range(n) if held[i] != tokens[i])
 
 
+def _latest(checkpoints: Sequence[tuple[int, bytes]], n: float = float("inf")) -> tuple[int, bytes]:
+    """The checkpoint at the greatest length up to n, or (0, b"") where none is: nothing kept."""
+    return max((c for c in checkpoints if c[0] <= n), key=lambda c: c[0], default=(0, b""))
+
+
 class Cache:
     def __init__(self, model: Backend):
         self.model = model
@@ -93,7 +98,7 @@ class Cache:
         n = _common_prefix(held, tokens, min(len(held), len(tokens), len(tokens) if limit is None else limit))
         if self._can_undo(len(held) - n, undoable):
             return n
-        return max((length for length, _ in checkpoints if length <= n), default=0)
+        return _latest(checkpoints, n)[0]
 
     def _checkpoints(self) -> list[tuple[int, bytes]]:
         """Every recurrent state copy it can come back to."""
@@ -210,7 +215,8 @@ class Cache:
 
     def saved_checkpoint(self) -> tuple[int, bytes] | None:
         """The latest checkpoint a recurrent model's cache can come back to (length, state), if any."""
-        return max(self._checkpoints(), key=lambda c: c[0], default=None)
+        checkpoints = self._checkpoints()
+        return _latest(checkpoints) if checkpoints else None
 
     def keepable_after_restore(self, held: Sequence[int], tokens: Sequence[int], limit: int | None = None,
                                checkpoint: tuple[int, bytes] | None = None) -> int:
@@ -251,8 +257,7 @@ class Cache:
         that point are decoded again (`redecode`), or left for the caller to decode."""
         held = self._seqs[0]
         kept = held[:n]
-        start, state = max(((length, s) for length, s in self._checkpoints() if length <= n),
-                           key=lambda c: c[0], default=(0, b""))
+        start, state = _latest(self._checkpoints(), n)
         if start and not self.model.load_state(state, start, partial=True):
             start = 0
         if start == 0:
