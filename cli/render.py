@@ -19,9 +19,10 @@ from speculative.engine.stream import Final, Stream
 from .progress import StatusLine
 
 if TYPE_CHECKING:
+    from speculative.chat.request import Reading
     from speculative.engine.engine import Engine
 
-GREEN, RESET = "\x1b[32m", "\x1b[0m"
+GREEN, DIM, RESET = "\x1b[32m", "\x1b[2m", "\x1b[0m"
 EXIT_INTERRUPTED = 130
 
 
@@ -85,9 +86,41 @@ def loaded(target: ModelSpec, draft: ModelSpec | None, json_output: bool, prompt
         yield status, engine
 
 
-def result_json(final: Final) -> dict:
-    """A run's text, tokens and statistics, as --json prints them."""
-    return {"text": final.text, "tokens": final.tokens, **final.stats.to_dict()}
+def result_json(final: Final, reading: Reading | None = None) -> dict:
+    """A run's text, tokens and statistics, as --json prints them; a thinking model's thoughts
+    (`reading`'s) apart in reasoning_content."""
+    if reading is None:
+        return {"text": final.text, "tokens": final.tokens, **final.stats.to_dict()}
+    message = reading.plan.read(final.text)
+    return {"text": message.content, "reasoning_content": message.reasoning_content, "tokens": final.tokens,
+            **final.stats.to_dict()}
+
+
+def thinking_reader(engine: Engine, prompt: list[int]) -> Reading | None:
+    """How a chat answer is read when the target's template thinks (its thoughts then go apart
+    from the answer, as llama-server's reasoning_content); None when it does not."""
+    from speculative.chat.request import Reading, plan
+
+    template = engine.target.chat_template() or ""
+    chosen = plan(template) if engine.jinja and template else None
+    if chosen is None or not chosen.syntax.extract_reasoning:
+        return None
+    tail = b"".join(engine.target.token_bytes(t) for t in prompt[-8:]).decode("utf-8", errors="replace")
+    return Reading(chosen.after_prompt(tail))
+
+
+def show(out: Stdout, text: str, from_draft: bool, reading: Reading | None, end: bool = False) -> None:
+    """Text of the answer on stdout; through `reading`, its thoughts dimmed on stderr instead."""
+    if reading is None:
+        out.write(text, from_draft)
+        return
+    for change in [*reading.push(text), *(reading.end() if end else [])]:
+        out.write(change.content, from_draft)
+        if change.reasoning_content:
+            out.status.clear()
+            styled = sys.stderr.isatty() and not os.environ.get("NO_COLOR")
+            sys.stderr.write(f"{DIM}{change.reasoning_content}{RESET}" if styled else change.reasoning_content)
+            sys.stderr.flush()
 
 
 def run_and_render(target: ModelSpec, draft: ModelSpec | None, text: str, sampling: SamplerSettings,
@@ -98,6 +131,7 @@ def run_and_render(target: ModelSpec, draft: ModelSpec | None, text: str, sampli
     with loaded(target, draft, json_output, prompt_cache, prompt_cache_ro, pool) as (status, engine):
         prompt = engine.prompt_tokens(text, use_chat, system)
         out = Stdout(color, status)
+        reading = thinking_reader(engine, prompt) if use_chat else None
         stream = Stream(engine, prompt, sampling, spec, seed,
                         should_stop=lambda: "output closed" if out.closed else None)
         interrupted = False
@@ -105,20 +139,22 @@ def run_and_render(target: ModelSpec, draft: ModelSpec | None, text: str, sampli
             for piece in stream:
                 if not json_output:  # --json prints the whole text at the end
                     for part, from_draft in piece.parts:
-                        out.write(part, from_draft)
+                        show(out, part, from_draft, reading)
         except KeyboardInterrupt:
             interrupted = True
         final = stream.end("interrupted" if interrupted else None)
+        if not json_output:
+            show(out, final.tail, False, reading, end=True)
         status.clear()
         if json_output:
-            result = {**result_json(final),
+            result = {**result_json(final, reading),
                       "target": _model_info(target, engine.target),
                       "draft": _model_info(draft, engine.draft) if draft else None,
                       "settings": _settings(sampling, spec, seed, use_chat, engine),
                       "notes": final.notes}
             out.write(json.dumps(result, ensure_ascii=False) + "\n")
         else:
-            out.write(final.tail + "\n")
+            out.write("\n")
             print_stats(final.stats, spec, seed, target, draft, color, final.notes, (engine.target, engine.draft))
     return EXIT_INTERRUPTED if interrupted else 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 import time
@@ -17,7 +18,6 @@ from . import options
 from .progress import StatusLine
 
 N = "Server"
-REASONING_FORMATS = ("none",)  # llama.cpp's --reasoning-format: thoughts left in the text (no extraction yet)
 
 METRICS = typer.Option(False, "--metrics", rich_help_panel=N,
                        help="Serve GET /metrics (Prometheus text), as llama-server's --metrics does.")
@@ -35,29 +35,79 @@ NO_UI = typer.Option(False, "--no-ui", "--no-webui", rich_help_panel=N,
 NO_MMPROJ = typer.Option(False, "--no-mmproj", "--no-mmproj-auto", rich_help_panel=N,
                          help="Accepted: speculate loads no multimodal projector (text only).")
 REASONING_FORMAT = typer.Option(
-    "none", "--reasoning-format", rich_help_panel=N, metavar="FORMAT",
-    help="none (the only one yet): a thinking model's reasoning stays in the text, as llama.cpp's none.")
+    "auto", "--reasoning-format", rich_help_panel=N, metavar="FORMAT",
+    help="Where a thinking model's thoughts go: deepseek (or auto, the default): message.reasoning_content; "
+         "deepseek-legacy: also left in the content; none: left in the content. A request's reasoning_format "
+         "overrides it.")
+REASONING = typer.Option(
+    "auto", "-rea", "--reasoning", rich_help_panel=N, metavar="on|off|auto",
+    help="Thinking on or off for templates that can switch it (their enable_thinking); auto: the template's "
+         "default.")
+REASONING_BUDGET = typer.Option(
+    -1, "--reasoning-budget", rich_help_panel=N, metavar="N",
+    help="Thinking budget: -1 unrestricted; 0: none (enable_thinking off).")
+TEMPLATE_KWARGS = typer.Option(
+    None, "--chat-template-kwargs", rich_help_panel=N, metavar="JSON",
+    help="More variables for the chat template, a JSON object (e.g. '{\"enable_thinking\": false}'); a "
+         "request's chat_template_kwargs add to them.")
 
 
 def api_names(alias: Optional[str] = None, tags: Optional[str] = None, cont_batching: bool = False,
-              no_ui: bool = False, no_mmproj: bool = False, reasoning_format: str = "none") -> tuple[list, list]:
+              no_ui: bool = False, no_mmproj: bool = False) -> tuple[list, list]:
     """-a's names and --tags' tags of the model in the API; llama-server's flags that ask for what
-    speculate serve does anyway, checked."""
-    if reasoning_format not in REASONING_FORMATS:
-        raise UsageError(f"--reasoning-format {reasoning_format}: speculate does not take a thinking model's "
-                         "reasoning out of the text yet; none (the default) leaves it there")
+    speculate serve does anyway."""
     return _names(alias), _names(tags)
 
 
 # llama-server's flags for the API's model names, and those that say what serve does anyway
 LLAMA_SERVER = options.Group("names", (
     ("alias", Optional[str], ALIAS), ("tags", Optional[str], TAGS), ("cont_batching", bool, CONT_BATCHING),
-    ("no_ui", bool, NO_UI), ("no_mmproj", bool, NO_MMPROJ), ("reasoning_format", str, REASONING_FORMAT),
+    ("no_ui", bool, NO_UI), ("no_mmproj", bool, NO_MMPROJ),
 ), api_names)
 
 
+def chat_settings(reasoning_format: str = "auto", reasoning: str = "auto", reasoning_budget: int = -1,
+                  chat_template_kwargs: Optional[str] = None) -> tuple[str, dict]:
+    """llama-server's chat flags: the default reasoning format and the template's variables
+    (--chat-template-kwargs, with -rea and --reasoning-budget 0 as enable_thinking), as it reads them."""
+    from speculative.chat.format import REASONING_FORMATS
+
+    if reasoning_format not in REASONING_FORMATS:
+        raise UsageError(f"--reasoning-format: one of {', '.join(REASONING_FORMATS)}, not {reasoning_format!r}")
+    kwargs = _json_object(chat_template_kwargs, "--chat-template-kwargs") if chat_template_kwargs else {}
+    switch = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False, "auto": None}
+    if reasoning.lower() not in switch:
+        raise UsageError(f"-rea/--reasoning: on, off or auto, not {reasoning!r}")
+    if switch[reasoning.lower()] is not None:
+        kwargs["enable_thinking"] = switch[reasoning.lower()]
+    if reasoning_budget < -1:
+        raise UsageError(f"--reasoning-budget: -1 (unrestricted) or more, not {reasoning_budget}")
+    if reasoning_budget == 0:
+        kwargs["enable_thinking"] = False
+    elif reasoning_budget > 0:
+        raise UsageError("--reasoning-budget N > 0: speculate does not cut thinking short yet; -1 (unrestricted) "
+                         "or 0 (no thinking)")
+    return reasoning_format, kwargs
+
+
+def _json_object(text: str, flag: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise UsageError(f"{flag}: not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{flag}: must be a JSON object, like '{{\"enable_thinking\": false}}'")
+    return value
+
+
+CHAT = options.Group("chat", (
+    ("reasoning_format", str, REASONING_FORMAT), ("reasoning", str, REASONING),
+    ("reasoning_budget", int, REASONING_BUDGET), ("chat_template_kwargs", Optional[str], TEMPLATE_KWARGS),
+), chat_settings)
+
+
 @options.with_options(options.MODELS, options.SAMPLING, options.SPECULATION.but(
-    branches=(int, options.DRAFT_BRANCHES)), options.POOL, options.SLOTS, LLAMA_SERVER)
+    branches=(int, options.DRAFT_BRANCHES)), options.POOL, options.SLOTS, LLAMA_SERVER, CHAT)
 def serve_command(
     models: options.ModelOptions,
     sampling: SamplerSettings,
@@ -65,6 +115,7 @@ def serve_command(
     pool: options.PoolOptions,
     slots: options.SlotOptions,
     names: tuple[list, list],
+    chat: tuple[str, dict],
     host: str = typer.Option("127.0.0.1", "--host", rich_help_panel=N,
                              help="Address to listen on. Anything but loopback needs an API key."),
     port: int = typer.Option(8080, "--port", rich_help_panel=N, help="Port to listen on (0: any free one)."),
@@ -114,7 +165,7 @@ def serve_command(
         with Worker(parallel, spec, waiting=max_waiting, timeout=timeout) as worker:
             app = server.create_app(worker, model_info, api_key, loopback_only=server.is_loopback(host),
                                     metrics=metrics, build_info=build_info(), slots=slots_endpoint,
-                                    defaults=Defaults(sampling, spec.n_predict, spec.ignore_eos))
+                                    defaults=Defaults(sampling, spec.n_predict, spec.ignore_eos, *chat))
             print(_banner(target, draft, spec, slots.n_slots, f"{_url_host(host)}:{sock.getsockname()[1]}", api_key),
                   file=sys.stderr, flush=True)
             server.run(app, worker, sock)

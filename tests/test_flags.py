@@ -349,10 +349,15 @@ def test_the_usual_server_test_flags_parse_to_llama_servers_meaning():
                     "verbose": True, "top_k": "5"}
 
 
-@pytest.mark.parametrize("value", ["auto", "deepseek", "deepseek-legacy"])
-def test_serve_refuses_the_reasoning_formats_it_does_not_do(value):
-    assert_refused(speculate_here("serve", "-m", "/nonexistent/model.gguf", "--reasoning-format", value),
-                   f"--reasoning-format {value}: speculate does not take a thinking model's reasoning")
+@pytest.mark.parametrize("args, message", [
+    (("--reasoning-format", "deepseek-r1"), "--reasoning-format: one of auto, deepseek, deepseek-legacy, none"),
+    (("-rea", "maybe"), "-rea/--reasoning: on, off or auto"),
+    (("--reasoning-budget", "-2"), "--reasoning-budget: -1 (unrestricted) or more"),
+    (("--chat-template-kwargs", "[1]"), "--chat-template-kwargs: must be a JSON object"),
+    (("--chat-template-kwargs", "{x"), "--chat-template-kwargs: not JSON"),
+])
+def test_serve_refuses_bad_chat_flags(args, message):
+    assert_refused(speculate_here("serve", "-m", "/nonexistent/model.gguf", *args), message)
 
 
 # -- with a model -------------------------------------------------------------------------------

@@ -35,6 +35,9 @@ class SamplerSettings:
     sequence: str = DEFAULT_SEQUENCE
     seed: int = -1  # -1: a random seed, reported so the run can be repeated
     grammar: str = ""  # GBNF the output must follow ('' none): --grammar, or a JSON schema's
+    # where a lazy grammar starts (regular expressions over the generated text, llama.cpp's
+    # trigger patterns: a tool call's opening); () : the grammar holds from the first token
+    grammar_triggers: tuple[str, ...] = ()
 
     @property
     def greedy(self) -> bool:

@@ -123,11 +123,13 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * _RSS_UNIT
 
 
-def render(template: str, messages: list[dict[str, str]], bos_token: str = "", eos_token: str = "",
-           seconds: float = RENDER_SECONDS) -> str:
-    """Render a conversation with the generation prompt for the assistant's turn."""
+def render(template: str, messages: list[dict], bos_token: str = "", eos_token: str = "",
+           seconds: float = RENDER_SECONDS, tools: list[dict] | None = None, extra: dict | None = None) -> str:
+    """Render a conversation with the generation prompt for the assistant's turn. `tools`: the
+    template's `tools` variable (OpenAI's function tools, as llama-server --jinja passes them);
+    `extra`: more variables (chat_template_kwargs: enable_thinking, ...)."""
     check_jinja2_version()
-    limit = MAX_SIZE + 4 * sum(len(str(m.get("content", ""))) for m in messages)
+    limit = MAX_SIZE + 4 * (sum(len(str(m)) for m in messages) + len(str(tools or "")))
     env = _Sandbox(limit, trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.globals.update(raise_exception=_raise, strftime_now=lambda fmt: datetime.now().strftime(fmt))
     previous = sys.gettrace()
@@ -135,8 +137,11 @@ def render(template: str, messages: list[dict[str, str]], bos_token: str = "", e
         compiled = env.from_string(template)
         sys.settrace(_Guard(seconds, MAX_GROWTH))
         parts, size = [], 0
-        for part in compiled.generate(
-                messages=messages, add_generation_prompt=True, bos_token=bos_token, eos_token=eos_token):
+        variables = {**(extra or {}), "messages": messages, "add_generation_prompt": True,
+                     "bos_token": bos_token, "eos_token": eos_token}
+        if tools:
+            variables["tools"] = tools
+        for part in compiled.generate(**variables):
             size += len(part)
             if size > limit:
                 raise _Stop(f"the output exceeds {limit} characters")
@@ -153,15 +158,18 @@ def render(template: str, messages: list[dict[str, str]], bos_token: str = "", e
         sys.settrace(previous)
 
 
-def format_chat(template: str, messages: list[dict[str, str]], jinja: bool = True, bos_token: str = "",
-                eos_token: str = "") -> str:
+def format_chat(template: str, messages: list[dict], jinja: bool = True, bos_token: str = "",
+                eos_token: str = "", tools: list[dict] | None = None, extra: dict | None = None) -> str:
     """A conversation as the prompt for the reply: through the Jinja `template` in the sandbox, or
     through llama.cpp's built-in format (--no-jinja, or the name of one given as the template),
-    as llama-server formats it."""
+    as llama-server formats it. `tools` and `extra` (render's) need the Jinja template, as
+    llama-server's do (UsageError without)."""
     from speculative.llamacpp import templates  # llama.cpp's bindings: imported when a chat is formatted
 
     if jinja and template not in templates.builtin_names():
-        return render(template, messages, bos_token=bos_token, eos_token=eos_token)
+        return render(template, messages, bos_token=bos_token, eos_token=eos_token, tools=tools, extra=extra)
+    if tools:
+        raise UsageError("tools need the model's Jinja chat template (not --no-jinja or a built-in format)")
     return templates.apply(template, messages)
 
 

@@ -121,15 +121,16 @@ class Engine:
             return self.chat_tokens(chat.conversation(text, system))
         return self.target.tokenize(text, add_special=True)
 
-    def chat_tokens(self, messages: list[dict[str, str]]) -> list[int]:
+    def chat_tokens(self, messages: list[dict], tools: list[dict] | None = None,
+                    extra: dict | None = None) -> list[int]:
         """A conversation through the target's chat template (its own, or --chat-template's), ready
-        for the reply."""
+        for the reply; `tools` and `extra` variables for the template (chat.render's)."""
         template = self.target.chat_template()
         if not template:
             raise ModelError(f"{self.target.name} has no chat template, which --chat and -sys need "
                              "(give one with --chat-template)")
         bos = self.target.special_text("bos")
-        rendered = chat.format_chat(template, messages, self.jinja, bos, self.target.special_text("eos"))
+        rendered = chat.format_chat(template, messages, self.jinja, bos, self.target.special_text("eos"), tools, extra)
         # A template that writes BOS itself must not get a second one from the tokenizer.
         has_bos = bool(bos) and self.target.add_bos and rendered.startswith(bos)
         return self.target.tokenize(rendered, add_special=not has_bos)
@@ -153,7 +154,8 @@ class Engine:
         check_prompt(prompt, self.target.n_ctx, spec.n_predict)  # before any calibration
         rule = acceptance(sampling, spec)
         banned = self.target.eog_tokens() if spec.ignore_eos else None
-        constraint = Constraint(self.target.grammar(sampling.grammar)) if sampling.grammar else None
+        constraint = (Constraint(self.target.grammar(sampling.grammar, sampling.grammar_triggers))
+                      if sampling.grammar else None)
         if constraint is None and "forced" in spec.drafters:
             raise UsageError("--spec-type forced drafts what a grammar forces: give --grammar or --json-schema")
         self.drafter = self.factory.make(spec, self._draft_sampler(sampling, spec, seed, rule), constraint,

@@ -90,14 +90,22 @@ class Grammar:
             self._sampler = None
 
 
-def compile_grammar(tokenizer, text: str) -> Grammar:
+def compile_grammar(tokenizer, text: str, triggers: tuple[str, ...] = ()) -> Grammar:
     """A state at the start of `text` (GBNF, root rule `root`) over `tokenizer`'s vocabulary
-    (llamacpp.tokenizer.Tokenizer). GrammarError naming the place of a token the vocabulary
-    lacks, or with llama.cpp's first line when it refuses the grammar."""
+    (llamacpp.tokenizer.Tokenizer). With `triggers` (regular expressions), the grammar is lazy:
+    every token is admitted until one matches the generated text, and the grammar then holds
+    from the match's first group (llama_sampler_init_grammar_lazy_patterns). GrammarError
+    naming the place of a token the vocabulary lacks, or with llama.cpp's first line when it
+    refuses the grammar."""
     for ref in check(text).tokens:
         _check_token(tokenizer, ref)
     with _captured_stderr() as printed:
-        sampler = ll.llama_sampler_init_grammar(tokenizer._vocab, text.encode("utf-8"), b"root")
+        if triggers:
+            patterns = (ctypes.c_char_p * len(triggers))(*(t.encode("utf-8") for t in triggers))
+            sampler = ll.llama_sampler_init_grammar_lazy_patterns(
+                tokenizer._vocab, text.encode("utf-8"), b"root", patterns, len(triggers), None, 0)
+        else:
+            sampler = ll.llama_sampler_init_grammar(tokenizer._vocab, text.encode("utf-8"), b"root")
     if not sampler:
         said = next((line.strip() for line in printed().splitlines() if line.strip()), "")
         raise GrammarError(f"llama.cpp refused the grammar: {said or 'it does not parse'}")

@@ -60,9 +60,10 @@ class Tokenizer:
                 self._pieces[token] = piece
         return piece
 
-    def grammar(self, text: str) -> Grammar:
-        """A grammar state (GBNF `text`) over this vocabulary, at the start of generation."""
-        return compile_grammar(self, text)
+    def grammar(self, text: str, triggers: tuple[str, ...] = ()) -> Grammar:
+        """A grammar state (GBNF `text`) over this vocabulary, at the start of generation; lazy
+        until one of `triggers` matches the generated text, where there are any."""
+        return compile_grammar(self, text, triggers)
 
     def fim_tokens(self) -> dict[str, int | None]:
         """The model's fill-in-the-middle tokens (GGUF tokenizer.ggml.fim_*_token_id, or what

@@ -154,10 +154,12 @@ def error_response(e: ApiError, llama: bool = False) -> JSONResponse:
 
 
 async def _generate(request: Request, worker: Worker, model: str, defaults: Defaults, chat: bool):
-    generation = openai_api.parse(await read_json(request), chat, defaults)
-    reply = Reply(model, chat)
+    engine = worker.engine
+    template = (engine.target.chat_template() or "") if chat and engine.jinja else ""
+    generation = openai_api.parse(await read_json(request), chat, defaults, template)
+    reply = Reply(model, chat, generation.plan)
     return await _answer(request, worker, generation, lambda final: reply.full(final.text, final.reason, final.stats),
-                         lambda job: _openai_events(job, reply))
+                         lambda job: _openai_events(job, reply), lambda started: reply.started(started.prompt_tail))
 
 
 async def _llama_generate(request: Request, worker: Worker, model: dict, prompt_of, defaults: Defaults):
@@ -170,9 +172,9 @@ async def _llama_generate(request: Request, worker: Worker, model: dict, prompt_
     return await _answer(request, worker, generation, reply.final, lambda job: _llama_events(job, reply))
 
 
-async def _answer(request: Request, worker: Worker, generation: Generation, whole, events):
+async def _answer(request: Request, worker: Worker, generation: Generation, whole, events, started=None):
     """Run a generation: `whole(final)` is the answer, or with "stream": true `events(job)`
-    the server-sent events."""
+    the server-sent events; `started(Started)` is told when the prompt has passed its checks."""
     job = worker.submit(generation)
     watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
     stream = None  # once it exists, it owns the job
@@ -183,6 +185,8 @@ async def _answer(request: Request, worker: Worker, generation: Generation, whol
             raise Busy(f"the models were not free within --timeout ({worker.timeout:g} s)") from None
         if isinstance(first, Failed):
             raise _error(first)
+        if started is not None:
+            started(first)
         if generation.stream:
             stream = EventStream(job, events(job))
             return stream
@@ -220,9 +224,11 @@ async def _openai_events(job: Job, reply: Reply):
     while True:
         output = await job.next()
         if isinstance(output, Piece):
-            yield _event(reply.chunk(output.text))
+            for chunk in reply.chunks(output.text):
+                yield _event(chunk)
         elif isinstance(output, Final):
-            yield _event(reply.last_chunk(output.reason, output.stats))
+            for chunk in reply.last_chunks(output.reason, output.stats):
+                yield _event(chunk)
             yield "data: [DONE]\n\n"
             return
         elif isinstance(output, Failed):  # the status line has gone: the error is an event

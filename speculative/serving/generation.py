@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
+from speculative.chat.request import Plan
 from speculative.decoding.settings import SamplerSettings, SpecSettings
 from speculative.errors import GrammarError
 from speculative.grammar import given
@@ -59,6 +60,8 @@ class Defaults:
     sampling: SamplerSettings = SamplerSettings()
     n_predict: int = SpecSettings.n_predict  # -1: until end of generation or a full context
     ignore_eos: bool = SpecSettings.ignore_eos
+    reasoning_format: str = "auto"        # --reasoning-format
+    template_kwargs: Mapping = field(default_factory=dict)  # --chat-template-kwargs (and --reasoning)
 
     @property
     def max_tokens(self) -> int | None:
@@ -88,6 +91,11 @@ class Generation:
     t_max_predict_ms: int = 0              # text.LineLimits (0 or less: none)
     cache_prompt: bool = True              # False: the caches start empty
     speculation: dict = field(default_factory=dict)  # the request's own SpecSettings (speculation())
+    # chat: the template's `tools` and other variables (chat_template_kwargs), and how the answer
+    # is read back into content, reasoning and tool calls (None: as plain text)
+    tools: list[dict] | None = None
+    template_kwargs: dict = field(default_factory=dict)
+    plan: Plan | None = None
 
 
 # A request's own speculation, in both APIs' bodies: llama-server's field -> (SpecSettings

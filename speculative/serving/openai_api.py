@@ -14,14 +14,23 @@ one-shot command's); OpenAI's own default would be temperature 1 and top_p 1. Om
 
 from __future__ import annotations
 
+import functools
+import json
+import secrets
+import string
 import time
 import uuid
-from typing import Annotated, Literal, Optional
+from dataclasses import replace
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
+from speculative.chat import request as chat_request
+from speculative.chat.message import ChatMessage, Delta
 from speculative.decoding.stats import Stats
+from speculative.errors import GrammarError, UsageError
 from speculative.serving.generation import (ApiError, Defaults, Generation, refuse_unsupported, request_grammar,
                                             speculation)
 
@@ -72,38 +81,103 @@ class CompletionRequest(_Request):
         return value
 
 
-class Message(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str = ""  # text, or OpenAI's list of text parts, joined
+def _text(value):
+    """Message content: text, or OpenAI's list of text parts, joined; None stays None."""
+    if isinstance(value, list):
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                   for p in value):
+            raise PydanticCustomError("text_parts", 'only text parts are served: {"type": "text", "text": ...}')
+        return "".join(p["text"] for p in value)
+    return value
 
-    @field_validator("content", mode="before")
+
+class FunctionCall(_Strict):
+    name: str
+    arguments: str = "{}"  # JSON text, as OpenAI sends it
+
+    @field_validator("arguments", mode="before")
     @classmethod
-    def _text(cls, value):
-        if value is None:  # an assistant turn that only called tools
-            return ""
-        if isinstance(value, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in value):
-                raise PydanticCustomError("text_parts", 'only text parts are served: {"type": "text", "text": ...}')
-            return "".join(p["text"] for p in value)
-        return value
+    def _as_text(cls, value):  # some clients send the object itself
+        return json.dumps(value, ensure_ascii=False) if isinstance(value, dict) else value
+
+
+class CallIn(_Strict):
+    id: Optional[str] = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Optional[str] = None
+    tool_calls: Optional[list[CallIn]] = None    # an assistant's calls
+    tool_call_id: Optional[str] = None           # a tool's result: the call it answers
+    name: Optional[str] = None
+    reasoning_content: Optional[str] = None      # an assistant's thinking, for templates that keep it
+
+    _content = field_validator("content", mode="before")(_text)
+
+    def rendered(self) -> dict:
+        """As the chat template reads it: content always text, a call's arguments as an object
+        (transformers' convention, which templates write with `tojson`)."""
+        out = {"role": "system" if self.role == "developer" else self.role, "content": self.content or ""}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id or "", "type": "function",
+                                  "function": {"name": c.function.name, "arguments": _object(c.function.arguments)}}
+                                 for c in self.tool_calls]
+        for name in ("tool_call_id", "name", "reasoning_content"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
+
+
+def _object(arguments: str):
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments  # as the client wrote it
+
+
+class Function(_Strict):
+    name: Annotated[str, Field(min_length=1)]
+    description: Optional[str] = None
+    parameters: Optional[dict] = None
+    strict: Optional[bool] = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: Function
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatRequest(_Request):
     messages: Annotated[list[Message], Field(min_length=1)]
     max_completion_tokens: Optional[int] = Field(None, ge=1)  # newer clients' name for max_tokens
+    tools: Optional[list[Tool]] = None
+    tool_choice: Union[Literal["auto", "none", "required"], NamedChoice] = "auto"
+    parallel_tool_calls: bool = False
+    reasoning_format: Optional[str] = None             # llama-server's
+    chat_template_kwargs: Optional[dict] = None        # llama-server's: more template variables
 
 
 # Fields that exist in OpenAI's API but are not served: refused unless set to what they
 # would be when omitted.
 _NEUTRAL = {"n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",), "logprobs": (False,),
-            "top_logprobs": (0,), "logit_bias": ({},), "tools": ([],), "functions": ([],),
-            "tool_choice": ("none", "auto"), "function_call": ("none", "auto")}
+            "top_logprobs": (0,), "logit_bias": ({},), "functions": ([],), "function_call": ("none", "auto")}
 
 
-def parse(data: object, chat: bool, defaults: Defaults = Defaults()) -> Generation:
+def parse(data: object, chat: bool, defaults: Defaults = Defaults(), template: str = "") -> Generation:
     """A request body (parsed JSON) as a Generation, or ApiError(400); what it leaves out, the
-    server's `defaults`."""
+    server's `defaults`. `template`: the model's Jinja chat template (its tools and reasoning)."""
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object")
     refuse_unsupported(data, _NEUTRAL, strict_types=True)
@@ -123,12 +197,50 @@ def parse(data: object, chat: bool, defaults: Defaults = Defaults()) -> Generati
     newer = request.max_completion_tokens if chat else None  # newer clients' name wins
     max_tokens = next((n for n in (newer, request.max_tokens) if n is not None), defaults.max_tokens)
     if chat:
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.content}
-                    for m in request.messages]
-        return Generation(True, None, messages, sampling, max_tokens, stops, ignore_eos, request.stream,
-                          speculation=speculation(data))
+        return _chat(request, data, defaults, template, Generation(
+            True, None, None, sampling, max_tokens, stops, ignore_eos, request.stream, speculation=speculation(data)))
     return Generation(False, request.prompt, None, sampling, max_tokens, stops, ignore_eos, request.stream,
                       speculation=speculation(data))
+
+
+def _chat(request: ChatRequest, data: dict, defaults: Defaults, template: str, generation: Generation) -> Generation:
+    """A chat request's messages, tools and reasoning, checked as llama-server checks them."""
+    _check_messages(request.messages, data["messages"])
+    tools = [t.model_dump(exclude_none=True) for t in request.tools or []]
+    kwargs = {**defaults.template_kwargs, **(request.chat_template_kwargs or {})}
+    if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
+        raise ApiError(400, 'invalid type for "enable_thinking" (expected boolean, got string)',
+                       param="chat_template_kwargs")
+    choice = request.tool_choice if isinstance(request.tool_choice, str) else request.tool_choice.model_dump()
+    if tools and choice != "none" and "grammar" in data:
+        raise ApiError(400, "Cannot use custom grammar constraints with tools.", param="grammar")
+    if tools and not template:
+        raise ApiError(400, "tools need the model's Jinja chat template", param="tools")
+    try:
+        plan = chat_request.plan(template, tools, choice, request.parallel_tool_calls,
+                                 request.reasoning_format or defaults.reasoning_format)
+    except UsageError as e:
+        raise ApiError(400, str(e), param="tool_choice" if str(e).startswith("tool_choice") else "reasoning_format") from None
+    except GrammarError as e:
+        raise ApiError(400, str(e), param="tools") from None
+    sampling = generation.sampling
+    if plan.grammar is not None:
+        sampling = replace(sampling, grammar=plan.grammar.gbnf, grammar_triggers=plan.grammar.triggers)
+    return replace(generation, messages=[m.rendered() for m in request.messages], sampling=sampling,
+                   tools=tools or None, template_kwargs=kwargs, plan=plan)
+
+
+def _check_messages(messages: list[Message], raw: list[dict]) -> None:
+    """llama-server's rules: every message but an assistant's has content, an assistant's has
+    content or tool calls, and no two assistant messages end the list."""
+    for i, (m, given) in enumerate(zip(messages, raw)):
+        if m.role != "assistant" and "content" not in given:
+            raise ApiError(400, "All non-assistant messages must contain 'content'", param=f"messages.{i}")
+        if m.role == "assistant" and "content" not in given and "tool_calls" not in given:
+            raise ApiError(400, "Assistant message must contain either 'content' or 'tool_calls'!",
+                           param=f"messages.{i}")
+    if len(messages) >= 2 and messages[-1].role == messages[-2].role == "assistant":
+        raise ApiError(400, "Cannot have 2 or more assistant messages at the end of the list.", param="messages")
 
 
 # -- responses ----------------------------------------------------------------
@@ -162,39 +274,107 @@ def timings(stats: Stats) -> dict:
 
 
 class Reply:
-    """The response objects of one request: the whole answer, or its stream of chunks."""
+    """The response objects of one request: the whole answer, or its stream of chunks. A chat
+    answer is read back through the request's plan (chat/request.py): reasoning into
+    reasoning_content, tool calls into tool_calls; while streaming, each piece's text is parsed
+    with what came before and only what it adds is sent (message.diffs)."""
 
-    def __init__(self, model: str, chat: bool):
+    def __init__(self, model: str, chat: bool, plan: chat_request.Plan | None = None):
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
         self.chat = chat
+        self.reading = chat_request.Reading(plan)
+        self.call_ids: list[str] = []  # each call's id, given when it first appears
+
+    def started(self, prompt_tail: str) -> None:
+        """The prompt's end is known: whether the answer starts inside a thinking block."""
+        if self.reading.plan is not None:
+            self.reading.plan = self.reading.plan.after_prompt(prompt_tail)
 
     def full(self, text: str, finish: str, stats: Stats) -> dict:
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if self.chat else
-                  {"index": 0, "text": text, "logprobs": None})
+        if not self.chat:
+            choice = {"index": 0, "text": text, "logprobs": None}
+        else:
+            message = self.reading.plan.read(text) if self.reading.plan else ChatMessage(content=text)
+            choice = {"index": 0, "message": {"role": "assistant", **self._fields(message)}}
+            finish = _finish(finish, message)
         return self._object(False, {**choice, "finish_reason": finish}, usage=usage(stats), timings=timings(stats))
 
     def first_chunk(self) -> dict | None:
-        """Chat streams open with the assistant's role, as OpenAI's do."""
+        """Chat streams open with the assistant's role, as llama-server's do (content null)."""
         if not self.chat:
             return None
-        return self._object(True, {"index": 0, "delta": {"role": "assistant", "content": ""},
+        return self._object(True, {"index": 0, "delta": {"role": "assistant", "content": None},
                                    "finish_reason": None})
 
-    def chunk(self, text: str) -> dict:
-        return self._object(True, {"index": 0, **self._delta(text), "finish_reason": None})
+    def chunks(self, text: str) -> list[dict]:
+        """The chunks for a piece of text: none while it may still be a tag or a call's opening."""
+        if not self.chat:
+            return [self._object(True, {"index": 0, "text": text, "logprobs": None, "finish_reason": None})]
+        return [self._chunk(self._delta(change)) for change in self.reading.push(text)]
 
-    def last_chunk(self, finish: str, stats: Stats) -> dict:
-        return self._object(True, {"index": 0, **self._delta(None), "finish_reason": finish},
-                            usage=usage(stats), timings=timings(stats))
+    def last_chunks(self, finish: str, stats: Stats) -> list[dict]:
+        """What the end of the text settles (a tag held back), then the finish with usage and timings."""
+        if not self.chat:
+            return [self._object(True, {"index": 0, "text": "", "logprobs": None, "finish_reason": finish},
+                                 usage=usage(stats), timings=timings(stats))]
+        out = [self._chunk(self._delta(change)) for change in self.reading.end()]
+        return out + [self._chunk({}, _finish(finish, self.reading.message), usage=usage(stats),
+                                  timings=timings(stats))]
 
-    def _delta(self, text: str | None) -> dict:
-        if self.chat:
-            return {"delta": {} if text is None else {"content": text}}
-        return {"text": text or "", "logprobs": None}
+    def _chunk(self, delta: dict, finish: str | None = None, **extra) -> dict:
+        return self._object(True, {"index": 0, "delta": delta, "finish_reason": finish}, **extra)
+
+    def _delta(self, change: Delta) -> dict:
+        if change.index is None:
+            return {"content": change.content} if change.content else {"reasoning_content": change.reasoning_content}
+        call = {"index": change.index}
+        if change.call.name:  # a new call (or its name settled): its id and name
+            call.update(id=self._call_id(change.index, change.call.id), type="function")
+            call["function"] = {"name": change.call.name, "arguments": change.call.arguments}
+        else:
+            call["function"] = {"arguments": change.call.arguments}
+        return {"tool_calls": [call]}
+
+    def _call_id(self, index: int, own: str) -> str:
+        while len(self.call_ids) <= index:
+            self.call_ids.append("")
+        if not self.call_ids[index]:
+            self.call_ids[index] = own or _new_call_id()
+        return self.call_ids[index]
+
+    def _fields(self, message: ChatMessage) -> dict:
+        """A whole message's fields: content (null when only calls), reasoning_content, tool_calls."""
+        fields = {"content": message.content if message.content or not message.tool_calls else None}
+        if message.reasoning_content:
+            fields["reasoning_content"] = message.reasoning_content
+        if message.tool_calls:
+            fields["tool_calls"] = [{"id": self._call_id(i, c.id), "type": "function",
+                                     "function": {"name": c.name, "arguments": c.arguments}}
+                                    for i, c in enumerate(message.tool_calls)]
+        return fields
 
     def _object(self, chunk: bool, choice: dict, **extra) -> dict:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
-                "choices": [choice], **extra}
+                "system_fingerprint": _fingerprint(), "choices": [choice], **extra}
+
+
+@functools.lru_cache(maxsize=1)
+def _fingerprint() -> str:
+    """llama-server's system_fingerprint is its build ("b" and its number); speculate's is "b" and its version."""
+    try:
+        return f"b{version('speculate')}-speculate"
+    except PackageNotFoundError:
+        return "b0-speculate"
+
+
+def _finish(finish: str, message: ChatMessage) -> str:
+    """OpenAI's finish_reason: tool_calls when the answer ended (not cut) with calls."""
+    return "tool_calls" if message.tool_calls and finish == "stop" else finish
+
+
+def _new_call_id() -> str:
+    """A call id the model did not write: 32 letters and digits, as llama-server's."""
+    return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(32))

@@ -41,6 +41,7 @@ log = logging.getLogger("speculate.serve")
 class Started:
     """The prompt passed its checks and generation begins: the response can start."""
     n_prompt: int = 0  # the prompt's tokens
+    prompt_tail: str = ""  # the prompt's last tokens as text (a chat template may open a thinking block)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Failed:
 
 
 Output = Union[Started, Piece, Final, Failed]  # Piece and Final: stream.py's
+TAIL_TOKENS = 8  # of the prompt, in Started
 
 
 def prompt_tokens(engine: Engine, generation: Generation) -> list[int]:
@@ -64,8 +66,8 @@ def prompt_tokens(engine: Engine, generation: Generation) -> list[int]:
         if not engine.target.chat_template():
             raise ApiError(400, f"{engine.target.name} has no chat template: use /v1/completions")
         try:
-            tokens = engine.chat_tokens(generation.messages)
-        except ModelError as e:  # the template refused this conversation ("roles must alternate", ...)
+            tokens = engine.chat_tokens(generation.messages, generation.tools, generation.template_kwargs)
+        except (ModelError, UsageError) as e:  # the template refused this conversation ("roles must alternate", ...)
             raise ApiError(400, str(e), param="messages") from None
     else:
         tokens = engine.prompt_tokens(generation.prompt)
@@ -85,7 +87,8 @@ def generate(engine: Engine, generation: Generation, tokens: list[int], spec: Sp
     Started, one Piece per step that completes text, then Final. `should_stop` is asked after
     the prompt and after every step: a finish reason ends the run there."""
     spec = request_spec(engine, generation, spec)
-    yield Started(len(tokens))
+    yield Started(len(tokens), b"".join(engine.target.token_bytes(t) for t in tokens[-TAIL_TOKENS:])
+                  .decode("utf-8", errors="replace"))
     if not tokens:  # llama-server answers an empty prompt with an empty answer
         yield Final("none", "", "", [], Stats(), [])
         return
