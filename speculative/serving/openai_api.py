@@ -167,6 +167,8 @@ class ChatRequest(_Request):
     parallel_tool_calls: bool = False
     reasoning_format: Optional[str] = None             # llama-server's
     chat_template_kwargs: Optional[dict] = None        # llama-server's: more template variables
+    add_generation_prompt: Optional[bool] = None       # False with continue_final_message (vLLM's)
+    continue_final_message: Union[bool, str, None] = None
 
 
 # Fields that exist in OpenAI's API but are not served: refused unless set to what they
@@ -206,6 +208,7 @@ def parse(data: object, chat: bool, defaults: Defaults = Defaults(), template: s
 def _chat(request: ChatRequest, data: dict, defaults: Defaults, template: str, generation: Generation) -> Generation:
     """A chat request's messages, tools and reasoning, checked as llama-server checks them."""
     _check_messages(request.messages, data["messages"])
+    _check_continuation(request)
     tools = [t.model_dump(exclude_none=True) for t in request.tools or []]
     kwargs = {**defaults.template_kwargs, **(request.chat_template_kwargs or {})}
     if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
@@ -241,6 +244,17 @@ def _check_messages(messages: list[Message], raw: list[dict]) -> None:
                            param=f"messages.{i}")
     if len(messages) >= 2 and messages[-1].role == messages[-2].role == "assistant":
         raise ApiError(400, "Cannot have 2 or more assistant messages at the end of the list.", param="messages")
+
+
+def _check_continuation(request: ChatRequest) -> None:
+    """A final assistant message is continued (llama-server's assistant prefill); vLLM's explicit
+    continue_final_message says the same, and cannot go with a generation prompt."""
+    if request.continue_final_message not in (None, False) and request.add_generation_prompt:
+        raise ApiError(400, "Cannot set both add_generation_prompt and continue_final_message to true.",
+                       param="continue_final_message")
+    last = request.messages[-1]
+    if last.role == "assistant" and last.tool_calls:
+        raise ApiError(400, "Cannot continue an assistant message that contains tool calls.", param="messages")
 
 
 # -- responses ----------------------------------------------------------------
