@@ -7,6 +7,9 @@ schemas, through tests/json_schema_harness.cpp built against the installed wheel
 
     schema_to_gbnf(schema, warn=None) -> str    # the grammar; its root rule is `root`
     any_object_gbnf() -> str                    # response_format {"type": "json_object"}
+    SharedRules(warn=None)                      # several schemas and hand-written rules in one
+                                                # grammar (llama.cpp's build_grammar)
+    format_literal(text) -> str                 # a GBNF string literal
 
 `schema` is the parsed JSON (json.loads). An empty schema `{}` is any JSON value here, as in
 json_schema_to_grammar; llama-server reads an absent or empty schema as ANY_OBJECT_SCHEMA before
@@ -104,6 +107,44 @@ def any_object_gbnf() -> str:
     """The grammar of OpenAI's response_format {"type": "json_object"}: any JSON object, as
     llama-server converts it (it reads json_object, and an empty schema, as {"type": "object"})."""
     return schema_to_gbnf(ANY_OBJECT_SCHEMA)
+
+
+class SharedRules:
+    """Several schemas and hand-written rules in one grammar, as llama.cpp's build_grammar shares
+    one converter between them (a chat format's tool calls: each tool's parameters, and the
+    call's own syntax around them). Rules of the same name and body are shared (`space`,
+    `string`, ...); a name taken by another body gets a number, as llama.cpp's _add_rule does.
+    Unlike llama.cpp, where the same `$ref` in two tools' schemas shares one rule (the first
+    tool's target), each schema's `$ref` rules are named after the schema: no tool sees
+    another's definitions."""
+
+    def __init__(self, warn: Callable[[str], None] | None = None):
+        self._converter = _Converter({}, warn)
+
+    def add_schema(self, name: str, schema: object) -> str:
+        """The rule matching `schema`, named `name` (its parts `name-...`); GrammarError (one
+        line, the place in `schema`) for a schema llama.cpp refuses."""
+        builder = _Builder(schema)
+        node = builder.build()
+        conv = self._converter
+        conv.refs, conv.ref_prefix = builder.refs, name + "-"
+        try:
+            return conv.visit(node, name)
+        finally:
+            conv.refs, conv.ref_prefix = {}, ""
+
+    def add_rule(self, name: str, rule: str) -> str:
+        """The name `rule` is given (`name`, or `name` with a number where taken)."""
+        return self._converter.add_rule(name, rule)
+
+    def grammar(self) -> str:
+        """Every rule, sorted by name, as llama.cpp writes them."""
+        return self._converter.grammar()
+
+
+def format_literal(text: str) -> str:
+    """`text` as a GBNF string literal."""
+    return _format_literal(text)
 
 
 def _fail(path: str, detail: str) -> GrammarError:
@@ -810,6 +851,7 @@ class _Converter:
 
     def __init__(self, refs: dict[str, _Node | None], warn: Callable[[str], None] | None):
         self.refs, self.warn = refs, warn
+        self.ref_prefix = ""  # SharedRules: the schema's own `$ref` rules
         self.rules = {"space": SPACE_RULE}
         self.resolving: set[str] = set()
 
@@ -876,11 +918,12 @@ class _Converter:
 
     def resolve_ref(self, node: _Node) -> str:
         ref = node.ref
-        name = "ref" + _INVALID_RULE_CHARS.sub("-", ref[ref.find("#") + 1:])
-        if name not in self.rules and ref not in self.resolving:
-            self.resolving.add(ref)
+        name = self.ref_prefix + "ref" + _INVALID_RULE_CHARS.sub("-", ref[ref.find("#") + 1:])
+        key = self.ref_prefix + ref
+        if name not in self.rules and key not in self.resolving:
+            self.resolving.add(key)
             name = self.visit(self.refs[ref], name)
-            self.resolving.discard(ref)
+            self.resolving.discard(key)
         return name
 
     def array(self, node: _Node, sub: str, rule_name: str) -> str:

@@ -1,0 +1,350 @@
+"""What every family's format needs, as the pinned llama.cpp's PEG chat parsers read and
+constrain a model's text (common/chat-peg-parser.cpp, common/peg-parser.cpp,
+common/chat-auto-parser-generator.cpp):
+
+Reading (parse):
+  split_reasoning(text, partial, syntax, think) -> (reasoning, rest)
+  Reader            a cursor over the text: literals, whitespace, text up to a marker, JSON values
+  Incomplete        raised where the text ends inside what is being read (a partial answer)
+  call(name, args, complete)     a ToolCall whose arguments are reported as llama.cpp reports them
+
+  llama.cpp's parsers are lenient: where the text ends inside a marker, a JSON value or a tag,
+  what is read so far is kept and the rest waits. A marker's prefix at the end of the content is
+  held back (not content yet), a call appears once its name is complete (its arguments "{" until
+  they start), and its arguments are the JSON text as the model wrote it so far (trailing
+  whitespace and an unfinished escape held back), so each later parse extends the earlier one.
+  A complete call's arguments are the JSON as written ({"arg1": 1} stays so, not compacted).
+
+Constraining (grammar):
+  selected(tools, choice)        the tools a request's tool_choice allows (None: no grammar)
+  Rules                          one grammar's rules: each tool's arguments from its JSON schema
+                                 (named tool-NAME-schema, as llama.cpp names them), the family's
+  finish(rules, root, choice, triggers)   ... and the ToolGrammar, lazy from the family's
+                                 trigger words for tool_choice "auto"
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from speculative.chat.format import Syntax, ToolGrammar
+from speculative.chat.message import ToolCall
+from speculative.errors import GrammarError
+from speculative.grammar import gbnf
+from speculative.grammar.json_schema import SharedRules, format_literal
+
+__all__ = ["Incomplete", "Reader", "Rules", "alternatives", "call", "finish", "format_literal", "function_name",
+           "held_back", "selected", "split_reasoning", "tool_parameters", "word_pattern"]
+
+SPACE = " \t\n\r"  # what llama.cpp's space() parser and the `space` rule's reading skip
+
+
+# ---- reading ------------------------------------------------------------------------------
+
+class Incomplete(Exception):
+    """The text ends inside what was being read. `text`: what of it is reported so far (a JSON
+    value's prefix), where that means something."""
+
+    def __init__(self, text: str = ""):
+        super().__init__(text)
+        self.text = text
+
+
+def held_back(text: str, markers: tuple[str, ...] | list[str]) -> int:
+    """How many characters at the end of `text` may be the start of one of `markers` (a proper
+    prefix of it): what a partial answer holds back instead of streaming it as content."""
+    best = 0
+    for marker in markers:
+        for n in range(min(len(marker) - 1, len(text)), best, -1):
+            if text.endswith(marker[:n]):
+                best = n
+                break
+    return best
+
+
+def split_reasoning(text: str, partial: bool, syntax: Syntax,
+                    think: tuple[str, str] | None) -> tuple[str, str]:
+    """The reasoning at the start of `text` and the text after it, as llama.cpp's reasoning
+    parser splits them: optional(<think> reasoning until </think>) at the start, or from the
+    first character where the prompt opened the block (syntax.thinking_open). With
+    reasoning_format `none` (or no thinking block) the reasoning stays in the text. An unclosed
+    block is all reasoning (as llama.cpp reads it, complete or not); a partial closing tag at
+    the end is held back. Whitespace around the reasoning and before the rest is dropped
+    (whitespace-only reasoning is none, as llama.cpp's mapper drops it)."""
+    if think is None or not syntax.extract_reasoning:
+        return "", text
+    opening, closing = think
+    start = 0
+    if not syntax.thinking_open:
+        lead = len(text) - len(text.lstrip(SPACE))
+        if text.startswith(opening, lead):
+            start = lead + len(opening)
+        elif partial and opening.startswith(text[lead:]):
+            return "", ""  # may still become the opening tag
+        else:
+            return "", text
+    end = text.find(closing, start)
+    if end < 0:
+        cut = len(text) - held_back(text[start:], (closing,))
+        return text[start:cut].lstrip(SPACE), ""
+    return text[start:end].strip(SPACE), text[end + len(closing):].lstrip(SPACE)
+
+
+def call(name: str, arguments: str, complete: bool, id: str = "") -> ToolCall:
+    """A tool call as llama.cpp's mapper reports it: arguments "{" until their JSON starts, then
+    the JSON written so far; complete, unclosed braces closed (a call closed by its marker)."""
+    if not arguments:
+        arguments = "{"
+    if complete:
+        arguments += "}" * _open_braces(arguments)
+    return ToolCall(name, arguments, id)
+
+
+def _open_braces(text: str) -> int:
+    """The braces of a JSON text left open (outside strings), as json_brace_depth counts."""
+    depth, in_string, escaped = 0, False, False
+    for c in text:
+        if escaped:
+            escaped = False
+        elif c == "\\" and in_string:
+            escaped = True
+        elif c == '"':
+            in_string = not in_string
+        elif not in_string:
+            depth += {"{": 1, "}": -1}.get(c, 0)
+    return max(depth, 0)
+
+
+class Reader:
+    """A cursor over a model's text, reading as llama.cpp's lenient PEG parser does: where the
+    text ends inside what is read, Incomplete is raised (the caller keeps what it has)."""
+
+    def __init__(self, text: str, pos: int = 0):
+        self.text, self.pos = text, pos
+
+    @property
+    def at_end(self) -> bool:
+        return self.pos >= len(self.text)
+
+    @property
+    def rest(self) -> str:
+        return self.text[self.pos:]
+
+    def space(self) -> None:
+        while self.pos < len(self.text) and self.text[self.pos] in SPACE:
+            self.pos += 1
+
+    def literal(self, word: str) -> bool:
+        """Read `word` if it is next: True; False where something else is; Incomplete where the
+        text ends inside it (or before it)."""
+        rest = self.text[self.pos:self.pos + len(word)]
+        if rest == word:
+            self.pos += len(word)
+            return True
+        if word.startswith(rest) and self.pos + len(rest) == len(self.text):
+            raise Incomplete()
+        return False
+
+    def until(self, markers: tuple[str, ...] | list[str], partial: bool) -> tuple[str, str | None]:
+        """The text up to the first of `markers` (the cursor stays before it) and that marker;
+        None where no marker follows: then all the rest, less a marker's prefix at the end when
+        `partial` (held back)."""
+        found = [(i, m) for m in markers if (i := self.text.find(m, self.pos)) >= 0]
+        if found:
+            end, marker = min(found, key=lambda f: (f[0], -len(f[1])))
+        else:
+            end, marker = len(self.text), None
+            if partial:
+                end -= held_back(self.text[self.pos:], markers)
+        piece, self.pos = self.text[self.pos:end], end
+        return piece, marker
+
+    def json_value(self) -> str:
+        """The JSON value next, as written; Incomplete(prefix written so far, less trailing
+        whitespace and an unfinished escape) where the text ends inside it; ValueError where
+        the text is not JSON."""
+        start = self.pos
+        try:
+            self.pos = _value_end(self.text, start)
+        except Incomplete as e:
+            raise Incomplete(self.text[start:e.args[0]].rstrip(SPACE)) from None
+        return self.text[start:self.pos]
+
+    def json_string(self) -> str:
+        """A JSON string next, decoded (Incomplete where it is unfinished; ValueError: none)."""
+        if self.pos < len(self.text) and self.text[self.pos] != '"':
+            raise ValueError("not a JSON string")
+        return json.loads(self.json_value())
+
+
+_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
+
+
+def _value_end(text: str, pos: int) -> int:
+    """Where the JSON value at `pos` ends; Incomplete(where what is kept ends) at the text's end,
+    ValueError where it is not JSON."""
+    if pos >= len(text):
+        raise Incomplete(pos)
+    c = text[pos]
+    if c == "{":
+        return _container_end(text, pos, "}", True)
+    if c == "[":
+        return _container_end(text, pos, "]", False)
+    if c == '"':
+        return _string_end(text, pos)
+    for word in ("true", "false", "null"):
+        if text.startswith(word, pos):
+            return pos + len(word)
+        if word.startswith(text[pos:]):
+            raise Incomplete(len(text))
+    m = _NUMBER.match(text, pos)
+    if not m:
+        if text[pos:] in ("-",):
+            raise Incomplete(len(text))
+        raise ValueError(f"not JSON at {text[pos:pos + 20]!r}")
+    if m.end() == len(text) or text[m.end() - 1] in ".eE+-":
+        raise Incomplete(len(text))  # the number may go on
+    return m.end()
+
+
+def _string_end(text: str, pos: int) -> int:
+    i = pos + 1
+    while i < len(text):
+        c = text[i]
+        if c == '"':
+            return i + 1
+        if c == "\\":
+            escape = re.compile(r'\\(["\\/bfnrt]|u[0-9a-fA-F]{4})').match(text, i)
+            if not escape:
+                if re.fullmatch(r'\\(u[0-9a-fA-F]{0,3})?', text[i:]):
+                    raise Incomplete(i)  # the escape is unfinished: held back
+                raise ValueError(f"bad escape at {text[i:i + 6]!r}")
+            i = escape.end()
+        elif c < " ":
+            raise ValueError("control character in a JSON string")
+        else:
+            i += 1
+    raise Incomplete(len(text))
+
+
+def _container_end(text: str, pos: int, close: str, keyed: bool) -> int:
+    i, first = _skip(text, pos + 1), True
+    while True:
+        if i >= len(text):
+            raise Incomplete(len(text))
+        if text[i] == close:
+            return i + 1
+        if not first:
+            if text[i] != ",":
+                raise ValueError(f"expected ',' or {close!r} at {text[i:i + 20]!r}")
+            i = _skip(text, i + 1)
+        if keyed:
+            if i < len(text) and text[i] != '"':
+                raise ValueError(f"expected a key at {text[i:i + 20]!r}")
+            i = _skip(text, _string_end(text, i))
+            if i >= len(text):
+                raise Incomplete(len(text))
+            if text[i] != ":":
+                raise ValueError(f"expected ':' at {text[i:i + 20]!r}")
+            i = _skip(text, i + 1)
+        i = _skip(text, _value_end(text, i))
+        first = False
+
+
+def _skip(text: str, i: int) -> int:
+    while i < len(text) and text[i] in SPACE:
+        i += 1
+    return i
+
+
+# ---- constraining -------------------------------------------------------------------------
+
+def function_name(tool: dict) -> str:
+    """The name of an OpenAI tool ({"type": "function", "function": {"name": ...}})."""
+    function = tool.get("function") if isinstance(tool, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str) or not name:
+        raise GrammarError(f"a tool without a function name: {json.dumps(tool)[:200]}")
+    return name
+
+
+def tool_parameters(tool: dict) -> object:
+    """The JSON schema of a tool's arguments; none, null or {} is an object without properties
+    (common_chat_tool_parameters)."""
+    params = tool["function"].get("parameters")
+    if params is None or params == {}:
+        return {"type": "object", "properties": {}}
+    return params
+
+
+def selected(tools: list[dict], choice: str | dict) -> list[dict] | None:
+    """The tools `choice` allows: all ("auto", "required"), the named one, or None ("none", or
+    no tools: no grammar). GrammarError for a choice that names no tool of the request."""
+    if choice == "none" or not tools:
+        return None
+    if isinstance(choice, dict):
+        wanted = (choice.get("function") or {}).get("name")
+        chosen = [t for t in tools if function_name(t) == wanted]
+        if not chosen:
+            raise GrammarError(f"tool_choice names function {wanted!r}, which is not among the tools")
+        return chosen
+    if choice not in ("auto", "required"):
+        raise GrammarError(f"tool_choice {choice!r}: expected auto, none, required or a function")
+    return list(tools)
+
+
+class Rules:
+    """One grammar's rules: the family's own and each tool's arguments, named as llama.cpp's
+    build_grammar names them (tool-NAME-schema for a tool's parameters)."""
+
+    def __init__(self):
+        self._shared = SharedRules()
+
+    def arguments(self, tool: dict) -> str:
+        """The rule of `tool`'s arguments (its parameters' JSON schema); GrammarError naming the
+        tool where the schema cannot constrain."""
+        name = function_name(tool)
+        try:
+            return self._shared.add_schema(f"tool-{name}-schema", tool_parameters(tool))
+        except GrammarError as e:
+            raise GrammarError(f"tool {name!r}: parameters: {e}") from None
+
+    def add(self, name: str, body: str) -> str:
+        """Rule `name` ::= `body`; the name it got (a number added where taken)."""
+        return self._shared.add_rule(name, body)
+
+    def gbnf(self) -> str:
+        return self._shared.grammar()
+
+
+def alternatives(names: list[str]) -> str:
+    """`a | b | c`: one of the rules `names`."""
+    return " | ".join(names)
+
+
+def finish(rules: Rules, root: str, choice: str | dict, triggers: tuple[str, ...]) -> ToolGrammar:
+    """The ToolGrammar with root rule `root` (a body); lazy from `triggers` (words, the text
+    that opens a call) for choice "auto", from the first token otherwise. The grammar is checked
+    (speculative.grammar.gbnf.check): a family's bug shows here, not in the sampler."""
+    rules.add("root", root)
+    text = rules.gbnf()
+    gbnf.check(text)
+    patterns = tuple(word_pattern(w) for w in triggers) if choice == "auto" else ()
+    return ToolGrammar(text, patterns)
+
+
+_REGEX_SPECIAL = set("\\^$.|?*+()[]{}/")
+
+
+def word_pattern(word: str) -> str:
+    """A regular expression matching `word` literally, the same in Python's re and C++
+    std::regex ECMAScript (only the characters special to either escaped; newline, tab and
+    carriage return as \\n, \\t, \\r)."""
+    out = []
+    for c in word:
+        if c in _REGEX_SPECIAL:
+            out.append("\\" + c)
+        else:
+            out.append({"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(c, c))
+    return "".join(out)
