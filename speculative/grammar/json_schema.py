@@ -10,6 +10,8 @@ schemas, through tests/json_schema_harness.cpp built against the installed wheel
     SharedRules(warn=None)                      # several schemas and hand-written rules in one
                                                 # grammar (llama.cpp's build_grammar)
     format_literal(text) -> str                 # a GBNF string literal
+    object_properties(schema) -> [Property]     # an object schema's properties, the JSON types
+                                                # each may take (common_chat_schema::value_types)
 
 `schema` is the parsed JSON (json.loads). An empty schema `{}` is any JSON value here, as in
 json_schema_to_grammar; llama-server reads an absent or empty schema as ANY_OBJECT_SCHEMA before
@@ -121,11 +123,14 @@ class SharedRules:
     def __init__(self, warn: Callable[[str], None] | None = None):
         self._converter = _Converter({}, warn)
 
-    def add_schema(self, name: str, schema: object) -> str:
-        """The rule matching `schema`, named `name` (its parts `name-...`); GrammarError (one
-        line, the place in `schema`) for a schema llama.cpp refuses."""
+    def add_schema(self, name: str, schema: object, property: str | None = None) -> str:
+        """The rule matching `schema`, named `name` (its parts `name-...`); with `property`, the
+        rule of that property of the object `schema` (its `$ref`s resolved in `schema`).
+        GrammarError (one line, the place in `schema`) for a schema llama.cpp refuses."""
         builder = _Builder(schema)
         node = builder.build()
+        if property is not None:
+            node = next(n for p, n, _ in node.properties if p == property)
         conv = self._converter
         conv.refs, conv.ref_prefix = builder.refs, name + "-"
         try:
@@ -140,6 +145,67 @@ class SharedRules:
     def grammar(self) -> str:
         """Every rule, sorted by name, as llama.cpp writes them."""
         return self._converter.grammar()
+
+
+@dataclass(frozen=True)
+class Property:
+    """One property of an object schema: its name, whether it is required, and the JSON types
+    ("null", "boolean", "integer", "number", "string", "array", "object") its value may take."""
+    name: str
+    required: bool
+    types: frozenset[str]
+
+
+def object_properties(schema: object) -> list[Property]:
+    """The properties of an object schema, in the schema's order, as llama.cpp's
+    foreach_parameter sees them ([] for a schema that is not an object); GrammarError where
+    llama.cpp refuses the schema."""
+    builder = _Builder(schema)
+    root = builder.build()
+    if root.kind != "object":
+        return []
+    return [Property(name, required, frozenset(_value_types(node, builder.refs, set())))
+            for name, node, required in root.properties]
+
+
+_ALL_TYPES = frozenset({"null", "boolean", "integer", "number", "string", "array", "object"})
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    return {str: "string", list: "array"}.get(type(value), "object")
+
+
+def _value_types(node: _Node, refs: dict[str, _Node | None], seen: set[str]) -> frozenset[str]:
+    """The JSON types a value of `node` may take (json-schema.cpp's value_types_impl)."""
+    kind = node.kind
+    if kind == "any":
+        return _ALL_TYPES
+    if kind == "number":
+        return frozenset({"number", "integer"})
+    if kind in ("tuple", "array"):
+        return frozenset({"array"})
+    if kind == "const":
+        return frozenset({_json_type(node.value)})
+    if kind == "enum":
+        return frozenset(_json_type(v) for v in node.values)
+    if kind == "ref":
+        target = refs.get(node.ref)
+        if target is None or node.ref in seen:
+            return frozenset()  # a cycle contributes no type
+        return _value_types(target, refs, seen | {node.ref})
+    if kind == "anyOf":
+        return frozenset().union(*(_value_types(c, refs, seen) for c in node.children))
+    if kind == "allOf":
+        return _ALL_TYPES.intersection(*(_value_types(c, refs, seen) for c in node.children))
+    return frozenset({kind})  # null boolean integer string object
 
 
 def format_literal(text: str) -> str:
