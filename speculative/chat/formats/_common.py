@@ -27,15 +27,18 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
+from typing import Callable
 
 from speculative.chat.format import Syntax, ToolGrammar
 from speculative.chat.message import ToolCall
 from speculative.errors import GrammarError
 from speculative.grammar import gbnf
-from speculative.grammar.json_schema import SharedRules, format_literal
+from speculative.grammar.json_schema import Property, SharedRules, format_literal, object_properties
 
-__all__ = ["Incomplete", "Reader", "Rules", "alternatives", "call", "finish", "format_literal", "function_name",
-           "held_back", "selected", "split_reasoning", "tool_parameters", "word_pattern"]
+__all__ = ["Incomplete", "JsonCall", "NotJson", "Reader", "Rules", "alternatives", "call", "json_call_rule",
+           "read_json_call", "repeated", "split_calls", "until_including", "finish", "format_literal", "function_name",
+           "held_back", "properties", "selected", "split_reasoning", "tool_parameters", "word_pattern"]
 
 SPACE = " \t\n\r"  # what llama.cpp's space() parser and the `space` rule's reading skip
 
@@ -51,6 +54,15 @@ class Incomplete(Exception):
         self.text = text
 
 
+class NotJson(ValueError):
+    """The text is not JSON from `pos` on (an index into the text read)."""
+
+    def __init__(self, pos: int, detail: str):
+        super().__init__(detail)
+        self.pos = pos
+        self.text = ""  # Reader.json_value: the value's text before the fault
+
+
 def held_back(text: str, markers: tuple[str, ...] | list[str]) -> int:
     """How many characters at the end of `text` may be the start of one of `markers` (a proper
     prefix of it): what a partial answer holds back instead of streaming it as content."""
@@ -63,16 +75,20 @@ def held_back(text: str, markers: tuple[str, ...] | list[str]) -> int:
     return best
 
 
-def split_reasoning(text: str, partial: bool, syntax: Syntax,
-                    think: tuple[str, str] | None) -> tuple[str, str]:
+def split_reasoning(text: str, partial: bool, syntax: Syntax, think: tuple[str, str] | None,
+                    also_ends: tuple[str, ...] = ()) -> tuple[str, str]:
     """The reasoning at the start of `text` and the text after it, as llama.cpp's reasoning
     parser splits them: optional(<think> reasoning until </think>) at the start, or from the
     first character where the prompt opened the block (syntax.thinking_open). With
     reasoning_format `none` (or no thinking block) the reasoning stays in the text. An unclosed
     block is all reasoning (as llama.cpp reads it, complete or not); a partial closing tag at
     the end is held back. Whitespace around the reasoning and before the rest is dropped
-    (whitespace-only reasoning is none, as llama.cpp's mapper drops it)."""
+    (whitespace-only reasoning is none, as llama.cpp's mapper drops it). `also_ends`: markers
+    that end the reasoning too but belong to the rest (Qwen3.5's <tool_call>). With `none` and a
+    block the prompt opened, the text keeps the opening tag the prompt wrote (and its newline)."""
     if think is None or not syntax.extract_reasoning:
+        if think is not None and syntax.thinking_open:
+            return "", think[0] + "\n" + text
         return "", text
     opening, closing = think
     start = 0
@@ -84,11 +100,12 @@ def split_reasoning(text: str, partial: bool, syntax: Syntax,
             return "", ""  # may still become the opening tag
         else:
             return "", text
-    end = text.find(closing, start)
-    if end < 0:
-        cut = len(text) - held_back(text[start:], (closing,))
-        return text[start:cut].lstrip(SPACE), ""
-    return text[start:end].strip(SPACE), text[end + len(closing):].lstrip(SPACE)
+    reader = Reader(text, start)
+    reasoning, marker = reader.until((closing, *also_ends), partial)
+    if marker is None:  # trailing whitespace waits: it may come before the closing tag
+        return reasoning.strip(SPACE), ""
+    after = reader.pos + (len(closing) if marker == closing else 0)
+    return reasoning.strip(SPACE), text[after:].lstrip(SPACE)
 
 
 def call(name: str, arguments: str, complete: bool, id: str = "") -> ToolCall:
@@ -162,13 +179,16 @@ class Reader:
 
     def json_value(self) -> str:
         """The JSON value next, as written; Incomplete(prefix written so far, less trailing
-        whitespace and an unfinished escape) where the text ends inside it; ValueError where
-        the text is not JSON."""
+        whitespace and an unfinished escape) where the text ends inside it; NotJson (its
+        `text`: the value's text before the fault) where the text is not JSON."""
         start = self.pos
         try:
             self.pos = _value_end(self.text, start)
         except Incomplete as e:
             raise Incomplete(self.text[start:e.args[0]].rstrip(SPACE)) from None
+        except NotJson as e:
+            e.text = self.text[start:e.pos].rstrip(SPACE)
+            raise
         return self.text[start:self.pos]
 
     def json_string(self) -> str:
@@ -202,7 +222,7 @@ def _value_end(text: str, pos: int) -> int:
     if not m:
         if text[pos:] in ("-",):
             raise Incomplete(len(text))
-        raise ValueError(f"not JSON at {text[pos:pos + 20]!r}")
+        raise NotJson(pos, f"not JSON at {text[pos:pos + 20]!r}")
     if m.end() == len(text) or text[m.end() - 1] in ".eE+-":
         raise Incomplete(len(text))  # the number may go on
     return m.end()
@@ -219,10 +239,10 @@ def _string_end(text: str, pos: int) -> int:
             if not escape:
                 if re.fullmatch(r'\\(u[0-9a-fA-F]{0,3})?', text[i:]):
                     raise Incomplete(i)  # the escape is unfinished: held back
-                raise ValueError(f"bad escape at {text[i:i + 6]!r}")
+                raise NotJson(i, f"bad escape at {text[i:i + 6]!r}")
             i = escape.end()
         elif c < " ":
-            raise ValueError("control character in a JSON string")
+            raise NotJson(i, "control character in a JSON string")
         else:
             i += 1
     raise Incomplete(len(text))
@@ -237,16 +257,16 @@ def _container_end(text: str, pos: int, close: str, keyed: bool) -> int:
             return i + 1
         if not first:
             if text[i] != ",":
-                raise ValueError(f"expected ',' or {close!r} at {text[i:i + 20]!r}")
+                raise NotJson(i, f"expected ',' or {close!r} at {text[i:i + 20]!r}")
             i = _skip(text, i + 1)
         if keyed:
             if i < len(text) and text[i] != '"':
-                raise ValueError(f"expected a key at {text[i:i + 20]!r}")
+                raise NotJson(i, f"expected a key at {text[i:i + 20]!r}")
             i = _skip(text, _string_end(text, i))
             if i >= len(text):
                 raise Incomplete(len(text))
             if text[i] != ":":
-                raise ValueError(f"expected ':' at {text[i:i + 20]!r}")
+                raise NotJson(i, f"expected ':' at {text[i:i + 20]!r}")
             i = _skip(text, i + 1)
         i = _skip(text, _value_end(text, i))
         first = False
@@ -256,6 +276,111 @@ def _skip(text: str, i: int) -> int:
     while i < len(text) and text[i] in SPACE:
         i += 1
     return i
+
+
+ReadCall = Callable[[Reader], "tuple[ToolCall | None, bool]"]
+
+
+def split_calls(text: str, partial: bool, markers: tuple[str, ...],
+                read_call: ReadCall) -> tuple[str, list[ToolCall]]:
+    """The content and the calls in `text`: content up to a call's marker (one of `markers`),
+    then calls, each read by `read_call` at its marker: (the call, or None while its name is
+    unfinished; whether it is complete), ValueError where the marker opens no call (the marker
+    is content then). Text between and after calls is content (less the whitespace around
+    calls); reading stops at a call left incomplete. A marker's or an unnamed call's start at
+    the end of a partial text is held back."""
+    reader, content, calls = Reader(text), "", []
+    while True:
+        piece, marker = reader.until(markers, partial)
+        content += piece.lstrip(SPACE) if calls else piece
+        if marker is None:
+            return content, calls
+        start = reader.pos
+        try:
+            found, complete = read_call(reader)
+        except ValueError:
+            reader.pos = start + len(marker)
+            content += marker
+            continue
+        if found is None:
+            return content + ("" if partial else text[start:]), calls
+        calls.append(found)
+        if not complete:
+            return content, calls
+        reader.space()
+
+
+@dataclass
+class JsonCall:
+    """A call read from a JSON object ({"name": ..., "arguments": {...}} and its kin): its name
+    once complete, its arguments' JSON so far, its id, whether the object closed."""
+    name: str = ""
+    arguments: str = ""
+    id: str = ""
+    complete: bool = False
+
+    def tool_call(self) -> ToolCall:
+        return call(self.name, self.arguments, self.complete, self.id)
+
+
+def read_json_call(reader: Reader, name_key: str, args_key: str, id_key: str = "",
+                   type_field: bool = False) -> JsonCall:
+    """The call in the JSON object at the reader: `name_key` (a string), `args_key` (an object),
+    `id_key` (a string or a number, optional) and, with `type_field`, "type": "function" (the
+    OpenAI wrapper), in any order. Where the text ends inside the object, what is read so far
+    (complete False); ValueError where the object is not such a call."""
+    found = JsonCall()
+    try:
+        if not reader.literal("{"):
+            raise ValueError("not a JSON object")
+        reader.space()
+        first = True
+        while not reader.literal("}"):
+            if not first and not reader.literal(","):
+                raise ValueError("expected ',' in the call object")
+            reader.space()
+            key = reader.json_string()
+            reader.space()
+            if not reader.literal(":"):
+                raise ValueError("expected ':' in the call object")
+            reader.space()
+            _read_call_field(reader, found, key, (name_key, args_key, id_key, "type" if type_field else ""))
+            reader.space()
+            first = False
+        found.complete = True
+    except Incomplete:
+        pass
+    except ValueError:
+        if not found.name:
+            raise
+        return found  # a named call stays (as read): a stream has shown it already
+    if found.complete and not found.name:
+        raise ValueError("a call without a name")
+    return found
+
+
+def _read_call_field(reader: Reader, found: JsonCall, key: str, keys: tuple[str, str, str, str]) -> None:
+    name_key, args_key, id_key, type_key = keys
+    if key == name_key:
+        found.name = reader.json_string()
+    elif key == args_key:
+        if reader.rest[:1] not in ("{", ""):
+            raise ValueError("the arguments are not a JSON object")
+        try:
+            found.arguments = reader.json_value()
+        except (Incomplete, NotJson) as e:
+            found.arguments = e.text
+            raise
+    elif key and key == id_key:
+        value = json.loads(reader.json_value())
+        if not isinstance(value, (str, int)) or isinstance(value, bool):
+            raise ValueError("the call's id is not a string or a number")
+        found.id = str(value)
+    elif key and key == type_key:
+        if reader.json_string() != "function":
+            raise ValueError('"type" of a call is not "function"')
+    else:
+        raise ValueError(f"unexpected key {key!r} in the call object")
 
 
 # ---- constraining -------------------------------------------------------------------------
@@ -276,6 +401,15 @@ def tool_parameters(tool: dict) -> object:
     if params is None or params == {}:
         return {"type": "object", "properties": {}}
     return params
+
+
+def properties(tool: dict) -> list[Property]:
+    """The properties of `tool`'s parameters (GrammarError naming the tool for a schema that
+    cannot constrain)."""
+    try:
+        return object_properties(tool_parameters(tool))
+    except GrammarError as e:
+        raise GrammarError(f"tool {function_name(tool)!r}: parameters: {e}") from None
 
 
 def selected(tools: list[dict], choice: str | dict) -> list[dict] | None:
@@ -310,6 +444,15 @@ class Rules:
         except GrammarError as e:
             raise GrammarError(f"tool {name!r}: parameters: {e}") from None
 
+    def argument(self, tool: dict, key: str) -> str:
+        """The rule of one argument of `tool` (its property `key`'s schema, its $refs resolved
+        in the tool's parameters), named tool-NAME-arg-KEY-schema as llama.cpp names it."""
+        name = function_name(tool)
+        try:
+            return self._shared.add_schema(f"tool-{name}-arg-{key}-schema", tool_parameters(tool), key)
+        except GrammarError as e:
+            raise GrammarError(f"tool {name!r}: parameters: {e}") from None
+
     def add(self, name: str, body: str) -> str:
         """Rule `name` ::= `body`; the name it got (a number added where taken)."""
         return self._shared.add_rule(name, body)
@@ -321,6 +464,63 @@ class Rules:
 def alternatives(names: list[str]) -> str:
     """`a | b | c`: one of the rules `names`."""
     return " | ".join(names)
+
+
+def repeated(item: str, parallel: bool, separator: str = "space") -> str:
+    """One `item` (a rule name), or with `parallel` one or more, `separator` between them."""
+    return f"{item} ({separator} {item})*" if parallel else item
+
+
+def json_call_rule(rules: Rules, tool: dict, fields: list[tuple[str, str]]) -> str:
+    """The rule `tool-NAME` of a JSON call object whose fields are `fields` ((key, rule) in
+    order; the rule "NAME" stands for the tool's name as a JSON string, "ARGS" for its
+    arguments), spaced as llama.cpp's standard_json_tools writes them."""
+    name = function_name(tool)
+    parts = []
+    for key, rule in fields:
+        value = {"NAME": format_literal(json.dumps(name, ensure_ascii=False)),
+                 "ARGS": rules.arguments(tool)}.get(rule, rule)
+        parts.append(f"{format_literal(json.dumps(key))} space \":\" space {value}")
+    return rules.add(f"tool-{name}", '"{" space ' + ' space "," space '.join(parts) + ' space "}"')
+
+
+def until_including(rules: Rules, name: str, delimiter: str) -> str:
+    """The rule `name`: any text up to and including the first `delimiter` (llama.cpp's
+    gbnf_including_grammar: the delimiter's matching automaton, one rule per state)."""
+    alphabet = sorted(set(delimiter))
+
+    def next_state(state: int, c: str) -> int:
+        seen = delimiter[:state] + c
+        for n in range(len(seen), 0, -1):
+            if delimiter.startswith(seen[-n:]):
+                return n
+        return 0
+
+    def state_name(state: int) -> str:
+        return name if state == 0 else f"{name}-{state:02d}"
+
+    for state in range(len(delimiter)):
+        completing, buckets, specific = [], {}, []
+        for c in alphabet:
+            to = next_state(state, c)
+            if to == len(delimiter):
+                completing.append(c)
+            elif to:
+                buckets.setdefault(to, []).append(c)
+            else:
+                continue
+            specific.append(c)
+        alts = [_char_class(completing)] if completing else []
+        alts += [f"{_char_class(chars)} {state_name(to)}" for to, chars in sorted(buckets.items())]
+        alts.append(f"{_char_class(specific, negated=True)} {state_name(0)}")
+        rules.add(state_name(state), " | ".join(alts))
+    return state_name(0)
+
+
+def _char_class(chars: list[str], negated: bool = False) -> str:
+    escaped = "".join({"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(c, "\\" + c if c in "-]^[\\" else c)
+                      for c in chars)
+    return f"[{'^' if negated else ''}{escaped}]"
 
 
 def finish(rules: Rules, root: str, choice: str | dict, triggers: tuple[str, ...]) -> ToolGrammar:

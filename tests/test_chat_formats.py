@@ -1,0 +1,389 @@
+"""The chat formats of hermes, qwen3_coder, llama3, mistral and generic against the pinned
+llama.cpp's tests/test-chat.cpp: its cases for these templates, ported as data (input, tools,
+reasoning format, whether the prompt opened the thinking block, the expected message), run as
+its test_peg_parser runs them: every prefix of the input parsed as a partial answer, the stream
+of deltas between parses accumulated and held to each parse, then the whole input parsed as a
+complete answer and held to the expected message (content and reasoning compared stripped,
+arguments as JSON, as its assert_msg_equals compares them).
+
+Also: each family's templates (tests/data/templates, copied from llama.cpp's models/templates)
+detect as that family; each grammar passes speculative.grammar.gbnf.check and accepts the call
+text of the cases (over a real vocabulary: marked `real`, vocabulary only)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from speculative.chat.format import Syntax
+from speculative.chat.formats import family
+from speculative.chat.message import ChatMessage, ToolCall, accumulate, diffs
+from speculative.errors import GrammarError
+
+TEMPLATES = Path(__file__).parent / "data" / "templates"
+
+
+def tool(name: str, parameters: dict | None) -> dict:
+    function = {"name": name, "description": ""}
+    if parameters is not None:
+        function["parameters"] = parameters
+    return {"type": "function", "function": function}
+
+
+def obj(properties: dict, required: list[str] | None = None) -> dict:
+    return {"type": "object", "properties": properties, "required": required or []}
+
+
+INT, STR, NUM = {"type": "integer"}, {"type": "string"}, {"type": "number"}
+
+# test-chat.cpp's tools (their descriptions left out: nothing reads them)
+TOOLS = {t["function"]["name"]: t for t in [
+    tool("special_function", obj({"arg1": INT}, ["arg1"])),
+    tool("special_function_with_opt", obj({"arg1": INT, "arg2": INT}, ["arg1"])),
+    tool("empty_args", {"type": "object", "properties": {}}),
+    tool("empty_args_no_props", {"type": "object"}),
+    tool("python", obj({"code": STR}, ["code"])),
+    tool("html", obj({"markup": STR}, ["markup"])),
+    tool("todo_list", obj({"todos": {"type": "array"}}, ["todos"])),
+    tool("edit", obj({"filename": STR, "oldString": STR, "newString": STR}, ["filename", "oldString", "newString"])),
+    tool("manage_todo_list", obj({"todos": {"type": "array"}}, ["todos"])),
+    tool("run_in_terminal", obj({"command": STR}, ["command"])),
+    tool("magic", obj({"name": STR, "ref": STR}, ["name", "ref"])),
+    tool("magic_int", obj({"ref": INT, "name": STR}, ["ref"])),
+    tool("amount", obj({"orig": NUM}, ["orig"])),
+    tool("imaginary_number", obj({"number": obj({"real": NUM, "imaginary": NUM}, ["real", "imaginary"])},
+                                 ["number"])),
+    tool("set_nullable_str", obj({"name": {"type": ["string", "null"]}}, ["name"])),
+    tool("set_nullable_str_nf", obj({"name": {"type": ["null", "string"]}}, ["name"])),
+    tool("set_nullable_int", obj({"count": {"type": ["integer", "null"]}}, ["count"])),
+    tool("set_union", obj({"value": {"type": ["string", "object"]}, "amount": {"type": ["string", "integer"]}},
+                          ["value", "amount"])),
+    tool("set_unit", obj({"unit": {"enum": ["celsius", "fahrenheit"]}}, ["unit"])),
+    tool("string_param", obj({"text": STR}, [])),
+    tool("quoted_unquoted", obj({"quoted": STR, "unquoted": STR}, ["quoted", "unquoted"])),
+    tool("tool_2req_4opt", obj({"req1": STR, "req2": INT, "opt1": STR, "opt2": INT, "opt3": STR, "opt4": INT},
+                               ["req1", "req2"])),
+    tool("tool_2req_5opt", obj({"req1": STR, "req2": INT, "opt1": STR, "opt2": INT, "opt3": STR, "opt4": INT,
+                                "opt5": STR}, ["req1", "req2"])),
+]}
+
+CALL = ("special_function", '{"arg1": 1}')  # test-chat.cpp's message_assist_call
+HELLO = "Hello, world!\nWhat's up?"         # message_assist's content
+THINKING = "I'm\nthinking"                  # message_assist_thoughts' reasoning
+
+
+@dataclass
+class Case:
+    """One test-chat.cpp case: `input` as the model wrote it; `thinking_open`: the template's
+    generation prompt (with test-chat.cpp's enable_thinking) ends inside <think>; the expected
+    message: content, reasoning, calls as (name, arguments[, id])."""
+    family: str
+    input: str
+    tools: tuple[str, ...] = ()
+    reasoning_format: str = "none"  # test-chat.cpp's default
+    thinking_open: bool = False
+    parallel: bool = False
+    choice: str = "auto"
+    content: str = ""
+    reasoning: str = ""
+    calls: list[tuple[str, ...]] = field(default_factory=list)
+    source: str = ""  # where in test-chat.cpp
+
+    @property
+    def syntax(self) -> Syntax:
+        parameters = {n: TOOLS[n]["function"].get("parameters") for n in self.tools}
+        return Syntax(self.reasoning_format, self.thinking_open, bool(self.tools) and self.choice != "none",
+                      parameters or None)
+
+
+def qwen3_coder_call(name: str, *args: tuple[str, str], opening: bool = True) -> str:
+    params = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in args)
+    return ("<tool_call>\n" if opening else "") + f"<function={name}>\n{params}</function>\n</tool_call>"
+
+
+HERMES = [
+    # NousResearch-Hermes-2-Pro (test-chat.cpp: "NousResearch-Hermes-2-Pro and Hermes-3")
+    Case("hermes", '<tool_call>\n{"name": "special_function", "arguments": {"arg1": 1}}</tool_call>',
+         tools=("special_function",), calls=[CALL], source="Hermes-2-Pro"),
+    Case("hermes", HELLO + '<tool_call>\n{"name": "special_function", "arguments": {"arg1": 1}}</tool_call>',
+         tools=("special_function",), content=HELLO, calls=[("special_function", '{"arg1":1}')],
+         source="Hermes-2-Pro"),
+    # MiMo-VL / Hermes 3 / Qwen 2.5, Granite 4.0 and 4.1
+    Case("hermes", HELLO, content=HELLO, source="Hermes-3 / Qwen2.5 / Granite 4.x"),
+    Case("hermes", '<tool_call>\n{"name": "special_function", "arguments": {"arg1": 1}}\n</tool_call>',
+         tools=("special_function",), calls=[CALL], source="Hermes-3 / Qwen2.5 / Granite 4.x"),
+    # Qwen-QwQ-32B: the prompt always opens <think>
+    Case("hermes", "Let me think about this...\n</think>\nThe answer is 42.", reasoning_format="auto",
+         thinking_open=True, content="The answer is 42.", reasoning="Let me think about this...", source="QwQ"),
+    Case("hermes", "</think>Hello, world!", reasoning_format="auto", thinking_open=True,
+         content="Hello, world!", source="QwQ"),
+]
+
+QWEN3_CODER = [
+    # Qwen3-Coder
+    Case("qwen3_coder", HELLO, content=HELLO, source="Qwen3-Coder"),
+    Case("qwen3_coder", qwen3_coder_call("special_function", ("arg1", "1")), tools=("special_function",),
+         calls=[CALL], source="Qwen3-Coder"),
+    Case("qwen3_coder", qwen3_coder_call("special_function", ("arg1", "1"), opening=False),
+         tools=("special_function",), calls=[CALL], source="Qwen3-Coder: no opening <tool_call>"),
+    Case("qwen3_coder", "Let me call it.\n" + qwen3_coder_call("special_function", ("arg1", "1"), opening=False),
+         tools=("special_function",), content="Let me call it.\n", calls=[("special_function", '{"arg1": 1}')],
+         source="Qwen3-Coder: content, no opening <tool_call>"),
+    Case("qwen3_coder", qwen3_coder_call("special_function", ("arg1", "1"), opening=False) + "\n"
+         + qwen3_coder_call("special_function_with_opt", ("arg1", "1"), ("arg2", "2")),
+         tools=("special_function", "special_function_with_opt"), parallel=True,
+         calls=[("special_function", '{"arg1": 1}'), ("special_function_with_opt", '{"arg1": 1, "arg2": 2}')],
+         source="Qwen3-Coder: only the first call may omit <tool_call>"),
+    Case("qwen3_coder", qwen3_coder_call("special_function", ("arg1", "1")) + "\n"
+         + qwen3_coder_call("special_function_with_opt", ("arg1", "1"), ("arg2", "2")),
+         tools=("special_function", "special_function_with_opt"), parallel=True,
+         calls=[("special_function", '{"arg1": 1}'), ("special_function_with_opt", '{"arg1": 1, "arg2": 2}')],
+         source="Qwen3-Coder: parallel"),
+    Case("qwen3_coder", qwen3_coder_call("python", ("code", 'def hello():\n    print("Hello, world!")\n\nhello()')),
+         tools=("python",), calls=[("python", "{\"code\": \"def hello():\\n    print(\\\"Hello, world!\\\")\\n\\nhello()\"}")],
+         source="Qwen3-Coder: multiline code"),
+    Case("qwen3_coder", qwen3_coder_call("python", ("code", "格")), tools=("python",),
+         calls=[("python", "{\"code\": \"格\"}")], source="Qwen3-Coder: asian unicode"),
+    Case("qwen3_coder", qwen3_coder_call("html", ("markup", "<html>\n <head>\n  <title>Hello!</title>\n </head>\n</html>")),
+         tools=("html",),
+         calls=[("html", "{\"markup\": \"<html>\\n <head>\\n  <title>Hello!</title>\\n </head>\\n</html>\"}")],
+         source="Qwen3-Coder: HTML content"),
+    Case("qwen3_coder", qwen3_coder_call("todo_list", ("todos", '[{"item": "Check stuff", "selected": false}, '
+                                                                 '{"item": "Prepare stuff", "selected": true}]')),
+         tools=("todo_list",), calls=[("todo_list", '{"todos": [{"item": "Check stuff", "selected": false}, '
+                                                    '{"item": "Prepare stuff", "selected": true}]}')],
+         source="Qwen3-Coder: array of objects"),
+    Case("qwen3_coder", qwen3_coder_call("edit", ("newString", "#include"), ("filename", "foo.c"),
+                                         ("oldString", "#iclunde")),
+         tools=("edit",), calls=[("edit", '{"newString": "#include", "filename": "foo.c", "oldString": "#iclunde"}')],
+         source="Qwen3-Coder: required arguments in any order"),
+    Case("qwen3_coder", qwen3_coder_call("tool_2req_4opt", ("req2", "42"), ("req1", "hello"), ("opt2", "200")),
+         tools=("tool_2req_4opt",), calls=[("tool_2req_4opt", '{"req2": 42, "req1": "hello", "opt2": 200}')],
+         source="Qwen3-Coder: 2 required + 4 optional"),
+    Case("qwen3_coder", qwen3_coder_call("tool_2req_4opt", ("req1", "hello"), ("req2", "42"), ("opt4", "100"),
+                                         ("opt2", "200")),
+         tools=("tool_2req_4opt",),
+         calls=[("tool_2req_4opt", '{"req1": "hello", "req2": 42, "opt4": 100, "opt2": 200}')],
+         source="Qwen3-Coder: optional arguments reversed"),
+    Case("qwen3_coder", qwen3_coder_call("tool_2req_5opt", ("req1", "world"), ("req2", "7"), ("opt5", "last"),
+                                         ("opt3", "middle"), ("opt1", "first")),
+         tools=("tool_2req_5opt",),
+         calls=[("tool_2req_5opt", '{"req1": "world", "req2": 7, "opt5": "last", "opt3": "middle", "opt1": "first"}')],
+         source="Qwen3-Coder: 2 required + 5 optional, reversed"),
+    Case("qwen3_coder", qwen3_coder_call("tool_2req_5opt", ("req1", "test"), ("req2", "99"), ("opt3", "c"),
+                                         ("opt1", "a"), ("opt5", "e"), ("opt4", "4"), ("opt2", "2")),
+         tools=("tool_2req_5opt",),
+         calls=[("tool_2req_5opt", '{"req1": "test", "req2": 99, "opt3": "c", "opt1": "a", "opt5": "e", '
+                                   '"opt4": 4, "opt2": 2}')],
+         source="Qwen3-Coder: all 5 optional shuffled"),
+    Case("qwen3_coder", qwen3_coder_call("set_nullable_str", ("name", "hello world")), tools=("set_nullable_str",),
+         calls=[("set_nullable_str", '{"name": "hello world"}')], source="Qwen3-Coder: nullable string"),
+    Case("qwen3_coder", qwen3_coder_call("set_nullable_str_nf", ("name", "hello world")),
+         tools=("set_nullable_str_nf",), calls=[("set_nullable_str_nf", '{"name": "hello world"}')],
+         source="Qwen3-Coder: nullable string, null first"),
+    Case("qwen3_coder", qwen3_coder_call("set_nullable_int", ("count", "42")), tools=("set_nullable_int",),
+         calls=[("set_nullable_int", '{"count": 42}')], source="Qwen3-Coder: nullable integer"),
+    Case("qwen3_coder", qwen3_coder_call("set_nullable_str", ("name", "null")), tools=("set_nullable_str",),
+         calls=[("set_nullable_str", '{"name": null}')], source="Qwen3-Coder: nullable string given null"),
+    Case("qwen3_coder", qwen3_coder_call("set_union", ("value", '{"a": 1}'), ("amount", "2 dollars")),
+         tools=("set_union",), calls=[("set_union", '{"value": {"a": 1}, "amount": "2 dollars"}')],
+         source="Qwen3-Coder: unions with string"),
+    Case("qwen3_coder", qwen3_coder_call("set_union", ("value", "{not valid json"), ("amount", "42")),
+         tools=("set_union",), calls=[("set_union", '{"value": "{not valid json", "amount": 42}')],
+         source="Qwen3-Coder: unions with string, not JSON"),
+    Case("qwen3_coder", qwen3_coder_call("set_unit", ("unit", "celsius")), tools=("set_unit",),
+         calls=[("set_unit", '{"unit": "celsius"}')], source="Qwen3-Coder: enum without a type"),
+    # Qwen3.5-4B: enable_thinking opens <think> in the prompt
+    Case("qwen3_coder", "I'm\nthinking\n</think>\n\n" + HELLO, reasoning_format="auto", thinking_open=True,
+         content=HELLO, reasoning=THINKING, source="Qwen3.5"),
+    Case("qwen3_coder", "I'm\nthinking\n</think>\n\n" + HELLO, reasoning_format="none", thinking_open=True,
+         content="<think>\nI'm\nthinking\n</think>\n\n" + HELLO, source="Qwen3.5: reasoning_format none"),
+    Case("qwen3_coder", qwen3_coder_call("special_function", ("arg1", "1")), tools=("special_function",),
+         reasoning_format="auto", calls=[CALL], source="Qwen3.5: thinking disabled"),
+    Case("qwen3_coder", "I'm\nthinking\n</think>\n\n" + qwen3_coder_call("special_function", ("arg1", "1")),
+         tools=("special_function",), reasoning_format="auto", thinking_open=True, reasoning=THINKING,
+         calls=[("special_function", '{"arg1":1}')], source="Qwen3.5: thoughts then a call"),
+    Case("qwen3_coder", qwen3_coder_call("special_function", ("arg1", "1")) + "\n"
+         + qwen3_coder_call("special_function_with_opt", ("arg1", "1"), ("arg2", "2")),
+         tools=("special_function", "special_function_with_opt"), reasoning_format="auto", parallel=True,
+         calls=[("special_function", '{"arg1": 1}'), ("special_function_with_opt", '{"arg1": 1, "arg2": 2}')],
+         source="Qwen3.5: parallel"),
+    Case("qwen3_coder", qwen3_coder_call("edit", ("filename", "foo.c"), ("oldString", "#iclunde"),
+                                         ("newString", "#include")),
+         tools=("edit",), reasoning_format="auto",
+         calls=[("edit", '{"filename": "foo.c", "oldString": "#iclunde", "newString": "#include"}')],
+         source="Qwen3.5: edit"),
+    Case("qwen3_coder", qwen3_coder_call("edit", ("filename", "foo.c"), ("oldString", "#iclunde"),
+                                         ("newString", "#include\n")),
+         tools=("edit",), reasoning_format="auto",
+         calls=[("edit", '{"filename": "foo.c", "oldString": "#iclunde", "newString": "#include\\n"}')],
+         source="Qwen3.5: a value ending in a newline"),
+    Case("qwen3_coder", qwen3_coder_call("python", ("code", '    print("Hello, world!")')), tools=("python",),
+         reasoning_format="auto", calls=[("python", "{\"code\": \"    print(\\\"Hello, world!\\\")\"}")],
+         source="Qwen3.5: code that starts with an indent"),
+    Case("qwen3_coder", qwen3_coder_call("run_in_terminal", ("command", "pwd")), tools=("run_in_terminal",),
+         reasoning_format="auto", thinking_open=True, calls=[("run_in_terminal", '{"command": "pwd"}')],
+         source="Qwen3.5: a call ends the opened thinking block"),
+    Case("qwen3_coder", "Need to inspect the current directory.\n" + qwen3_coder_call("run_in_terminal", ("command", "pwd")),
+         tools=("run_in_terminal",), reasoning_format="auto", thinking_open=True,
+         reasoning="Need to inspect the current directory.", calls=[("run_in_terminal", '{"command": "pwd"}')],
+         source="Qwen3.5: thoughts ended by a call"),
+    Case("qwen3_coder", "<tool_call>\n<function=empty_args>\n</function>\n</tool_call>", tools=("empty_args",),
+         reasoning_format="auto", calls=[("empty_args", "{}")], source="Qwen3.5: no arguments"),
+    Case("qwen3_coder", "<tool_call>\n<function=empty_args_no_props>\n</function>\n</tool_call>",
+         tools=("empty_args_no_props",), reasoning_format="auto", calls=[("empty_args_no_props", "{}")],
+         source="Qwen3.5: no properties"),
+    Case("qwen3_coder", "<think>\n\n</think>\n\n" + qwen3_coder_call("special_function", ("arg1", "1")),
+         tools=("special_function",), reasoning_format="auto", thinking_open=True, reasoning="<think>\n\n",
+         calls=[("special_function", '{"arg1": 1}')], source="Qwen3.5: reasoning traces not sent"),
+    Case("qwen3_coder", "</think>\n\n" + qwen3_coder_call("special_function", ("arg1", "1")),
+         tools=("special_function",), reasoning_format="auto", thinking_open=True,
+         calls=[("special_function", '{"arg1": 1}')], source="Qwen3.5: empty thoughts"),
+    Case("qwen3_coder", "</think>\n\n" + qwen3_coder_call("run_in_terminal", ("command", "pwd")),
+         tools=("run_in_terminal",), reasoning_format="auto", thinking_open=True,
+         calls=[("run_in_terminal", '{"command": "pwd"}')], source="Qwen3.5: empty thoughts, a call"),
+    Case("qwen3_coder", "</think>\n\nLet me inspect the current directory.\n"
+         + qwen3_coder_call("run_in_terminal", ("command", "pwd")),
+         tools=("run_in_terminal",), reasoning_format="auto", thinking_open=True,
+         content="Let me inspect the current directory.\n", calls=[("run_in_terminal", '{"command": "pwd"}')],
+         source="Qwen3.5: content then a call"),
+    Case("qwen3_coder", "</think>\n\nLet me inspect the current directory.\n"
+         + qwen3_coder_call("run_in_terminal", ("command", "pwd")),
+         tools=("run_in_terminal",), reasoning_format="auto", thinking_open=True, choice="required",
+         content="Let me inspect the current directory.\n", calls=[("run_in_terminal", '{"command": "pwd"}')],
+         source="Qwen3.5: content then a required call"),
+    Case("qwen3_coder", "I should inspect the directory.\n</think>\n\nLet me inspect it now.\n"
+         + qwen3_coder_call("run_in_terminal", ("command", "pwd")),
+         tools=("run_in_terminal",), reasoning_format="auto", thinking_open=True,
+         reasoning="I should inspect the directory.", content="Let me inspect it now.\n",
+         calls=[("run_in_terminal", '{"command": "pwd"}')], source="Qwen3.5: thoughts, content, a call"),
+    Case("qwen3_coder", "I need to run a terminal command.\n</think>\n\n"
+         + qwen3_coder_call("run_in_terminal", ("command", "pwd")),
+         tools=("manage_todo_list", "run_in_terminal"), reasoning_format="auto", thinking_open=True,
+         reasoning="I need to run a terminal command.", calls=[("run_in_terminal", '{"command": "pwd"}')],
+         source="Qwen3.5: after a tool result"),
+    Case("qwen3_coder", "I need to run a terminal command.\n</think>\n\nLet me inspect the current directory.\n"
+         + qwen3_coder_call("run_in_terminal", ("command", "pwd")),
+         tools=("manage_todo_list", "run_in_terminal"), reasoning_format="auto", thinking_open=True,
+         choice="required", reasoning="I need to run a terminal command.",
+         content="Let me inspect the current directory.\n", calls=[("run_in_terminal", '{"command": "pwd"}')],
+         source="Qwen3.5: after a tool result, required"),
+    Case("qwen3_coder", "</think>\n\n" + qwen3_coder_call("run_in_terminal", ("command", "pwd")),
+         tools=("manage_todo_list", "run_in_terminal"), reasoning_format="auto", thinking_open=True,
+         calls=[("run_in_terminal", '{"command": "pwd"}')], source="Qwen3.5: after a tool result, no thoughts"),
+    # NVIDIA-Nemotron-3-Nano
+    Case("qwen3_coder", HELLO, reasoning_format="auto", content=HELLO, source="Nemotron 3 Nano"),
+    Case("qwen3_coder", "I'm\nthinking\n</think>\n" + HELLO, thinking_open=True,
+         content="<think>\nI'm\nthinking\n</think>\n" + HELLO, source="Nemotron 3 Nano: reasoning_format none"),
+    Case("qwen3_coder", "I'm\nthinking\n</think>\n" + HELLO, reasoning_format="auto", thinking_open=True,
+         content=HELLO, reasoning=THINKING, source="Nemotron 3 Nano"),
+    Case("qwen3_coder", qwen3_coder_call("special_function", ("arg1", "1")) + "\n", tools=("special_function",),
+         reasoning_format="auto", calls=[CALL], source="Nemotron 3 Nano: a call"),
+    Case("qwen3_coder", "I'm\nthinking\n</think>\n" + qwen3_coder_call("special_function", ("arg1", "1")) + "\n",
+         tools=("special_function",), reasoning_format="auto", thinking_open=True, reasoning=THINKING,
+         calls=[("special_function", '{"arg1":1}')], source="Nemotron 3 Nano: thoughts, a call"),
+    Case("qwen3_coder", qwen3_coder_call("special_function", ("arg1", "1")) + "\n"
+         + qwen3_coder_call("special_function_with_opt", ("arg1", "1"), ("arg2", "2")) + "\n",
+         tools=("special_function", "special_function_with_opt"), reasoning_format="auto", parallel=True,
+         calls=[("special_function", '{"arg1": 1}'), ("special_function_with_opt", '{"arg1": 1, "arg2": 2}')],
+         source="Nemotron 3 Nano: parallel"),
+    Case("qwen3_coder", qwen3_coder_call("python", ("code", 'def hello():\n    print("Hello, world!")\n\nhello()'))
+         + "\n", tools=("python",), reasoning_format="auto",
+         calls=[("python", "{\"code\": \"def hello():\\n    print(\\\"Hello, world!\\\")\\n\\nhello()\"}")],
+         source="Nemotron 3 Nano: code"),
+    # StepFun3.5-Flash
+    Case("qwen3_coder", "I was thinking\n</think>\nNow I'm not.", reasoning_format="deepseek", thinking_open=True,
+         reasoning="I was thinking", content="Now I'm not.", source="StepFun 3.5"),
+    Case("qwen3_coder", "Let me call the magic tool\n</think>\n"
+         + qwen3_coder_call("magic", ("name", "fooBar"), ("ref", "5123123")),
+         tools=("magic",), reasoning_format="deepseek", thinking_open=True, reasoning="Let me call the magic tool",
+         calls=[("magic", '{"name": "fooBar", "ref": "5123123"}')], source="StepFun 3.5: numeric-looking strings"),
+    Case("qwen3_coder", "Let me call the special function\n</think>\n"
+         + qwen3_coder_call("special_function", ("arg1", "42555916")),
+         tools=("special_function",), reasoning_format="deepseek", thinking_open=True,
+         reasoning="Let me call the special function", calls=[("special_function", '{"arg1": 42555916}')],
+         source="StepFun 3.5: numbers"),
+    Case("qwen3_coder", "Let me call the special function with opt\n</think>\n"
+         + qwen3_coder_call("special_function_with_opt", ("arg1", "42555916")),
+         tools=("special_function_with_opt",), reasoning_format="deepseek", thinking_open=True,
+         reasoning="Let me call the special function with opt",
+         calls=[("special_function_with_opt", '{"arg1": 42555916}')], source="StepFun 3.5: optional left out"),
+    Case("qwen3_coder", "Let me call the magic_int function\n</think>\n"
+         + qwen3_coder_call("magic_int", ("ref", "42555916"), ("name", "baz")),
+         tools=("magic_int",), reasoning_format="deepseek", thinking_open=True,
+         reasoning="Let me call the magic_int function", calls=[("magic_int", '{"ref": 42555916, "name": "baz"}')],
+         source="StepFun 3.5: integer and string"),
+    Case("qwen3_coder", "Call string_param with empty text\n</think>\n" + qwen3_coder_call("string_param", ("text", "")),
+         tools=("string_param",), reasoning_format="deepseek", thinking_open=True,
+         reasoning="Call string_param with empty text", calls=[("string_param", '{"text": ""}')],
+         source="StepFun 3.5: empty string"),
+    Case("qwen3_coder", "Test simple quoted unquoted\n</think>\n"
+         + qwen3_coder_call("quoted_unquoted", ("quoted", '"foo"'), ("unquoted", "foo")),
+         tools=("quoted_unquoted",), reasoning_format="deepseek", thinking_open=True,
+         reasoning="Test simple quoted unquoted", calls=[("quoted_unquoted", r'{"quoted": "\"foo\"", "unquoted": "foo"}')],
+         source="StepFun 3.5: quoted and unquoted"),
+    Case("qwen3_coder", "Test complex quoted unquoted\n</think>\n"
+         + qwen3_coder_call("quoted_unquoted", ("quoted", '"printf(\\"foo\\");"'), ("unquoted", 'printf("foo");')),
+         tools=("quoted_unquoted",), reasoning_format="deepseek", thinking_open=True,
+         reasoning="Test complex quoted unquoted",
+         calls=[("quoted_unquoted", r'{ "quoted" : "\"printf(\\\"foo\\\");\"", "unquoted": "printf(\"foo\");" }')],
+         source="StepFun 3.5: complex quoted and unquoted"),
+    Case("qwen3_coder", "Test negative number\n</think>\n" + qwen3_coder_call("magic_int", ("ref", "-14")),
+         tools=("magic_int",), reasoning_format="deepseek", thinking_open=True, reasoning="Test negative number",
+         calls=[("magic_int", '{ "ref" : -14 }')], source="StepFun 3.5: negative number"),
+    Case("qwen3_coder", "Test decimal number\n</think>\n" + qwen3_coder_call("amount", ("orig", "3.14")),
+         tools=("amount",), reasoning_format="deepseek", thinking_open=True, reasoning="Test decimal number",
+         calls=[("amount", '{ "orig" : 3.14 }')], source="StepFun 3.5: decimal number"),
+    Case("qwen3_coder", "Test imaginary number\n</think>\n"
+         + qwen3_coder_call("imaginary_number", ("number", '{ "real": 3.14, "imaginary": 2.71 }')),
+         tools=("imaginary_number",), reasoning_format="deepseek", thinking_open=True,
+         reasoning="Test imaginary number",
+         calls=[("imaginary_number", '{ "number" : {"real":3.14,"imaginary":2.71 } }')],
+         source="StepFun 3.5: an object"),
+]
+
+CASES = HERMES + QWEN3_CODER
+
+
+def renormalized(arguments: str) -> object:
+    """test-chat.cpp's renormalize_json: the parsed JSON, or "" for a partial text."""
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return ""
+
+
+def assert_message(expected: Case, actual: ChatMessage) -> None:
+    """test-chat.cpp's assert_msg_equals with ignore_whitespace_differences."""
+    assert actual.content.strip() == expected.content.strip()
+    assert actual.reasoning_content.strip() == expected.reasoning.strip()
+    assert [(c.name, renormalized(c.arguments), c.id) for c in actual.tool_calls] == \
+        [(c[0], renormalized(c[1]), c[2] if len(c) > 2 else "") for c in expected.calls]
+
+
+def stream(fmt, text: str, syntax: Syntax) -> ChatMessage:
+    """test_peg_parser's loop: each prefix parsed as a partial answer, its deltas from the
+    previous parse accumulated as a client does, the accumulation equal to the parse each time;
+    the complete answer's parse last (extending the last partial one). Returns the accumulation."""
+    previous, assembled = ChatMessage(), ChatMessage()
+    for end in range(1, len(text) + 1):
+        current = fmt.parse(text[:end], True, syntax)
+        for delta in diffs(previous, current):
+            accumulate(assembled, delta)
+        assert assembled == current, f"after {text[:end]!r}"
+        previous = current
+    final = fmt.parse(text, False, syntax)
+    for delta in diffs(previous, final):
+        accumulate(assembled, delta)
+    assert assembled == final
+    return final
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.family}:{c.source}:{i}" for i, c in enumerate(CASES)])
+def test_the_cases_of_test_chat_cpp(case: Case):
+    fmt = family(case.family)()
+    assert_message(case, stream(fmt, case.input, case.syntax))
