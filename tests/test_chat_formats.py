@@ -346,7 +346,77 @@ QWEN3_CODER = [
          source="StepFun 3.5: an object"),
 ]
 
-CASES = HERMES + QWEN3_CODER
+LLAMA3 = [
+    # Llama 3.1, 3.2 (special_function) and 3.3 (python): content with tools
+    Case("llama3", HELLO, tools=("special_function",), content=HELLO, source="Llama 3.1 / 3.2"),
+    Case("llama3", HELLO, tools=("python",), content=HELLO, source="Llama 3.3"),
+    # test-chat.cpp has no call for these templates; these are their calls as the templates
+    # write them back (the JSON object, the OpenAI wrapper their instruction asks for)
+    Case("llama3", '{"name": "special_function", "parameters": {"arg1": 1}}', tools=("special_function",),
+         calls=[CALL], source="ours: the template's call"),
+    Case("llama3", '{"type": "function", "name": "special_function", "parameters": {"arg1": 1}}',
+         tools=("special_function",), calls=[CALL], source="ours: the OpenAI wrapper"),
+    Case("llama3", '<|python_tag|>{"name": "python", "parameters": {"code": "print(1)"}}', tools=("python",),
+         calls=[("python", '{"code": "print(1)"}')], source="ours: after <|python_tag|>"),
+    Case("llama3", 'Use {"name": "Bob"} as the payload.', tools=("special_function",),
+         content='Use {"name": "Bob"} as the payload.', source="ours: JSON that is no call"),
+    Case("llama3", '{"name": "special_function", "parameters": {"arg1": 1}}, '
+                   '{"name": "special_function_with_opt", "parameters": {"arg1": 1, "arg2": 2}}',
+         tools=("special_function", "special_function_with_opt"), parallel=True,
+         calls=[CALL, ("special_function_with_opt", '{"arg1": 1, "arg2": 2}')], source="ours: parallel"),
+]
+
+MISTRAL = [
+    # mistralai-Mistral-Nemo-Instruct-2407
+    Case("mistral", HELLO, content=HELLO, source="Mistral Nemo"),
+    Case("mistral", '[TOOL_CALLS][{"name": "special_function", "arguments": {"arg1": 1}, "id": "123456789"}]',
+         tools=("special_function",), calls=[("special_function", '{"arg1":1}', "123456789")],
+         source="Mistral Nemo"),
+    # Mistral Small 3.2: [TOOL_CALLS]func_name[CALL_ID]id[ARGS]{...}
+    Case("mistral", HELLO, content=HELLO, source="Mistral Small 3.2"),
+    Case("mistral", '[TOOL_CALLS]special_function[CALL_ID]123456789[ARGS]{"arg1": 1}', tools=("special_function",),
+         calls=[("special_function", '{"arg1":1}', "123456789")], source="Mistral Small 3.2"),
+    Case("mistral", '[TOOL_CALLS]special_function[CALL_ID]000000001[ARGS]{"arg1": 1}'
+                    '[TOOL_CALLS]special_function_with_opt[CALL_ID]000000002[ARGS]{"arg1": 1, "arg2": 2}',
+         tools=("special_function", "special_function_with_opt"), parallel=True,
+         calls=[("special_function", '{"arg1": 1}', "000000001"),
+                ("special_function_with_opt", '{"arg1": 1, "arg2": 2}', "000000002")],
+         source="Mistral Small 3.2: parallel"),
+    # Devstral
+    Case("mistral", HELLO, content=HELLO, source="Devstral"),
+    Case("mistral", '[TOOL_CALLS]special_function[ARGS]{"arg1": 1}', tools=("special_function",), calls=[CALL],
+         source="Devstral"),
+    Case("mistral", HELLO + '[TOOL_CALLS]special_function[ARGS]{"arg1": 1}', tools=("special_function",),
+         content=HELLO, calls=[("special_function", '{"arg1":1}')], source="Devstral: content, a call"),
+    # Ministral-3-14B-Reasoning-2512
+    Case("mistral", HELLO, content=HELLO, source="Ministral 3"),
+    Case("mistral", "[THINK]I'm\nthinking[/THINK]" + HELLO, content="[THINK]I'm\nthinking[/THINK]" + HELLO,
+         source="Ministral 3: reasoning_format none"),
+    Case("mistral", "[THINK]I'm\nthinking[/THINK]" + HELLO, reasoning_format="auto", content=HELLO,
+         reasoning=THINKING, source="Ministral 3: thoughts"),
+    Case("mistral", '[TOOL_CALLS]special_function[ARGS]{"arg1":1}', tools=("special_function",),
+         reasoning_format="auto", calls=[CALL], source="Ministral 3: a call"),
+    Case("mistral", "[THINK]I'm\nthinking[/THINK]" '[TOOL_CALLS]special_function[ARGS]{"arg1":1}',
+         tools=("special_function",), reasoning_format="auto", reasoning=THINKING,
+         calls=[("special_function", '{"arg1":1}')], source="Ministral 3: thoughts, a call"),
+    Case("mistral", '[TOOL_CALLS]special_function[ARGS]{"arg1": 1}'
+                    '[TOOL_CALLS]special_function_with_opt[ARGS]{"arg1": 1, "arg2": 2}',
+         tools=("special_function", "special_function_with_opt"), reasoning_format="auto", parallel=True,
+         calls=[("special_function", '{"arg1": 1}'), ("special_function_with_opt", '{"arg1": 1, "arg2": 2}')],
+         source="Ministral 3: parallel"),
+    Case("mistral", '[THINK]Let me think about [TOOL_CALLS]special_function[ARGS]{"arg1":1} and more[/THINK]'
+                    '[TOOL_CALLS]special_function[ARGS]{"arg1": 1}',
+         tools=("special_function",), reasoning_format="auto",
+         reasoning='Let me think about [TOOL_CALLS]special_function[ARGS]{"arg1":1} and more',
+         calls=[("special_function", '{"arg1": 1}')], source="Ministral 3: a call's marker in the reasoning"),
+]
+
+GENERIC = [
+    # google-gemma-2-2b-it: "simple content-only template"
+    Case("generic", HELLO, content=HELLO, source="gemma 2"),
+]
+
+CASES = HERMES + QWEN3_CODER + LLAMA3 + MISTRAL + GENERIC
 
 
 def renormalized(arguments: str) -> object:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from speculative.chat.format import Syntax, ToolGrammar
 from speculative.chat.message import ToolCall
@@ -278,14 +278,15 @@ def _skip(text: str, i: int) -> int:
     return i
 
 
-ReadCall = Callable[[Reader], "tuple[ToolCall | None, bool]"]
+ReadCall = Callable[[Reader], "tuple[ToolCall | list[ToolCall] | None, bool]"]
 
 
 def split_calls(text: str, partial: bool, markers: tuple[str, ...],
                 read_call: ReadCall) -> tuple[str, list[ToolCall]]:
     """The content and the calls in `text`: content up to a call's marker (one of `markers`),
-    then calls, each read by `read_call` at its marker: (the call, or None while its name is
-    unfinished; whether it is complete), ValueError where the marker opens no call (the marker
+    then calls, each read by `read_call` at its marker: (the call, or the calls one marker
+    opens, or None while the first name is unfinished; whether it is complete), ValueError
+    where the marker opens no call (the marker
     is content then). Text between and after calls is content (less the whitespace around
     calls); reading stops at a call left incomplete. A marker's or an unnamed call's start at
     the end of a partial text is held back."""
@@ -302,9 +303,9 @@ def split_calls(text: str, partial: bool, markers: tuple[str, ...],
             reader.pos = start + len(marker)
             content += marker
             continue
-        if found is None:
+        if found is None or found == []:
             return content + ("" if partial else text[start:]), calls
-        calls.append(found)
+        calls.extend(found if isinstance(found, list) else [found])
         if not complete:
             return content, calls
         reader.space()
@@ -324,11 +325,12 @@ class JsonCall:
 
 
 def read_json_call(reader: Reader, name_key: str, args_key: str, id_key: str = "",
-                   type_field: bool = False) -> JsonCall:
-    """The call in the JSON object at the reader: `name_key` (a string), `args_key` (an object),
-    `id_key` (a string or a number, optional) and, with `type_field`, "type": "function" (the
-    OpenAI wrapper), in any order. Where the text ends inside the object, what is read so far
-    (complete False); ValueError where the object is not such a call."""
+                   type_field: bool = False, names: Iterable[str] | None = None) -> JsonCall:
+    """The call in the JSON object at the reader: `name_key` (a string; one of `names` where
+    given), `args_key` (an object), `id_key` (a string or a number, optional) and, with
+    `type_field`, "type": "function" (the OpenAI wrapper), in any order. Where the text ends
+    inside the object, what is read so far (complete False); ValueError where the object is not
+    such a call (a named call that goes wrong later stays, as read)."""
     found = JsonCall()
     try:
         if not reader.literal("{"):
@@ -345,6 +347,9 @@ def read_json_call(reader: Reader, name_key: str, args_key: str, id_key: str = "
                 raise ValueError("expected ':' in the call object")
             reader.space()
             _read_call_field(reader, found, key, (name_key, args_key, id_key, "type" if type_field else ""))
+            if names is not None and key == name_key and found.name not in names:
+                unknown, found.name = found.name, ""  # not a call: its text is content
+                raise ValueError(f"{unknown!r} is not a tool of the request")
             reader.space()
             first = False
         found.complete = True
@@ -471,17 +476,21 @@ def repeated(item: str, parallel: bool, separator: str = "space") -> str:
     return f"{item} ({separator} {item})*" if parallel else item
 
 
-def json_call_rule(rules: Rules, tool: dict, fields: list[tuple[str, str]]) -> str:
+def json_call_rule(rules: Rules, tool: dict, fields: list[tuple[str, str]], prefix: str = "",
+                   suffix: str = "") -> str:
     """The rule `tool-NAME` of a JSON call object whose fields are `fields` ((key, rule) in
     order; the rule "NAME" stands for the tool's name as a JSON string, "ARGS" for its
-    arguments), spaced as llama.cpp's standard_json_tools writes them."""
+    arguments), after `prefix` and before `suffix` (GBNF: optional fields around them), spaced
+    as llama.cpp's standard_json_tools writes them."""
     name = function_name(tool)
     parts = []
     for key, rule in fields:
         value = {"NAME": format_literal(json.dumps(name, ensure_ascii=False)),
                  "ARGS": rules.arguments(tool)}.get(rule, rule)
         parts.append(f"{format_literal(json.dumps(key))} space \":\" space {value}")
-    return rules.add(f"tool-{name}", '"{" space ' + ' space "," space '.join(parts) + ' space "}"')
+    opening = '"{" space ' + (f"{prefix} " if prefix else "")
+    closing = (f" {suffix}" if suffix else "") + ' space "}"'
+    return rules.add(f"tool-{name}", opening + ' space "," space '.join(parts) + closing)
 
 
 def until_including(rules: Rules, name: str, delimiter: str) -> str:
