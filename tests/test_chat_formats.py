@@ -17,12 +17,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import gguf
 import pytest
 
 from speculative.chat.format import Syntax
-from speculative.chat.formats import family
+from speculative.chat.formats import detect, family
 from speculative.chat.message import ChatMessage, ToolCall, accumulate, diffs
 from speculative.errors import GrammarError
+from speculative.grammar.gbnf import check
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
 
@@ -457,3 +459,96 @@ def stream(fmt, text: str, syntax: Syntax) -> ChatMessage:
 def test_the_cases_of_test_chat_cpp(case: Case):
     fmt = family(case.family)()
     assert_message(case, stream(fmt, case.input, case.syntax))
+
+
+# ---- detection ---------------------------------------------------------------------------
+
+DETECTED = {
+    "hermes": ["NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use",
+               "Qwen-Qwen2.5-7B-Instruct", "Qwen-Qwen3-0.6B", "Qwen-QwQ-32B", "ibm-granite-granite-4.0",
+               "ibm-granite-granite-4.1"],
+    "qwen3_coder": ["Qwen3-Coder", "Qwen3.5-4B", "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "StepFun3.5-Flash"],
+    "llama3": ["meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.2-3B-Instruct",
+               "meta-llama-Llama-3.3-70B-Instruct"],
+    "mistral": ["mistralai-Mistral-Nemo-Instruct-2407", "Mistral-Small-3.2-24B-Instruct-2506",
+                "unsloth-mistral-Devstral-Small-2507", "mistralai-Ministral-3-14B-Reasoning-2512"],
+    "generic": ["google-gemma-2-2b-it"],
+}
+
+
+@pytest.mark.parametrize("name,template", [(n, t) for n, ts in DETECTED.items() for t in ts])
+def test_each_template_detects_as_its_family(name: str, template: str):
+    assert detect((TEMPLATES / f"{template}.jinja").read_text(encoding="utf-8")).name == name
+
+
+@pytest.mark.real
+def test_qwen2_5_coder_s_own_template_detects_as_hermes(model_path):
+    """The template in the pulled GGUF's metadata, as the server will read it."""
+    reader = gguf.GGUFReader(str(model_path("qwen2.5-coder-0.5b-instruct")))
+    field_ = reader.fields["tokenizer.chat_template"]
+    source = bytes(field_.parts[field_.data[0]]).decode("utf-8")
+    assert detect(source).name == "hermes"
+
+
+# ---- grammars ----------------------------------------------------------------------------
+
+CHOICES = ["auto", "required", {"type": "function", "function": {"name": "special_function"}}]
+FAMILY_NAMES = ["hermes", "qwen3_coder", "llama3", "mistral"]
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+@pytest.mark.parametrize("choice", CHOICES, ids=["auto", "required", "named"])
+@pytest.mark.parametrize("parallel", [False, True], ids=["one", "parallel"])
+def test_a_grammar_for_every_choice(name: str, choice, parallel: bool):
+    """A checked grammar; lazy from triggers (valid regular expressions) only for "auto"; a named
+    function's grammar names no other tool."""
+    tools = [TOOLS["special_function"], TOOLS["special_function_with_opt"], TOOLS["python"]]
+    grammar = family(name)().grammar(tools, choice, parallel)
+    check(grammar.gbnf)
+    assert grammar.lazy == (choice == "auto")
+    for pattern in grammar.triggers:
+        re.compile(pattern)
+    tools_named = {m.group(1) for m in re.finditer(r"^tool-(special-function-with-opt|python)\b", grammar.gbnf, re.M)}
+    assert bool(tools_named) == (choice != CHOICES[2])
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES + ["generic"])
+def test_no_grammar_for_tool_choice_none(name: str):
+    assert family(name)().grammar([TOOLS["special_function"]], "none", True) is None
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_a_tool_whose_parameters_are_no_schema_is_refused_by_name(name: str):
+    bad = tool("broken", {"type": "object", "properties": {"n": {"type": "integr"}}})
+    with pytest.raises(GrammarError, match=r"^tool 'broken': parameters: json schema at #/properties/n/type: ") as info:
+        family(name)().grammar([TOOLS["special_function"], bad], "auto", False)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_a_named_function_that_is_no_tool_is_refused(name: str):
+    choice = {"type": "function", "function": {"name": "nowhere"}}
+    with pytest.raises(GrammarError, match="'nowhere', which is not among the tools"):
+        family(name)().grammar([TOOLS["special_function"]], choice, False)
+
+
+def test_generic_has_no_grammar_for_auto_and_refuses_a_required_call():
+    generic = family("generic")()
+    assert generic.grammar([TOOLS["special_function"]], "auto", False) is None
+    for choice in CHOICES[1:]:
+        with pytest.raises(GrammarError, match="this model's chat template has no tool support"):
+            generic.grammar([TOOLS["special_function"]], choice, False)
+
+
+def test_several_tools_with_the_same_ref_keep_their_own_definitions():
+    """Two tools whose schemas both say {"$ref": "#/$defs/x"} for different x: each call's
+    argument rule reaches its own tool's definition (llama.cpp would share the first's)."""
+    def with_def(name: str, kind: str) -> dict:
+        return tool(name, {"type": "object", "properties": {"v": {"$ref": "#/$defs/x"}}, "required": ["v"],
+                           "$defs": {"x": obj({"k": {"type": kind}}, ["k"])}})
+    gbnf = family("hermes")().grammar([with_def("a", "integer"), with_def("b", "boolean")], "auto", False).gbnf
+    rules = dict(line.split(" ::= ", 1) for line in gbnf.splitlines())
+    assert rules["tool-a-schema-v"] == "tool-a-schema-ref-defs-x"
+    assert rules["tool-b-schema-v"] == "tool-b-schema-ref-defs-x"
+    assert rules["tool-a-schema-ref-defs-x-k-kv"].endswith(" integer")
+    assert rules["tool-b-schema-ref-defs-x-k-kv"].endswith(" boolean")

@@ -15,6 +15,8 @@ here allows exactly one call without it.
 
 from __future__ import annotations
 
+import re
+
 from speculative.chat.format import Format, Syntax, ToolGrammar
 from speculative.chat.formats._common import (Incomplete, Reader, Rules, alternatives, finish, json_call_rule,
                                               read_json_call, repeated, selected, split_calls,
@@ -22,6 +24,7 @@ from speculative.chat.formats._common import (Incomplete, Reader, Rules, alterna
 from speculative.chat.message import ChatMessage, ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_ARGUMENTS_KEY = re.compile(r'\\?"arguments\\?"')
 
 
 class Hermes(Format):
@@ -29,7 +32,9 @@ class Hermes(Format):
 
     @classmethod
     def matches(cls, source: str) -> bool:
-        return OPEN in source
+        # the tag, and the call's JSON key (as the template writes a call back, or its instruction
+        # shows one): GLM, Laguna, Ling and MiniMax put other forms in <tool_call>
+        return OPEN in source and _ARGUMENTS_KEY.search(source) is not None
 
     def parse(self, text: str, partial: bool, syntax: Syntax) -> ChatMessage:
         reasoning, rest = split_reasoning(text, partial, syntax, self.think)
