@@ -12,12 +12,15 @@ text of the cases (over a real vocabulary: marked `real`, vocabulary only)."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import gguf
+import llama_cpp as ll
+import numpy as np
 import pytest
 
 from speculative.chat.format import Syntax
@@ -25,6 +28,9 @@ from speculative.chat.formats import detect, family
 from speculative.chat.message import ChatMessage, ToolCall, accumulate, diffs
 from speculative.errors import GrammarError
 from speculative.grammar.gbnf import check
+from speculative.llamacpp.devices import init_once
+from speculative.llamacpp.grammar import Grammar, vocab_index
+from speculative.llamacpp.tokenizer import Tokenizer
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
 
@@ -552,3 +558,108 @@ def test_several_tools_with_the_same_ref_keep_their_own_definitions():
     assert rules["tool-b-schema-v"] == "tool-b-schema-ref-defs-x"
     assert rules["tool-a-schema-ref-defs-x-k-kv"].endswith(" integer")
     assert rules["tool-b-schema-ref-defs-x-k-kv"].endswith(" boolean")
+
+
+# ---- the grammars accept the cases' calls (llama.cpp's own sampler) ----------------------
+
+@pytest.fixture(scope="module")
+def vocabulary(model_path):
+    """Qwen2.5-Coder's vocabulary (loaded alone: no weights), whose <tool_call> is one token."""
+    init_once()
+    params = ll.llama_model_default_params()
+    params.vocab_only = True
+    model = ll.llama_model_load_from_file(str(model_path("qwen2.5-coder-0.5b-instruct")).encode(), params)
+    assert model
+    yield Tokenizer(ll.llama_model_get_vocab(model))
+    ll.llama_model_free(model)
+
+
+def sampler(tokenizer: Tokenizer, grammar) -> Grammar:
+    """llama.cpp's grammar sampler for `grammar`: lazy from its triggers where it has them
+    (llama_sampler_init_grammar_lazy_patterns, as llama-server makes it)."""
+    if grammar.lazy:
+        patterns = (ctypes.c_char_p * len(grammar.triggers))(*[p.encode() for p in grammar.triggers])
+        made = ll.llama_sampler_init_grammar_lazy_patterns(
+            tokenizer._vocab, grammar.gbnf.encode(), b"root", patterns, len(grammar.triggers), None, 0)
+    else:
+        made = ll.llama_sampler_init_grammar(tokenizer._vocab, grammar.gbnf.encode(), b"root")
+    assert made, grammar.gbnf
+    return Grammar(made, vocab_index(tokenizer), tokenizer)
+
+
+def generated(case: Case) -> str:
+    """What the grammar sees of the case's input: the text after the reasoning (llama-server
+    keeps triggers inside thinking from firing), and for a grammar applied from the first token
+    (required, named) the calls alone, from where the first one starts."""
+    fmt = family(case.family)()
+    reasoning_end = 0
+    if fmt.think is not None and case.reasoning_format != "none":
+        closing = case.input.find(fmt.think[1])
+        reasoning_end = closing + len(fmt.think[1]) if closing >= 0 else 0
+    text = case.input[reasoning_end:]
+    if case.choice == "auto":
+        return text
+    starts = [text.find(m) for m in ("<tool_call>", "<function=", "[TOOL_CALLS]", "{") if m in text]
+    return text[min(starts):]
+
+
+def refusal(tokenizer: Tokenizer, state: Grammar, text: str) -> str | None:
+    """`text` token by token through `state`: where it refuses a token (what came before and
+    the token), or None where it takes them all."""
+    tokens = tokenizer.tokenize(text, add_special=False, parse_special=True)
+    for i, token in enumerate(tokens):
+        if not state.admitted(np.array([token]))[0]:
+            before = b"".join(tokenizer.token_bytes(t) for t in tokens[:i])
+            return f"refused {tokenizer.token_bytes(token)!r} after {before!r}"
+        state.accept(token)
+    return None
+
+
+def assert_accepts(tokenizer: Tokenizer, grammar, text: str) -> None:
+    """Each token admitted, the answer may end there, and the grammar did apply (it refuses
+    prose at the end: a trigger fired)."""
+    state = sampler(tokenizer, grammar)
+    assert refusal(tokenizer, state, text) is None
+    assert state.admitted(np.array([tokenizer.end_token()]))[0], "the grammar wants more"
+    prose = tokenizer.tokenize(" Thanks", add_special=False)[0]
+    assert not state.admitted(np.array([prose]))[0], "the grammar never applied (no trigger fired)"
+
+
+ACCEPTED = [c for c in CASES if c.calls and c.family != "generic"]
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("case", ACCEPTED, ids=[f"{c.family}:{c.source}:{i}" for i, c in enumerate(ACCEPTED)])
+def test_the_grammar_accepts_the_calls(case: Case, vocabulary: Tokenizer):
+    """The case's text through llama.cpp's sampler for the format's grammar of the case's tools,
+    choice and parallel."""
+    grammar = family(case.family)().grammar([TOOLS[n] for n in case.tools], case.choice, case.parallel)
+    assert_accepts(vocabulary, grammar, generated(case))
+
+
+ONE_CALL = [c for c in ACCEPTED if len(c.calls) == 1 and c.choice == "auto"]
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("case", ONE_CALL, ids=[f"{c.family}:{c.source}:{i}" for i, c in enumerate(ONE_CALL)])
+def test_the_grammar_of_a_named_function_accepts_its_call(case: Case, vocabulary: Tokenizer):
+    """The same call with tool_choice naming its function: the grammar applies from the first
+    token, to the call alone."""
+    named = {"type": "function", "function": {"name": case.calls[0][0]}}
+    grammar = family(case.family)().grammar([TOOLS[n] for n in case.tools], named, False)
+    assert_accepts(vocabulary, grammar, generated(Case(**{**case.__dict__, "choice": "required"})))
+
+
+WRONG = {
+    "hermes": '<tool_call>\n{"name": "special_function", "arguments": {"arg1": "one"}}\n</tool_call>',
+    "qwen3_coder": qwen3_coder_call("special_function", ("arg1", "one")),
+    "llama3": '{"name": "special_function", "parameters": {"arg1": "one"}}',
+    "mistral": '[TOOL_CALLS]special_function[ARGS]{"arg1": "one"}',
+}
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_the_grammar_refuses_arguments_against_the_schema(name: str, vocabulary: Tokenizer):
+    grammar = family(name)().grammar([TOOLS["special_function"]], "required", False)
+    assert refusal(vocabulary, sampler(vocabulary, grammar), WRONG[name]) is not None
