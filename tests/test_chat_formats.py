@@ -467,6 +467,63 @@ def test_the_cases_of_test_chat_cpp(case: Case):
     assert_message(case, stream(fmt, case.input, case.syntax))
 
 
+# ---- what a partial answer holds back -----------------------------------------------------
+
+WITH_TOOL = Syntax("auto", False, True, {"special_function": TOOLS["special_function"]["function"]["parameters"]})
+
+
+def test_a_marker_s_start_is_held_back_until_it_is_known():
+    hermes = family("hermes")()
+    assert hermes.parse("Hello <tool_", True, WITH_TOOL).content == "Hello "
+    assert hermes.parse("Hello <tool_", False, WITH_TOOL).content == "Hello <tool_"
+    assert hermes.parse("Hello <tool_box>", True, WITH_TOOL).content == "Hello <tool_box>"
+    opened = hermes.parse('Hello <tool_call>\n{"name": "special_fu', True, WITH_TOOL)
+    assert (opened.content, opened.tool_calls) == ("Hello ", [])
+
+
+def test_a_closing_thinking_tag_s_start_is_held_back():
+    message = family("hermes")().parse("<think>I'm thinking</thi", True, Syntax())
+    assert (message.reasoning_content, message.content) == ("I'm thinking", "")
+
+
+@pytest.mark.parametrize("text,arguments", [
+    ('<tool_call>\n{"name": "special_function"', "{"),
+    ('<tool_call>\n{"name": "special_function", "arguments": ', "{"),
+    ('<tool_call>\n{"name": "special_function", "arguments": {"arg1": 1', '{"arg1": 1'),
+    ('<tool_call>\n{"name": "special_function", "arguments": {"ar', '{"ar'),
+    ('<tool_call>\n{"name": "special_function", "arguments": {"a": "x\\', '{"a": "x'),
+    ('<tool_call>\n{"name": "special_function", "arguments": {"a": "x\\u00', '{"a": "x'),
+    ('<tool_call>\n{"name": "special_function", "arguments": {"a": 1, ', '{"a": 1,'),
+])
+def test_partial_arguments_are_the_json_written_so_far(text: str, arguments: str):
+    """As llama.cpp reports them: "{" once the name is known, then the text as written, less
+    trailing whitespace and an unfinished escape."""
+    [call] = family("hermes")().parse(text, True, WITH_TOOL).tool_calls
+    assert (call.name, call.arguments) == ("special_function", arguments)
+
+
+def test_complete_arguments_are_kept_as_written():
+    text = '<tool_call>\n{"name": "special_function", "arguments": {"arg1" :  1}}\n</tool_call>'
+    assert family("hermes")().parse(text, False, WITH_TOOL).tool_calls == \
+        [ToolCall("special_function", '{"arg1" :  1}')]
+
+
+def test_qwen3_coder_values_are_typed_by_the_schema():
+    """`5123123` is a string where the schema says string, a number where it says integer; with
+    no schemas, as it reads."""
+    text = qwen3_coder_call("magic_int", ("ref", "5123123"), ("name", "5"))
+    typed = Syntax(tools=True, parameters={"magic_int": TOOLS["magic_int"]["function"]["parameters"]})
+    fmt = family("qwen3_coder")()
+    assert fmt.parse(text, False, typed).tool_calls[0].arguments == '{"ref":5123123,"name":"5"}'
+    assert fmt.parse(text, False, Syntax(tools=True)).tool_calls[0].arguments == '{"ref":5123123,"name":5}'
+
+
+def test_without_tools_a_call_is_content():
+    text = '<tool_call>\n{"name": "special_function", "arguments": {"arg1": 1}}\n</tool_call>'
+    message = family("hermes")().parse(text, False, Syntax())
+    assert (message.content, message.tool_calls) == (text, [])
+
+
 # ---- detection ---------------------------------------------------------------------------
 
 DETECTED = {
