@@ -31,14 +31,14 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from speculative.chat.format import Syntax, ToolGrammar
-from speculative.chat.message import ToolCall
+from speculative.chat.message import ChatMessage, ToolCall
 from speculative.errors import GrammarError
 from speculative.grammar import gbnf
 from speculative.grammar.json_schema import Property, SharedRules, format_literal, object_properties
 
 __all__ = ["Incomplete", "JsonCall", "NotJson", "Reader", "Rules", "alternatives", "call", "json_call_rule",
            "read_json_call", "repeated", "split_calls", "until_including", "finish", "format_literal", "function_name",
-           "held_back", "properties", "selected", "split_reasoning", "tool_parameters", "word_pattern"]
+           "held_back", "parse_message", "properties", "selected", "split_reasoning", "tool_parameters", "word_pattern"]
 
 SPACE = " \t\n\r"  # what llama.cpp's space() parser and the `space` rule's reading skip
 
@@ -309,6 +309,17 @@ def split_calls(text: str, partial: bool, markers: tuple[str, ...],
         if not complete:
             return content, calls
         reader.space()
+
+
+def parse_message(text: str, partial: bool, syntax: Syntax, think: tuple[str, str] | None,
+                  markers: tuple[str, ...], read_call: ReadCall, also_ends: tuple[str, ...] = ()) -> ChatMessage:
+    """A family's message, read the common way: the reasoning (split_reasoning), then, where the
+    request has tools, content and calls (split_calls); without tools, all the rest is content."""
+    reasoning, rest = split_reasoning(text, partial, syntax, think, also_ends)
+    if not syntax.tools:
+        return ChatMessage(content=rest, reasoning_content=reasoning)
+    content, calls = split_calls(rest, partial, markers, read_call)
+    return ChatMessage(content=content, reasoning_content=reasoning, tool_calls=calls)
 
 
 @dataclass

@@ -19,8 +19,7 @@ import re
 
 from speculative.chat.format import Format, Syntax, ToolGrammar
 from speculative.chat.formats._common import (Incomplete, Reader, Rules, alternatives, finish, json_call_rule,
-                                              read_json_call, repeated, selected, split_calls,
-                                              split_reasoning)
+                                              parse_message, read_json_call, repeated, selected)
 from speculative.chat.message import ChatMessage, ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -37,11 +36,7 @@ class Hermes(Format):
         return OPEN in source and _ARGUMENTS_KEY.search(source) is not None
 
     def parse(self, text: str, partial: bool, syntax: Syntax) -> ChatMessage:
-        reasoning, rest = split_reasoning(text, partial, syntax, self.think)
-        if not syntax.tools:
-            return ChatMessage(content=rest, reasoning_content=reasoning)
-        content, calls = split_calls(rest, partial, (OPEN,), _read_call)
-        return ChatMessage(content=content, reasoning_content=reasoning, tool_calls=calls)
+        return parse_message(text, partial, syntax, self.think, (OPEN,), _read_call)
 
     def grammar(self, tools: list[dict], choice: str | dict, parallel: bool) -> ToolGrammar | None:
         chosen = selected(tools, choice)

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from speculative.chat.format import Format, Syntax, ToolGrammar
 from speculative.chat.formats._common import (Incomplete, Reader, Rules, alternatives, finish,
-                                              json_call_rule, read_json_call, repeated, selected,
-                                              split_calls)
+                                              json_call_rule, parse_message, read_json_call, repeated,
+                                              selected)
 from speculative.chat.message import ChatMessage, ToolCall
 
 PYTHON_TAG = "<|python_tag|>"
@@ -36,11 +36,8 @@ class Llama3(Format):
         return "<|start_header_id|>" in source and '"parameters": ' in source
 
     def parse(self, text: str, partial: bool, syntax: Syntax) -> ChatMessage:
-        if not syntax.tools:
-            return ChatMessage(content=text)
         names = set(syntax.parameters) if syntax.parameters is not None else None
-        content, calls = split_calls(text, partial, (PYTHON_TAG, "{"), lambda r: _read_call(r, names))
-        return ChatMessage(content=content, tool_calls=calls)
+        return parse_message(text, partial, syntax, None, (PYTHON_TAG, "{"), lambda r: _read_call(r, names))
 
     def grammar(self, tools: list[dict], choice: str | dict, parallel: bool) -> ToolGrammar | None:
         chosen = selected(tools, choice)

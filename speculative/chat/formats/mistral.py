@@ -18,8 +18,7 @@ import re
 from speculative.chat.format import Format, Syntax, ToolGrammar
 from speculative.chat.formats._common import (Incomplete, NotJson, Reader, Rules, alternatives, call, finish,
                                               format_literal, function_name, json_call_rule,
-                                              read_json_call, selected, split_calls,
-                                              split_reasoning)
+                                              parse_message, read_json_call, selected)
 from speculative.chat.message import ChatMessage, ToolCall
 
 TOOL_CALLS, CALL_ID, ARGS = "[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"
@@ -35,12 +34,8 @@ class Mistral(Format):
         return TOOL_CALLS in source
 
     def parse(self, text: str, partial: bool, syntax: Syntax) -> ChatMessage:
-        reasoning, rest = split_reasoning(text, partial, syntax, self.think)
-        if not syntax.tools:
-            return ChatMessage(content=rest, reasoning_content=reasoning)
         names = set(syntax.parameters) if syntax.parameters is not None else None
-        content, calls = split_calls(rest, partial, (TOOL_CALLS,), lambda r: _read_calls(r, names))
-        return ChatMessage(content=content, reasoning_content=reasoning, tool_calls=calls)
+        return parse_message(text, partial, syntax, self.think, (TOOL_CALLS,), lambda r: _read_calls(r, names))
 
     def grammar(self, tools: list[dict], choice: str | dict, parallel: bool) -> ToolGrammar | None:
         chosen = selected(tools, choice)

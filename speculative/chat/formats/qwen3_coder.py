@@ -23,11 +23,11 @@ import json
 
 from speculative.chat.format import Format, Syntax, ToolGrammar
 from speculative.chat.formats._common import (SPACE, Incomplete, NotJson, Reader, Rules, alternatives, call,
-                                              finish, format_literal, function_name, properties,
-                                              selected, split_calls, split_reasoning,
-                                              until_including)
+                                              finish, format_literal, function_name, parse_message,
+                                              properties, selected, until_including)
 from speculative.chat.message import ChatMessage, ToolCall
-from speculative.grammar.json_schema import object_properties
+from speculative.errors import GrammarError
+from speculative.grammar.json_schema import Property, object_properties
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION, FUNCTION_END = "<function=", "</function>"
@@ -46,13 +46,10 @@ class Qwen3Coder(Format):
                 and "'<tool_call><function=' ~ tool_call.name ~ '>'" not in source)
 
     def parse(self, text: str, partial: bool, syntax: Syntax) -> ChatMessage:
-        reasoning, rest = split_reasoning(text, partial, syntax, self.think, (OPEN,))
-        if not syntax.tools:
-            return ChatMessage(content=rest, reasoning_content=reasoning)
-        types = _types(syntax.parameters)
+        types = _types(syntax.parameters) if syntax.tools else None
         starts = (OPEN, *(f"{FUNCTION}{name}>" for name in types)) if types is not None else (OPEN, FUNCTION)
-        content, calls = split_calls(rest, partial, starts, lambda r: _read_call(r, types, partial))
-        return ChatMessage(content=content, reasoning_content=reasoning, tool_calls=calls)
+        return parse_message(text, partial, syntax, self.think, starts, lambda r: _read_call(r, types, partial),
+                             also_ends=(OPEN,))
 
     def grammar(self, tools: list[dict], choice: str | dict, parallel: bool) -> ToolGrammar | None:
         chosen = selected(tools, choice)
@@ -78,7 +75,7 @@ def _types(parameters: dict[str, object] | None) -> dict[str, dict[str, frozense
     for name, schema in parameters.items():
         try:
             found[name] = {p.name: p.types for p in object_properties(schema or {"type": "object"})}
-        except Exception:  # a bad schema was refused by the grammar; read its values as they are
+        except GrammarError:  # the grammar refused it; read its values as they are
             found[name] = {}
     return found
 
@@ -226,14 +223,16 @@ def _tool_rule(rules: Rules, tool: dict) -> str:
     required, optional = [], []
     for prop in properties(tool):
         (required if prop.required else optional).append(_argument_rule(rules, tool, prop))
-    args = _permute(rules, f"tool-{name}-args", required)
+    parts = [format_literal(f"{FUNCTION}{name}>\n")]
+    if required:
+        parts.append(_permute(rules, f"tool-{name}-args", required))
     if optional:
-        args = f"{args} ({alternatives(optional)})*".strip()
-    opening = format_literal(f"{FUNCTION}{name}>\n")
-    return rules.add(f"tool-{name}", f'{opening} {args} {format_literal(FUNCTION_END + chr(10))}'.replace("  ", " "))
+        parts.append(f"({alternatives(optional)})*")
+    parts.append(format_literal(f"{FUNCTION_END}\n"))
+    return rules.add(f"tool-{name}", " ".join(parts))
 
 
-def _argument_rule(rules: Rules, tool: dict, prop) -> str:
+def _argument_rule(rules: Rules, tool: dict, prop: Property) -> str:
     name = function_name(tool)
     opening = format_literal(f"{PARAMETER}{prop.name}>\n")
     if "string" in prop.types:
@@ -247,10 +246,13 @@ def _permute(rules: Rules, prefix: str, items: list[str]) -> str:
     """Every item once, in any order (llama.cpp's permute, up to 6 items; in order beyond)."""
     if len(items) <= 1 or len(items) > 6:
         return " ".join(items)
+    named: dict[int, str] = {0: ""}
 
     def remaining(mask: int) -> str:
-        alts = [f"{items[i]} {remaining(mask & ~(1 << i))}".strip() for i in range(len(items)) if mask & 1 << i]
-        return rules.add(f"{prefix}-{mask}", " | ".join(alts)) if mask else ""
+        if mask not in named:
+            alts = [f"{items[i]} {remaining(mask & ~(1 << i))}".strip() for i in range(len(items)) if mask & 1 << i]
+            named[mask] = rules.add(f"{prefix}-{mask}", " | ".join(alts))
+        return named[mask]
 
     return remaining((1 << len(items)) - 1)
 
