@@ -3,10 +3,16 @@ constrain a model's text (common/chat-peg-parser.cpp, common/peg-parser.cpp,
 common/chat-auto-parser-generator.cpp):
 
 Reading (parse):
+  parse_message(text, partial, syntax, think, markers, read_call)   the common reading: the
+                    reasoning, then content up to each call's marker and the calls
   split_reasoning(text, partial, syntax, think) -> (reasoning, rest)
+  split_calls(text, partial, markers, read_call) -> (content, calls)
   Reader            a cursor over the text: literals, whitespace, text up to a marker, JSON values
   Incomplete        raised where the text ends inside what is being read (a partial answer)
+  NotJson           a ValueError where the text stops being JSON (with the value's text so far)
+  read_json_call    a call written as a JSON object ({"name": ..., "arguments": {...}} and kin)
   call(name, args, complete)     a ToolCall whose arguments are reported as llama.cpp reports them
+  held_back(text, markers)       how much of the end of a partial text may start a marker
 
   llama.cpp's parsers are lenient: where the text ends inside a marker, a JSON value or a tag,
   what is read so far is kept and the rest waits. A marker's prefix at the end of the content is
@@ -14,13 +20,19 @@ Reading (parse):
   they start), and its arguments are the JSON text as the model wrote it so far (trailing
   whitespace and an unfinished escape held back), so each later parse extends the earlier one.
   A complete call's arguments are the JSON as written ({"arg1": 1} stays so, not compacted).
+  A call, once shown, stays: where its text goes wrong later, it is kept as read.
 
 Constraining (grammar):
   selected(tools, choice)        the tools a request's tool_choice allows (None: no grammar)
   Rules                          one grammar's rules: each tool's arguments from its JSON schema
-                                 (named tool-NAME-schema, as llama.cpp names them), the family's
-  finish(rules, root, choice, triggers)   ... and the ToolGrammar, lazy from the family's
-                                 trigger words for tool_choice "auto"
+                                 (tool-NAME-schema, or one argument's, tool-NAME-arg-KEY-schema,
+                                 as llama.cpp names them) and the family's own
+  json_call_rule, until_including, alternatives, repeated   pieces of a family's rules
+  finish(rules, root, choice, triggers)   the ToolGrammar, checked, lazy from the family's
+                                 trigger words (word_pattern) for tool_choice "auto"
+  properties(tool), function_name(tool), tool_parameters(tool)   a tool's parts
+Bad input: a tool whose parameters are no schema llama.cpp reads raises GrammarError, one line
+naming the tool.
 """
 
 from __future__ import annotations
@@ -36,9 +48,10 @@ from speculative.errors import GrammarError
 from speculative.grammar import gbnf
 from speculative.grammar.json_schema import Property, SharedRules, format_literal, object_properties
 
-__all__ = ["Incomplete", "JsonCall", "NotJson", "Reader", "Rules", "alternatives", "call", "json_call_rule",
-           "read_json_call", "repeated", "split_calls", "until_including", "finish", "format_literal", "function_name",
-           "held_back", "parse_message", "properties", "selected", "split_reasoning", "tool_parameters", "word_pattern"]
+__all__ = ["Incomplete", "JsonCall", "NotJson", "Reader", "Rules", "alternatives", "call", "finish",
+           "format_literal", "function_name", "held_back", "json_call_rule", "parse_message", "properties",
+           "read_json_call", "repeated", "selected", "split_calls", "split_reasoning", "tool_parameters",
+           "until_including", "word_pattern"]
 
 SPACE = " \t\n\r"  # what llama.cpp's space() parser and the `space` rule's reading skip
 
@@ -199,11 +212,13 @@ class Reader:
 
 
 _NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
+_ESCAPE = re.compile(r'\\(["\\/bfnrt]|u[0-9a-fA-F]{4})')
+_UNFINISHED_ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{0,3})?")  # at the end of the text
 
 
 def _value_end(text: str, pos: int) -> int:
     """Where the JSON value at `pos` ends; Incomplete(where what is kept ends) at the text's end,
-    ValueError where it is not JSON."""
+    NotJson where it is not JSON."""
     if pos >= len(text):
         raise Incomplete(pos)
     c = text[pos]
@@ -216,7 +231,7 @@ def _value_end(text: str, pos: int) -> int:
     for word in ("true", "false", "null"):
         if text.startswith(word, pos):
             return pos + len(word)
-        if word.startswith(text[pos:]):
+        if len(text) - pos < len(word) and word.startswith(text[pos:]):
             raise Incomplete(len(text))
     m = _NUMBER.match(text, pos)
     if not m:
@@ -235,9 +250,9 @@ def _string_end(text: str, pos: int) -> int:
         if c == '"':
             return i + 1
         if c == "\\":
-            escape = re.compile(r'\\(["\\/bfnrt]|u[0-9a-fA-F]{4})').match(text, i)
+            escape = _ESCAPE.match(text, i)
             if not escape:
-                if re.fullmatch(r'\\(u[0-9a-fA-F]{0,3})?', text[i:]):
+                if _UNFINISHED_ESCAPE.fullmatch(text, i):
                     raise Incomplete(i)  # the escape is unfinished: held back
                 raise NotJson(i, f"bad escape at {text[i:i + 6]!r}")
             i = escape.end()
@@ -286,10 +301,9 @@ def split_calls(text: str, partial: bool, markers: tuple[str, ...],
     """The content and the calls in `text`: content up to a call's marker (one of `markers`),
     then calls, each read by `read_call` at its marker: (the call, or the calls one marker
     opens, or None while the first name is unfinished; whether it is complete), ValueError
-    where the marker opens no call (the marker
-    is content then). Text between and after calls is content (less the whitespace around
-    calls); reading stops at a call left incomplete. A marker's or an unnamed call's start at
-    the end of a partial text is held back."""
+    where the marker opens no call (the marker is content then). Text between and after calls
+    is content (less the whitespace around calls); reading stops at a call left incomplete. A
+    marker's or an unnamed call's start at the end of a partial text is held back."""
     reader, content, calls = Reader(text), "", []
     while True:
         piece, marker = reader.until(markers, partial)
