@@ -524,6 +524,42 @@ def test_without_tools_a_call_is_content():
     assert (message.content, message.tool_calls) == (text, [])
 
 
+# answers that go wrong part way: a stream of them must never take back what it showed
+GARBLED = [
+    ("hermes", '<tool_call>\n{"name": "special_function", "arguments": {"arg1": 1x}}</tool_call>tail'),
+    ("hermes", 'a <tool_cal b <tool_call>oops'),
+    ("hermes", '<tool_call>\n{"name": "special_function", "arguments": {"arg1": 1}}\n</tool_call>\nthen text\n'
+               '<tool_call>\n{"name": "special_function", "arguments": {}}\n</tool_call>'),
+    ("hermes", '<tool_call>\n{"arguments": {"arg1": 1}, "name": "special_function"}</tool_call>'),
+    ("hermes", '<tool_call>\n{"name": "special_function", "arguments": "text"}</tool_call>'),
+    ("hermes", '<tool_call>\n{"name": "special_function", "arguments": {"arg1": [1, 2,, 3]}}</tool_call>'),
+    ("qwen3_coder", qwen3_coder_call("special_function", ("arg1", "12abc"))),
+    ("qwen3_coder", qwen3_coder_call("special_function", ("arg1", "[1, x]"))),
+    ("qwen3_coder", "<function=nope>\n<parameter=a>\nb\n</parameter>\n</function>\n</tool_call>"),
+    ("qwen3_coder", "#include <functional>\n" + qwen3_coder_call("python", ("code", "x\n"))),
+    ("qwen3_coder", qwen3_coder_call("set_union", ("value", "null and more"), ("amount", "42 "))),
+    ("llama3", '{"name": "special_function", "parameters": {"arg1": 1}} trailing'),
+    ("llama3", '{"x": 1} {"name": "special_function", "parameters": {"arg1": "a"}}'),
+    ("llama3", '<|python_tag|>brave_search.call(query="x")'),
+    ("llama3", '{"name": "special_function", "parameters": {"arg1": 1}, "extra": 2}'),
+    ("mistral", '[TOOL_CALLS]special_function[ARGS]{"arg1": 1}[TOOL_CALLS]nope[ARGS]{}'),
+    ("mistral", '[TOOL_CALLS][{"name": "special_function", "arguments": {"arg1": 1}}, {"bad": 1}]'),
+    ("mistral", '[TOOL_CALLS][{"name": "special_function", "arguments": {"arg1": 1}}, '
+                '{"name": "special_function_with_opt", "arguments": {"arg1": 2}, "id": 7}]'),
+    ("mistral", "[THINK]hmm[/THI"),
+    ("mistral", '[TOOL_CALLS]special function[ARGS]{}'),
+]
+SCHEMAS = {n: TOOLS[n]["function"]["parameters"]
+           for n in ("special_function", "special_function_with_opt", "python", "set_union")}
+
+
+@pytest.mark.parametrize("name,text", GARBLED)
+@pytest.mark.parametrize("parameters", [None, SCHEMAS], ids=["untyped", "typed"])
+@pytest.mark.parametrize("reasoning_format", ["auto", "none"])
+def test_a_garbled_answer_never_takes_back_what_a_stream_showed(name: str, text: str, parameters, reasoning_format):
+    stream(family(name)(), text, Syntax(reasoning_format, False, True, parameters))
+
+
 # ---- detection ---------------------------------------------------------------------------
 
 DETECTED = {

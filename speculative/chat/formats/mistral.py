@@ -103,7 +103,12 @@ def _read_array(reader: Reader, names: set[str] | None) -> tuple[list[ToolCall],
     calls: list[ToolCall] = []
     while True:
         reader.space()
-        found = read_json_call(reader, "name", "arguments", id_key="id", names=names)
+        try:
+            found = read_json_call(reader, "name", "arguments", id_key="id", names=names)
+        except ValueError:
+            if not calls:
+                raise
+            return calls, False  # the calls before it stay: a stream has shown them
         if found.name:
             calls.append(found.tool_call())
         if not found.complete:
