@@ -109,6 +109,8 @@ COMMAND_R7B = [
             source="Cohere2 MoE: parallel"),
     COHERE2("I'm\nthinking<|END_THINKING|><|START_TEXT|>" + HELLO + "<|END_TEXT|>", reasoning_format="deepseek",
             tools=("special_function",), source="Cohere2 MoE: tools, no call", **THOUGHTS),
+    COHERE2(R7B_ACTION, reasoning_format="deepseek", tools=("special_function",), choice="required",
+            calls=[("special_function", '{"arg1": 1}', "0")], source="ours: Cohere2 MoE, a required call"),
     COHERE2("I'm\nthinking<|END_THINKING|>" + R7B_PARTIAL, reasoning_format="deepseek", tools=("special_function",),
             reasoning=THINKING, calls=[("special_function", "", "0")], partial=True, source="Cohere2 MoE: partial"),
 ]
@@ -138,6 +140,9 @@ FUNCTIONARY = [
          tools=("special_function", "python"), parallel=True, content="Let me look.",
          calls=[CALL, ("python", '{"code": "print(1)"}')], source="ours: content, calls"),
     More("functionary", "all\n" + HELLO, tools=("special_function",), content=HELLO, source="ours: tools, no call"),
+    More("functionary", 'python\n{"code": "print(1)"}', tools=("special_function", "python"),
+         choice={"type": "function", "function": {"name": "python"}}, calls=[("python", '{"code": "print(1)"}')],
+         source="ours: a named function"),
 ]
 
 ANALYSIS = "<|channel|>analysis<|message|>I'm\nthinking<|end|>"
@@ -321,6 +326,10 @@ DEEPSEEK = [
     R1("I'm\nthinking</think>" + HELLO, source="DeepSeek R1 Distill Qwen", **THOUGHTS),
     R1(CALL_R1, thinking_open=False, tools=("special_function",), calls=[CALL],
        source="DeepSeek R1 Distill Qwen: thinking disabled"),
+    # ours: a required call forced right after the prompt's <think>
+    R1(CALL_R1, tools=("special_function",), choice="required", calls=[CALL], source="ours: R1, a required call"),
+    V31(CALL_V31.format("get_time", "Paris") + "<｜tool▁calls▁end｜>", thinking_open=True, tools=("get_time",),
+        choice="required", calls=[("get_time", '{"city": "Paris"}')], source="ours: V3.1, a required call"),
 ]
 
 CASES = COMMAND_R7B + GRANITE + FUNCTIONARY + GPT + GEMMA4 + DEEPSEEK

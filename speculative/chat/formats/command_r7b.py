@@ -34,7 +34,9 @@ class CommandR7B(Format):
 
     @classmethod
     def matches(cls, source: str) -> bool:
-        return ACTION in source and any(start in source for start in WRAPPERS)
+        # R7B's templates (its default one too) answer in <|START_RESPONSE|>; <|START_TEXT|> is
+        # Cohere2 MoE's only beside its actions
+        return "<|START_RESPONSE|>" in source or ("<|START_TEXT|>" in source and ACTION in source)
 
     def parse(self, text: str, partial: bool, syntax: Syntax) -> ChatMessage:
         if syntax.extract_reasoning:

@@ -17,7 +17,9 @@ a model writes its own):
 
 The pinned llama.cpp reads R1 and V3.1 with its autoparser (chat-diff-analyzer.cpp's
 "DeepSeek-R1-Distill-Qwen" patch for R1) and V3.2/V4 with common/parsers/deepseek.cpp: a DSML
-parameter with string="true" is the text as written, any other is JSON.
+parameter with string="true" is the text as written, any other is JSON. Where DSML's calls end
+the reasoning in llama.cpp, <｜tool▁calls▁begin｜> ends it here too: a call a grammar forces from
+the first token (tool_choice required) after a prompt that opened <think> is read as a call.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class DeepSeek(Format):
         return dsml or CALLS in source
 
     def parse(self, text: str, partial: bool, syntax: Syntax) -> ChatMessage:
-        reasoning, rest = split_reasoning(text, partial, syntax, self.think, tuple(DSML_BLOCKS))
+        reasoning, rest = split_reasoning(text, partial, syntax, self.think, (CALLS, *DSML_BLOCKS))
         if not syntax.tools:
             return ChatMessage(content=rest, reasoning_content=reasoning)
         content, calls = split_call_blocks(rest, partial, (CALLS, *DSML_BLOCKS), lambda r: _read_block(r, partial))
