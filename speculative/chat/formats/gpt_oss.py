@@ -8,9 +8,10 @@ with `<|start|>assistant`:
 as the pinned llama.cpp reads it (common/parsers/gpt-oss.cpp): `analysis` is reasoning (with
 reasoning_format none, the message as written is content), `commentary` without a recipient
 (a preamble) and `final` are content, a recipient `functions.NAME` (in the channel's header or
-before it) makes the message a call, whose JSON arguments end the answer. A message to another
-recipient (a built-in tool, container.exec) is dropped; a stray `<|channel|>commentary
-to=assistant` before a header is skipped.
+before it) makes the message a call, whose JSON arguments end the answer (<|call|> ends the
+turn: one call an answer, whatever parallel_tool_calls says). A message to another recipient
+(a built-in tool, container.exec) is dropped; a stray `<|channel|>commentary to=assistant`
+before a header is skipped.
 """
 
 from __future__ import annotations
