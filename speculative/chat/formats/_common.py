@@ -557,15 +557,17 @@ def _char_class(chars: list[str], negated: bool = False) -> str:
     return f"[{'^' if negated else ''}{escaped}]"
 
 
-def finish(rules: Rules, root: str, choice: str | dict, triggers: tuple[str, ...]) -> ToolGrammar:
+def finish(rules: Rules, root: str, choice: str | dict, triggers: tuple[str, ...],
+           patterns: tuple[str, ...] = ()) -> ToolGrammar:
     """The ToolGrammar with root rule `root` (a body); lazy from `triggers` (words, the text
-    that opens a call) for choice "auto", from the first token otherwise. The grammar is checked
+    that opens a call) and `patterns` (regular expressions, as ToolGrammar takes them) for
+    choice "auto", from the first token otherwise. The grammar is checked
     (speculative.grammar.gbnf.check): a family's bug shows here, not in the sampler."""
     rules.add("root", root)
     text = rules.gbnf()
     gbnf.check(text)
-    patterns = tuple(word_pattern(w) for w in triggers) if choice == "auto" else ()
-    return ToolGrammar(text, patterns)
+    lazy = tuple(word_pattern(w) for w in triggers) + patterns if choice == "auto" else ()
+    return ToolGrammar(text, lazy)
 
 
 _REGEX_SPECIAL = set("\\^$.|?*+()[]{}/")

@@ -49,10 +49,7 @@ class Llama3(Format):
         call = rules.add("tool-call", alternatives(bodies))
         calls = repeated(call, parallel, separator='space "," space')
         root = f'"{PYTHON_TAG}"? space {calls}'
-        grammar = finish(rules, root, choice, ())
-        if choice != "auto":
-            return grammar
-        return ToolGrammar(grammar.gbnf, (CALL_PATTERN,))
+        return finish(rules, root, choice, (), (CALL_PATTERN,))
 
 
 def _read_call(reader: Reader, names: set[str] | None) -> tuple[ToolCall | None, bool]:
