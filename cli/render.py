@@ -15,6 +15,7 @@ from rich.console import Console
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.decoding.stats import Stats
 from speculative.engine.stream import Final, Stream
+from speculative.engine.text import prompt_tail
 
 from .progress import StatusLine
 
@@ -131,7 +132,7 @@ def run_and_render(target: ModelSpec, draft: ModelSpec | None, text: str, sampli
     with loaded(target, draft, json_output, prompt_cache, prompt_cache_ro, pool) as (status, engine):
         prompt = engine.prompt_tokens(text, use_chat, system)
         out = Stdout(color, status)
-        reading = thinking_reader(engine, engine.prompt_tail(prompt)) if use_chat else None
+        reading = thinking_reader(engine, prompt_tail(engine.target, prompt)) if use_chat else None
         stream = Stream(engine, prompt, sampling, spec, seed,
                         should_stop=lambda: "output closed" if out.closed else None)
         interrupted = False

@@ -4,6 +4,8 @@ as `serve` streams it and the terminal shows it. No model: the templates are tex
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from speculative.chat.message import ChatMessage, accumulate
@@ -13,8 +15,7 @@ from speculative.errors import GrammarError, UsageError
 CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
           "<|im_start|>assistant\n")
 THINKING = CHATML + "<think>\n"  # a template that opens the thinking block itself
-TOOLS = CHATML.replace("{% for m", "{% if tools %}<tools>{{ tools | tojson }}</tools>{% endif %}{% for m") + \
-    "{# <tool_call> #}"
+TOOLS = (Path(__file__).parent / "data" / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 

@@ -23,8 +23,8 @@ class Syntax:
     """How one request's answer is read.
 
     reasoning_format: llama.cpp's --reasoning-format. `none` leaves thinking in the content;
-      `deepseek` puts it in reasoning_content; `deepseek-legacy` also leaves it in the content
-      while streaming (llama.cpp's "legacy" reading); `auto` is `deepseek`.
+      `deepseek` puts it in reasoning_content; `auto` and `deepseek-legacy` read as `deepseek`
+      (the pinned parsers read them alike).
     thinking_open: the generation prompt ends inside the thinking block (the template opened
       `<think>`), so the text starts in reasoning.
     tools: the request has tools and a tool_choice other than `none`: calls are parsed (without,

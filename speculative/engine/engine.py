@@ -49,9 +49,6 @@ SAVE_COSTS_EVERY = 60.0  # seconds: what passes cost is saved after a run at mos
 # this roll back from a checkpoint instead (cache.py), which auto plans with (auto.Rewind).
 MAX_SNAPSHOTS = 8
 
-TAIL_TOKENS = 8  # of a prompt, for prompt_tail
-
-
 class Engine:
     def __init__(self, target: ModelSpec, draft: ModelSpec | None = None,
                  notify: Callable[[str], None] | None = None, prompt_cache_file: Path | None = None,
@@ -136,10 +133,6 @@ class Engine:
         # A template that writes BOS itself must not get a second one from the tokenizer.
         has_bos = bool(bos) and self.target.add_bos and rendered.startswith(bos)
         return self.target.tokenize(rendered, add_special=not has_bos)
-
-    def prompt_tail(self, tokens: list[int]) -> str:
-        """A prompt's last few tokens as text: whether a chat template opened a thinking block."""
-        return b"".join(self.target.token_bytes(t) for t in tokens[-TAIL_TOKENS:]).decode("utf-8", "replace")
 
     def top2(self, context: list[int]) -> tuple[tuple[int, float], tuple[int, float]]:
         """The target's two best next tokens after `context`, with their logits."""
