@@ -129,8 +129,9 @@ def _answer(chat, turn, out: Stdout, screen: "_Screen", json_output: bool, show_
     try:
         for piece in turn.stream:
             for part, from_draft in piece.parts:
+                changes = reading.push(part)
                 if not json_output:  # --json prints the whole answer at its end
-                    screen.show(out, reading.push(part), from_draft)
+                    screen.show(out, changes, from_draft)
     except KeyboardInterrupt:
         interrupted = True
     final = turn.stream.end("interrupted" if interrupted else None)
