@@ -75,3 +75,13 @@ def test_required_and_named_choices_hold_from_the_first_token():
 def test_requests_the_tools_cannot_meet_are_refused(kwargs, error, message):
     with pytest.raises(error, match=message):
         plan(TOOLS, **kwargs)
+
+
+def test_parallel_calls_default_to_what_the_template_writes():
+    """llama-server's default parallel_tool_calls: its template writes two calls of one message."""
+    from speculative.engine.chat import writes_parallel_calls
+
+    assert writes_parallel_calls(TOOLS)
+    llama = (Path(__file__).parent / "data" / "templates" / "meta-llama-Llama-3.1-8B-Instruct.jinja").read_text()
+    assert not writes_parallel_calls(llama)  # it raises "only supports single tool-calls at once"
+    assert not writes_parallel_calls(CHATML)

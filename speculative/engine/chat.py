@@ -176,6 +176,21 @@ def _continued(rendered: str, messages: list[dict]) -> str:
     return rendered[:at + len(content.strip())]
 
 
+@functools.lru_cache(maxsize=8)
+def writes_parallel_calls(template: str) -> bool:
+    """Whether a Jinja template writes both calls of an assistant message with two (llama.cpp's
+    supports_parallel_tool_calls): llama-server's default for a request's parallel_tool_calls."""
+    calls = [{"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": {"x": i}}}
+             for i, name in enumerate(("first_probe_tool", "second_probe_tool"))]
+    messages = [{"role": "user", "content": _PROBE}, {"role": "assistant", "content": "", "tool_calls": calls},
+                {"role": "tool", "tool_call_id": "call_0", "content": "1"}, {"role": "user", "content": _PROBE}]
+    try:
+        text = render(template, messages)
+    except ModelError:
+        return False
+    return "second_probe_tool" in text
+
+
 def format_chat(template: str, messages: list[dict], jinja: bool = True, bos_token: str = "",
                 eos_token: str = "", tools: list[dict] | None = None, extra: dict | None = None) -> str:
     """A conversation as the prompt for the reply: through the Jinja `template` in the sandbox, or

@@ -29,6 +29,7 @@ from pydantic_core import PydanticCustomError
 
 from speculative.chat import request as chat_request
 from speculative.chat.message import ChatMessage, Delta
+from speculative.engine import chat
 from speculative.decoding.stats import Stats
 from speculative.errors import GrammarError, UsageError
 from speculative.serving.generation import (ApiError, Defaults, Generation, refuse_unsupported, request_grammar,
@@ -164,7 +165,7 @@ class ChatRequest(_Request):
     max_completion_tokens: Optional[int] = Field(None, ge=1)  # newer clients' name for max_tokens
     tools: Optional[list[Tool]] = None
     tool_choice: Union[Literal["auto", "none", "required"], NamedChoice] = "auto"
-    parallel_tool_calls: bool = False
+    parallel_tool_calls: Optional[bool] = None  # omitted: whether the template writes parallel calls
     reasoning_format: Optional[str] = None             # llama-server's
     chat_template_kwargs: Optional[dict] = None        # llama-server's: more template variables
     add_generation_prompt: Optional[bool] = None       # False with continue_final_message (vLLM's)
@@ -220,8 +221,10 @@ def _chat(request: ChatRequest, data: dict, defaults: Defaults, template: str, g
     if tools and not template:
         raise ApiError(400, "tools need the model's Jinja chat template", param="tools")
     try:
-        plan = chat_request.plan(template, tools, choice, request.parallel_tool_calls,
-                                 request.reasoning_format or defaults.reasoning_format)
+        parallel = request.parallel_tool_calls
+        if parallel is None:
+            parallel = bool(tools) and chat.writes_parallel_calls(template)
+        plan = chat_request.plan(template, tools, choice, parallel, request.reasoning_format or defaults.reasoning_format)
     except UsageError as e:
         raise ApiError(400, str(e), param="tool_choice" if str(e).startswith("tool_choice") else "reasoning_format") from None
     except GrammarError as e:
