@@ -51,8 +51,20 @@ class Failed:
 Output = Union[Started, Piece, Final, Failed]  # Piece and Final: stream.py's
 
 
-def prompt_tokens(engine: Engine, generation: Generation) -> list[int]:
-    """The prompt as tokens, checked against the context (ApiError 400 when it cannot run)."""
+def chat_prompt(engine: Engine, generation: Generation, render: Callable[[list], object]):
+    """A chat request's conversation through the target's chat template: `render(messages)`, the
+    engine's chat_text or chat_tokens (ApiError 400 when the model has no template, or its template
+    refuses the conversation)."""
+    if not engine.target.chat_template():
+        raise ApiError(400, f"{engine.target.name} has no chat template: use /v1/completions")
+    try:
+        return render(generation.messages)
+    except ModelError as e:  # the template refused this conversation ("roles must alternate", ...)
+        raise ApiError(400, str(e), param="messages") from None
+
+
+def request_tokens(engine: Engine, generation: Generation) -> list[int]:
+    """The prompt as tokens (ApiError 400 for a token outside the vocabulary), whatever the context holds."""
     if generation.tokens is not None:  # llama-server's endpoints
         tokens = list(generation.tokens)
         n_vocab = engine.target.n_vocab
@@ -60,15 +72,15 @@ def prompt_tokens(engine: Engine, generation: Generation) -> list[int]:
         if bad is not None:
             raise ApiError(400, f"the prompt has the token {bad}, outside this model's vocabulary "
                                 f"(0 to {n_vocab - 1})", param="prompt")
-    elif generation.chat:
-        if not engine.target.chat_template():
-            raise ApiError(400, f"{engine.target.name} has no chat template: use /v1/completions")
-        try:
-            tokens = engine.chat_tokens(generation.messages)
-        except ModelError as e:  # the template refused this conversation ("roles must alternate", ...)
-            raise ApiError(400, str(e), param="messages") from None
-    else:
-        tokens = engine.prompt_tokens(generation.prompt)
+        return tokens
+    if generation.chat:
+        return chat_prompt(engine, generation, engine.chat_tokens)
+    return engine.prompt_tokens(generation.prompt)
+
+
+def prompt_tokens(engine: Engine, generation: Generation) -> list[int]:
+    """The prompt as tokens, checked against the context (ApiError 400 when it cannot run)."""
+    tokens = request_tokens(engine, generation)
     n_ctx = engine.target.n_ctx
     if len(tokens) >= n_ctx:  # llama-server's error, with its n_prompt_tokens and n_ctx
         raise ApiError(400, f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}, "
