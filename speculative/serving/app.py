@@ -189,7 +189,7 @@ async def _llama_generate(request: Request, worker: Worker, model: dict, prompt_
     vocab = worker.engine.target
     data = await read_json(request)
     tokens = await asyncio.to_thread(prompt_of, vocab, data)
-    generation, options = llama_api.parse(data, tokens, model["meta"]["spec_type"], defaults)
+    generation, options = llama_api.parse(data, tokens, model["meta"]["spec_type"], defaults, vocab.eog_tokens())
     reply = llama_api.Reply(model["id"], options, tokens, lambda: llama_api.text_of(vocab, tokens), vocab.n_ctx)
     return await _answer(request, worker, generation, reply.final, lambda job: _llama_events(job, reply))
 

@@ -207,6 +207,8 @@ class Metrics:
     draft_steps: int = 0        # steps that verified a draft
     steps: int = 0              # target passes after the prompt
     n_tokens_max: int = 0       # longest prompt + generation
+    n_decode: int = 0           # the target's llama_decode calls (prompts, steps, verifications) ...
+    n_busy_slots: int = 0       # ... and the slots each served, summed
     window: list[float] = dataclasses.field(default_factory=lambda: [0, 0.0, 0, 0.0])  # prompt n, s; predicted n, s
 
     def add(self, stats: Stats) -> None:
@@ -242,6 +244,8 @@ class Worker:
         self._draining = threading.Event()
         self._metrics = Metrics()
         self.started_at = time.time()
+        target = self.engine.target  # its decodes before serving (warm-up, auto's measures) do not count
+        self._decodes_before = (target.decodes, target.decoded_slots)
 
     def submit(self, generation: Generation) -> Job:
         """Queue a request (from the event loop), or refuse it with Busy when the queue is full."""
@@ -290,8 +294,11 @@ class Worker:
     def metrics(self) -> tuple[Metrics, int, int]:
         """A copy of the metrics, and the requests generating and waiting now; the speed
         window starts again."""
+        target = self.engine.target
         with self._lock:
-            copy = dataclasses.replace(self._metrics, window=list(self._metrics.window))
+            copy = dataclasses.replace(self._metrics, window=list(self._metrics.window),
+                                       n_decode=target.decodes - self._decodes_before[0],
+                                       n_busy_slots=target.decoded_slots - self._decodes_before[1])
             self._metrics.window = [0, 0.0, 0, 0.0]
             running = sum(job.started for job in self._jobs)
             return copy, running, len(self._jobs) - running
