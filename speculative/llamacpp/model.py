@@ -51,8 +51,6 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
     the engine's: see mtp_head)."""
 
     rollback_limit: int | None = None  # an attention cache drops any suffix; see _create_context for recurrent ones
-    decodes = 0         # llama_decode calls so far (serve's /metrics) ...
-    decoded_slots = 0   # ... and the slots (requests) each served, summed
 
     def __init__(self, spec: ModelSpec):
         self.arch, nextn, causal = check_file(spec.path, spec.loras)
@@ -260,12 +258,11 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
             wanted.append(range(start, end) if part.outputs == "all" else [end - 1] if part.outputs == "last" else [])
             start = end
         batch.set_seqs([ids for part in parts for ids in part.seqs])
-        ret = batch.run(n)
+        ret = batch.run(n, slots=len({part.slot for part in parts}))
         if ret == 1:  # llama.cpp found no cells for it before decoding anything
             raise ContextFull(f"{self.name}: the KV cache has no room left for a batch of {n} tokens")
         if ret != 0:
             raise GenerationError(f"llama_decode failed on {self.name} (code {ret})")
-        self.decodes, self.decoded_slots = self.decodes + 1, self.decoded_slots + len({part.slot for part in parts})
         self._keep_nextn(spans)
         for part in parts:
             self._decoded(part.slot, len(part.tokens))
@@ -280,7 +277,6 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
         ret = self._batch.run(n)
         if ret != 0:
             raise GenerationError(f"llama_decode failed on {self.name} (code {ret}) at position {pos}")
-        self.decodes, self.decoded_slots = self.decodes + 1, self.decoded_slots + 1
 
     # -- lifetime --------------------------------------------------------
 

@@ -244,8 +244,7 @@ class Worker:
         self._draining = threading.Event()
         self._metrics = Metrics()
         self.started_at = time.time()
-        target = self.engine.target  # its decodes before serving (warm-up, auto's measures) do not count
-        self._decodes_before = (target.decodes, target.decoded_slots)
+        self._decodes_before = self.engine.target.decodes  # before serving (warm-up, auto's measures): not counted
 
     def submit(self, generation: Generation) -> Job:
         """Queue a request (from the event loop), or refuse it with Busy when the queue is full."""
@@ -294,11 +293,10 @@ class Worker:
     def metrics(self) -> tuple[Metrics, int, int]:
         """A copy of the metrics, and the requests generating and waiting now; the speed
         window starts again."""
-        target = self.engine.target
+        (decodes, slots), (decodes_before, slots_before) = self.engine.target.decodes, self._decodes_before
         with self._lock:
             copy = dataclasses.replace(self._metrics, window=list(self._metrics.window),
-                                       n_decode=target.decodes - self._decodes_before[0],
-                                       n_busy_slots=target.decoded_slots - self._decodes_before[1])
+                                       n_decode=decodes - decodes_before, n_busy_slots=slots - slots_before)
             self._metrics.window = [0, 0.0, 0, 0.0]
             running = sum(job.started for job in self._jobs)
             return copy, running, len(self._jobs) - running
