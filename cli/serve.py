@@ -8,7 +8,7 @@ import socket
 import sys
 import time
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import typer
@@ -68,8 +68,6 @@ CORS_CREDENTIALS = typer.Option(
     True, "--cors-credentials/--no-cors-credentials", rich_help_panel=N, envvar="LLAMA_ARG_CORS_CREDENTIALS",
     show_envvar=False, help="Whether a CORS preflight allows credentials; with --cors-origins *, any origin is "
                             "echoed back.")
-
-
 HOST = typer.Option(
     "127.0.0.1", "--host", rich_help_panel=N, envvar="LLAMA_ARG_HOST", show_envvar=False,
     help="Addresses to listen on, comma-separated (127.0.0.1,::1), or UNIX socket paths ending in .sock. "
@@ -101,20 +99,21 @@ def access_settings(host: str = "127.0.0.1", port: int = 8080, api_key: Optional
     """The listening and access flags, checked before anything loads."""
     from speculative.serving.access import Cors
 
-    access = Access(tuple(listen_addresses(host)), port, api_key or None, None)  # an empty key is no key
-    if not access.loopback and access.api_key is None:
-        raise UsageError(f"--host {next(h.host for h in access.hosts if not h.local)} is reachable from other "
-                         "machines: set an API key (SPECULATE_API_KEY or --api-key), or listen on 127.0.0.1")
+    hosts, key = tuple(listen_addresses(host)), api_key or None  # an empty SPECULATE_API_KEY is no key
+    exposed = [h.host for h in hosts if not h.local]
+    if exposed and key is None:
+        raise UsageError(f"--host {exposed[0]} is reachable from other machines: set an API key "
+                         "(SPECULATE_API_KEY or --api-key), or listen on 127.0.0.1")
     if not 0 <= port <= 65535:
         raise UsageError(f"--port must be in [0, 65535], got {port}")
-    if port == 0 and sum(not h.unix for h in access.hosts) > 1:
+    if port == 0 and sum(not h.unix for h in hosts) > 1:
         raise UsageError("--port 0 is not supported with several TCP addresses (each would get its own port)")
     for flag, value in (("--cors-origins", cors_origins or ""), ("--cors-methods", cors_methods),
                         ("--cors-headers", cors_headers)):
         if not value.isascii() or not value.isprintable():
             raise UsageError(f"{flag} must be printable ASCII (it goes into a response header), got {value!r}")
-    cors = Cors(cors_origins, cors_methods, cors_headers, cors_credentials).for_key(access.api_key is not None)
-    return replace(access, cors=cors)
+    cors = Cors(cors_origins, cors_methods, cors_headers, cors_credentials).for_key(key is not None)
+    return Access(hosts, port, key, cors)
 
 
 ACCESS = options.Group("access", (
@@ -301,8 +300,9 @@ def _bind(address: Address, port: int, v6only: bool) -> socket.socket:
     except OSError as e:
         sock.close()
         shown = address.host if address.unix else f"{_url_host(address.host)}:{port}"
-        stale = " (a file is there: remove it if no server uses it)" if address.unix and os.path.exists(address.host) else ""
-        raise UsageError(f"cannot listen on {shown}: {e.strerror or e}{stale}") from None
+        stale = address.unix and os.path.exists(address.host)
+        raise UsageError(f"cannot listen on {shown}: {e.strerror or e}"
+                         + " (a file is there: remove it if no server uses it)" * stale) from None
     return sock
 
 
