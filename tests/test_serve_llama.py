@@ -365,6 +365,8 @@ def test_tokenize_detokenize_props_and_metrics(server):
     bias = answer["generation_settings"]["logit_bias"]  # llama-server's ignore_eos: -inf (null) on each EOG token
     assert bias and all(b["bias"] is None for b in bias)
     assert post(server, "/tokenize", {"content": "<|im_end|>"})["tokens"][0] in {b["token"] for b in bias}
+    # a client that has its answer finds its slot idle (the answer goes out once the slot is free)
+    assert not any(slot["is_processing"] for slot in server.request("GET", "/slots")[2])
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
     conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {KEY}"})
     resp = conn.getresponse()
@@ -384,6 +386,7 @@ def test_tokenize_detokenize_props_and_metrics(server):
     # the target's decodes: each request's prompt and steps, one slot busy in each (requests one at a time)
     assert int(values["llamacpp:n_decode_total"]) >= int(values["speculate:target_passes_total"]) >= 1
     assert float(values["llamacpp:n_busy_slots_per_decode"]) == 1.0
+    assert int(values["llamacpp:requests_processing"]) == 0
 
 
 @pytest.mark.parametrize("path, body, status, kind, message", [

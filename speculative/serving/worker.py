@@ -263,6 +263,7 @@ class Worker:
 
     def _run(self, job: Job) -> None:
         job.started = True
+        final = None  # posted last, once its slot is free: a client with its answer finds it idle (/slots, /metrics)
         try:
             if job.cancelled or self._draining.is_set():  # its client gave up while it waited, or we stop
                 job.post(Failed(Busy("the server is shutting down" if self._draining.is_set() else "cancelled")))
@@ -275,7 +276,9 @@ class Worker:
                         _log(job.generation, output, len(tokens))
                         with self._lock:
                             self._metrics.add(output.stats)
-                    job.post(output)
+                        final = output
+                    else:
+                        job.post(output)
         except ApiError as e:
             job.post(Failed(e))
         except GrammarError as e:  # a token it names that this vocabulary lacks
@@ -289,6 +292,8 @@ class Worker:
             with self._lock:
                 self._jobs.discard(job)
             self._slots.release()
+            if final is not None:
+                job.post(final)
 
     def metrics(self) -> tuple[Metrics, int, int]:
         """A copy of the metrics, and the requests generating and waiting now; the speed
