@@ -25,13 +25,15 @@ CHAT = {"messages": [{"role": "system", "content": "Book"}, {"role": "user", "co
 class StandInEngine:
     """What the routes without generation read of an engine: a chat template that joins the messages."""
 
+    jinja = True
+
     def __init__(self):
         self.target = SimpleNamespace(name="stand-in", n_ctx=64, chat_template=lambda: "{{ messages }}")
 
-    def chat_text(self, messages: list[dict]) -> str:
+    def chat_text(self, messages: list[dict], tools=None, extra=None) -> str:
         return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
 
-    def chat_tokens(self, messages: list[dict]) -> list[int]:
+    def chat_tokens(self, messages: list[dict], tools=None, extra=None) -> list[int]:
         return list(self.chat_text(messages).encode())
 
 
