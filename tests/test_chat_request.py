@@ -85,3 +85,34 @@ def test_parallel_calls_default_to_what_the_template_writes():
     llama = (Path(__file__).parent / "data" / "templates" / "meta-llama-Llama-3.1-8B-Instruct.jinja").read_text()
     assert not writes_parallel_calls(llama)  # it raises "only supports single tool-calls at once"
     assert not writes_parallel_calls(CHATML)
+
+
+@pytest.mark.parametrize("template, thinking, end", [  # llama.cpp's tools/server/tests/unit/test_template.py
+    ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", None, "<think>\n"),
+    ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", False, "<think>\n</think>"),
+    ("Qwen-Qwen3-0.6B", None, "<|im_start|>assistant\n"),
+    ("Qwen-Qwen3-0.6B", False, "<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+    ("Qwen-QwQ-32B", None, "<|im_start|>assistant\n<think>\n"),
+    ("Qwen-QwQ-32B", False, "<|im_start|>assistant\n<think>\n</think>"),
+    ("CohereForAI-c4ai-command-r7b-12-2024-tool_use", None, "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"),
+    ("CohereForAI-c4ai-command-r7b-12-2024-tool_use", False,
+     "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_THINKING|><|END_THINKING|>"),
+])
+@pytest.mark.parametrize("tools", [None, [WEATHER]])
+def test_thinking_off_closes_the_block_as_llama_server_does(template, thinking, end, tools):
+    from speculative.engine.chat import format_chat
+
+    source = (Path(__file__).parent / "data" / "templates" / f"{template}.jinja").read_text()
+    extra = {} if thinking is None else {"enable_thinking": thinking}
+    prompt = format_chat(source, [{"role": "user", "content": "What is today?"}], True, "", "", tools, extra)
+    assert prompt.endswith(end)
+
+
+def test_add_generation_prompt_false_ends_with_the_history():
+    from speculative.engine.chat import format_chat
+
+    source = (Path(__file__).parent / "data" / "templates" / "meta-llama-Llama-3.3-70B-Instruct.jinja").read_text()
+    messages = [{"role": "user", "content": "What is today?"}]
+    header = "<|start_header_id|>assistant<|end_header_id|>"
+    assert header in format_chat(source, messages, True, "", "")
+    assert header not in format_chat(source, messages, True, "", "", None, {"add_generation_prompt": False})

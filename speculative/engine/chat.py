@@ -137,8 +137,9 @@ def render(template: str, messages: list[dict], bos_token: str = "", eos_token: 
         compiled = env.from_string(template)
         sys.settrace(_Guard(seconds, MAX_GROWTH))
         parts, size = [], 0
-        variables = {**(extra or {}), "messages": messages, "add_generation_prompt": not continuing(messages),
-                     "bos_token": bos_token, "eos_token": eos_token}
+        # enable_thinking: llama.cpp passes it to every template, true unless thinking is off
+        variables = {"add_generation_prompt": not continuing(messages), "enable_thinking": True, **(extra or {}),
+                     "messages": messages, "bos_token": bos_token, "eos_token": eos_token}
         if tools:
             variables["tools"] = tools
         for part in compiled.generate(**variables):
@@ -191,6 +192,17 @@ def writes_parallel_calls(template: str) -> bool:
     return "second_probe_tool" in text
 
 
+def _thinking_closed(rendered: str, template: str) -> str:
+    """Thinking off (enable_thinking false) for a template that thinks: where it did not close the
+    thinking block itself, the prompt ends with an empty one, as llama-server writes it."""
+    from speculative.chat.formats import detect
+
+    think = detect(template).think
+    if think is None or think[0] not in template or rendered.rstrip().endswith(think[1]):
+        return rendered
+    return rendered + think[1] if rendered.rstrip().endswith(think[0]) else rendered + think[0] + think[1]
+
+
 def format_chat(template: str, messages: list[dict], jinja: bool = True, bos_token: str = "",
                 eos_token: str = "", tools: list[dict] | None = None, extra: dict | None = None) -> str:
     """A conversation as the prompt for the reply: through the Jinja `template` in the sandbox, or
@@ -200,7 +212,8 @@ def format_chat(template: str, messages: list[dict], jinja: bool = True, bos_tok
     from speculative.llamacpp import templates  # llama.cpp's bindings: imported when a chat is formatted
 
     if jinja and template not in templates.builtin_names():
-        return render(template, messages, bos_token=bos_token, eos_token=eos_token, tools=tools, extra=extra)
+        rendered = render(template, messages, bos_token=bos_token, eos_token=eos_token, tools=tools, extra=extra)
+        return _thinking_closed(rendered, template) if (extra or {}).get("enable_thinking") is False else rendered
     if tools:
         raise UsageError("tools need the model's Jinja chat template (not --no-jinja or a built-in format)")
     return templates.apply(template, messages)

@@ -212,6 +212,8 @@ def _chat(request: ChatRequest, data: dict, defaults: Defaults, template: str, g
     _check_continuation(request)
     tools = [t.model_dump(exclude_none=True) for t in request.tools or []]
     kwargs = {**defaults.template_kwargs, **(request.chat_template_kwargs or {})}
+    if request.add_generation_prompt is False:  # the template's own variable (a prompt that ends with the history)
+        kwargs["add_generation_prompt"] = False
     if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
         raise ApiError(400, 'invalid type for "enable_thinking" (expected boolean, got string)',
                        param="chat_template_kwargs")
