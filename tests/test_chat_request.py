@@ -116,3 +116,14 @@ def test_add_generation_prompt_false_ends_with_the_history():
     header = "<|start_header_id|>assistant<|end_header_id|>"
     assert header in format_chat(source, messages, True, "", "")
     assert header not in format_chat(source, messages, True, "", "", None, {"add_generation_prompt": False})
+
+
+def test_tojson_writes_json_as_llama_cpp_does():
+    """Keys in their order and characters as they are (jinja2's own sorts keys and escapes for HTML)."""
+    from speculative.engine.chat import render
+
+    arguments = {"path": "a.py", "content": "it's <b> & 'c'"}
+    text = render("{{ messages[0].tool_calls[0].function.arguments | tojson }}",
+                  [{"role": "assistant", "content": "", "tool_calls": [{"function": {"arguments": arguments}}]}])
+    assert text == '{"path": "a.py", "content": "it\'s <b> & \'c\'"}'
+    assert render("{{ {'b': [1, 2]} | tojson(indent=1) }}", []) == '{\n "b": [\n  1,\n  2\n ]\n}'

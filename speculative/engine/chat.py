@@ -18,6 +18,7 @@ passed in; jinja2 >= 3.1.6, which closed the last known escape), and bounded:
 from __future__ import annotations
 
 import functools
+import json
 import math
 import resource
 import sys
@@ -66,7 +67,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
     def __init__(self, limit: int, **kw):
         super().__init__(**kw)
         self.limit = limit
-        self.filters = {name: self._bounded(f) for name, f in self.filters.items()}
+        self.filters = {name: self._bounded(f) for name, f in {**self.filters, "tojson": _tojson}.items()}
 
     def _bounded(self, f):
         @functools.wraps(f)  # keeps jinja's pass_context/pass_environment marks
@@ -97,6 +98,15 @@ class _Sandbox(ImmutableSandboxedEnvironment):
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's signature)
         _check_args([*args, *kwargs.values()], __self.limit)
         return super().call(__context, __obj, *args, **kwargs)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None,
+            sort_keys: bool = False) -> str:
+    """JSON as chat templates expect it (transformers' and llama.cpp's tojson): keys in their order,
+    characters as they are; jinja2's own sorts keys and escapes <, >, & and ' for HTML, so a tool's
+    schema or a call's arguments would reach the model other than llama-server writes them."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, sort_keys=sort_keys,
+                      separators=tuple(separators) if separators else None)
 
 
 class _Guard:
