@@ -124,6 +124,7 @@ def test_tojson_writes_json_as_llama_cpp_does():
 
     arguments = {"path": "a.py", "content": "it's <b> & 'c'"}
     text = render("{{ messages[0].tool_calls[0].function.arguments | tojson }}",
-                  [{"role": "assistant", "content": "", "tool_calls": [{"function": {"arguments": arguments}}]}])
+                  [{"role": "assistant", "content": "", "tool_calls": [{"function": {"arguments": arguments}}]},
+                   {"role": "user", "content": "go on"}])
     assert text == '{"path": "a.py", "content": "it\'s <b> & \'c\'"}'
     assert render("{{ {'b': [1, 2]} | tojson(indent=1) }}", []) == '{\n "b": [\n  1,\n  2\n ]\n}'
