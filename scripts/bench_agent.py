@@ -8,10 +8,11 @@ against the pinned llama-server, without speculation and with --spec-default, al
                            [--repeats 1] [-o results.json]
 
 Each session of scripts/agent_sessions.jsonl (one a line: {"id", "path", "edits": [user
-messages], "text": the file's text}) is what an agent does to change a file: the request offers
-two tools, read_file(path) and write_file(path, content), with tool_choice `required` (a call
-from the first token; the pinned llama-server reads a named tool_choice as `auto`, so naming the
-tool would force speculate alone). The user asks for the first edit; the model calls read_file
+messages], "text": the file's text}) is what an agent does to change a file: every request offers
+two tools, read_file(path) and write_file(path, content), and names the one its turn calls in
+tool_choice ({"type": "function", "function": {"name": ...}}; the pinned llama-server reads a
+named tool_choice as `auto`, with a warning, and its `required` lets text come before the call,
+so neither forces a call there). The user asks for the first edit; the model calls read_file
 (the `read` turn), and the script answers with a `tool` message holding the file's text; the
 model calls write_file with the whole file changed (a `rewrite` turn), the script answers "ok"
 and the user asks for the next edit, which the model makes to the file as it last wrote it (in
@@ -67,13 +68,16 @@ from tables import agent_totals as totals_table  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 SESSIONS = ROOT / "scripts" / "agent_sessions.jsonl"
 N_PREDICT = 2048
-TOOL_CHOICE = "required"
 
 SYSTEM = ("You are a coding agent working in a repository. You see and change its files only through your tools: "
           "read_file(path) gives a file's whole text, write_file(path, content) replaces a file's whole text with "
           "content. To change a file, read it once, then write it back whole with the change made and every other "
           "line exactly as it was. Paths are from the repository's root.")
 PATH = {"type": "string", "description": "the file's path from the repository's root"}
+CALL_TAGS = ("<tool_call>\n", "\n</tool_call>")
+JSON_STRING = r'''string ::= "\"" char* "\""
+char ::= [^"\\\x7F\x00-\x1F] | [\\] (["\\bfnrt] | "u" [0-9a-fA-F]{4})
+'''
 TOOLS = [
     {"type": "function", "function": {
         "name": "read_file", "description": "Read a file of the repository: its whole text.",
@@ -85,6 +89,9 @@ TOOLS = [
                                                                 "description": "the file's whole new text"}},
                        "required": ["path", "content"]}}},
 ]
+# --calls: how a turn gets its call
+CALLS = {"tools": "each turn's tool named in tool_choice, the call read by the server",
+         "grammar": "tool_choice none, each turn's call forced by a grammar and read by the script"}
 # (ratio, bound, strictly above, what): issue 46's goals, on the rewrite turns
 GOALS = [("auto / none", 1.5, False, "speculate auto at least 1.5x speculate none on the rewrite turns"),
          ("auto / spec-default", 1.0, True, "speculate auto ahead of llama-server spec-default on the rewrite turns")]
@@ -102,6 +109,35 @@ def session_kinds(session: dict) -> list[str]:
 
 def wanted_tool(kind: str) -> str:
     return "read_file" if kind == "read" else "write_file"
+
+
+def tool_choice(kind: str) -> dict:
+    """The turn's tool, named."""
+    return {"type": "function", "function": {"name": wanted_tool(kind)}}
+
+
+def call_grammar(kind: str) -> str:
+    """--calls grammar: the GBNF of the turn's call as Qwen2.5's template writes one (Hermes' form:
+    CALL_TAGS around the JSON of the name and arguments), its path and content any JSON strings
+    (the string rule of llama.cpp's json-schema-to-grammar). json.dumps writes a GBNF literal."""
+    opening = json.dumps(f'{CALL_TAGS[0]}{{"name": "{wanted_tool(kind)}", "arguments": {{"path": ')
+    content = " " + json.dumps(', "content": ') + " string" if kind == "rewrite" else ""
+    return (f"root ::= {opening} string{content} {json.dumps('}}' + CALL_TAGS[1])}\n"
+            + JSON_STRING)
+
+
+def grammar_call(message: dict) -> dict:
+    """--calls grammar: the answer's text read as the call the grammar held it to (the message a
+    server would have answered with tool_calls); a text that is not one (cut at -n) stays content."""
+    text = message.get("content") or ""
+    if not (text.startswith(CALL_TAGS[0]) and text.endswith(CALL_TAGS[1])):
+        return message
+    try:
+        call = json.loads(text[len(CALL_TAGS[0]):-len(CALL_TAGS[1])])
+        function = {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}
+    except (ValueError, KeyError, TypeError):
+        return message
+    return {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": function}]}
 
 
 def load_sessions(path: Path = SESSIONS, ids: list[str] | None = None) -> list[dict]:
@@ -140,10 +176,14 @@ def opening(session: dict) -> list[dict]:
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": session["edits"][0]}]
 
 
-def request(messages: list[dict], n_predict: int) -> dict:
-    """A turn's /v1/chat/completions body: the history, the tools, a call required, greedy."""
-    return {"messages": messages, "tools": TOOLS, "tool_choice": TOOL_CHOICE, "parallel_tool_calls": False,
-            "max_tokens": n_predict, "temperature": 0, "cache_prompt": True}
+def request(messages: list[dict], kind: str, n_predict: int, calls: str = "tools") -> dict:
+    """A turn's /v1/chat/completions body: the history, the tools, greedy; the turn's tool named in
+    tool_choice (--calls tools), or no call asked and its text held to the call by a grammar
+    (--calls grammar)."""
+    body = {"messages": messages, "tools": TOOLS, "max_tokens": n_predict, "temperature": 0, "cache_prompt": True}
+    if calls == "tools":
+        return {**body, "tool_choice": tool_choice(kind), "parallel_tool_calls": False}
+    return {**body, "tool_choice": "none", "grammar": call_grammar(kind)}
 
 
 def answer_text(message: dict) -> str:
@@ -156,6 +196,9 @@ def the_call(message: dict, finish_reason: str, kind: str, session: dict) -> tup
     """The turn's call and its arguments, (call, None) when it is the one the turn asks for, else
     (None, what is wrong)."""
     calls, tool = message.get("tool_calls") or [], wanted_tool(kind)
+    if not calls:
+        cut = " (cut at -n)" if finish_reason == "length" else ""
+        return None, f"no tool call{cut}, content {(message.get('content') or '')[:80]!r}"
     if finish_reason == "length":
         return None, "cut at -n"
     if len(calls) != 1:
@@ -189,34 +232,36 @@ def follow_up(session: dict, index: int, call: dict) -> list[dict]:
     return messages
 
 
-def agent_turn(answer: dict, kind: str, session: dict) -> dict:
-    """A turn as a server answers it: server_turn's record, the text compared word for word, the
-    call (tool and arguments text), whether it is the call asked for, and the usage and message."""
+def agent_turn(answer: dict, kind: str, session: dict, calls: str = "tools") -> dict:
+    """A turn as a server answers it: server_turn's record, the text compared word for word (the
+    server's message), the call (tool and arguments text; with --calls grammar, read from the text),
+    whether it is the call asked for (`call`: as the history gets it; None: it is not, `problem`
+    says why), the usage and the message."""
     turn = server_turn(answer)
     choice = answer["choices"][0]
-    message = choice["message"]
+    message = choice["message"] if calls == "tools" else grammar_call(choice["message"])
     call, problem = the_call(message, choice["finish_reason"], kind, session)
-    calls = message.get("tool_calls") or []
-    turn.update(text=answer_text(message), message=message, usage=answer.get("usage"),
-                tool=calls[0]["function"]["name"] if calls else None,
-                arguments=calls[0]["function"]["arguments"] if calls else None,
-                call_ok=call is not None, problem=problem)
+    made = message.get("tool_calls") or []
+    turn.update(text=answer_text(choice["message"]), message=choice["message"], usage=answer.get("usage"),
+                tool=made[0]["function"]["name"] if made else None,
+                arguments=made[0]["function"]["arguments"] if made else None,
+                call=call, call_ok=call is not None, problem=problem)
     return turn
 
 
-def play(session: dict, post, n_predict: int, on_turn=None) -> dict:
+def play(session: dict, post, n_predict: int, calls: str = "tools", on_turn=None) -> dict:
     """The session, each turn's request given to `post` (body -> the server's answer): its turns,
     its whole history, and where it ended early (None: it did not). `on_turn(index, turn)` sees
     each turn as it comes."""
     messages, turns = opening(session), []
     for index, kind in enumerate(session_kinds(session)):
-        turn = agent_turn(post(request(messages, n_predict)), kind, session)
+        turn = agent_turn(post(request(messages, kind, n_predict, calls)), kind, session, calls)
         turns.append(turn)
         if on_turn:
             on_turn(index, turn)
-        if not turn["call_ok"]:
+        if turn["call"] is None:
             return {"turns": turns, "messages": messages, "ended": {"turn": index + 1, "problem": turn["problem"]}}
-        messages = messages + follow_up(session, index, turn["message"]["tool_calls"][0])
+        messages = messages + follow_up(session, index, turn["call"])
     return {"turns": turns, "messages": messages, "ended": None}
 
 
@@ -254,7 +299,7 @@ def run_session(cfg: Config, bench: argparse.Namespace, session: dict, work: Pat
         return answer
 
     try:
-        run = play(session, post, bench.n_predict, lambda index, turn: log_turn(cfg, session, index, turn))
+        run = play(session, post, bench.n_predict, bench.calls, lambda index, turn: log_turn(cfg, session, index, turn))
     finally:
         server.close()
     if run["ended"]:
@@ -279,8 +324,8 @@ def summarise_agent(runs: list[dict], configs: list[str], sessions: list[dict]) 
 
 def print_report(table: dict, found: list[dict], bench: argparse.Namespace, sessions: list[dict],
                  runs: list[dict]) -> None:
-    print(f"{len(sessions)} session(s) ({', '.join(s['id'] for s in sessions)}), greedy, tool_choice "
-          f"{TOOL_CHOICE}, at most {bench.n_predict} tokens an answer, -c {CTX} -t {bench.threads}, "
+    print(f"{len(sessions)} session(s) ({', '.join(s['id'] for s in sessions)}), greedy, --calls {bench.calls} "
+          f"({CALLS[bench.calls]}), at most {bench.n_predict} tokens an answer, -c {CTX} -t {bench.threads}, "
           f"{bench.repeats} repeat(s); t/s: tokens over decode seconds, summed over the repeats")
     print("\n".join(agent_table(table)))
     print()
@@ -301,6 +346,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_common_arguments(parser)
     parser.set_defaults(n_predict=N_PREDICT)
     parser.add_argument("--sessions", help="ids of scripts/agent_sessions.jsonl, comma-separated (default: all)")
+    parser.add_argument("--calls", choices=CALLS, default="tools",
+                        help="how a turn gets its call: 'tools', the tool named in tool_choice and the call read by "
+                             "the server (default); 'grammar', tool_choice none, the text held to the call in "
+                             "Qwen2.5's form by a grammar and read by this script (for a server that will not call)")
     bench = parser.parse_args(argv)
     check_common_arguments(parser, bench)
     try:
@@ -326,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     if bench.output:
         bench.output.write_text(json.dumps({
             "meta": meta(speculate=bench.speculate, model=bench.model, draft=bench.draft, threads=bench.threads,
-                         ctx=CTX, n_predict=bench.n_predict, repeats=bench.repeats, tool_choice=TOOL_CHOICE,
+                         ctx=CTX, n_predict=bench.n_predict, repeats=bench.repeats, calls=bench.calls,
                          sessions=[s["id"] for s in sessions],
                          llama_server=str(bench.llama_server) if bench.llama_server else None,
                          GGML_CPU_TILED_MM=os.environ.get("GGML_CPU_TILED_MM")),
