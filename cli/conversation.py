@@ -34,7 +34,9 @@ from speculative.errors import UsageError
 
 from . import terminal
 from .options import TalkOptions
-from .render import EXIT_INTERRUPTED, Stdout, loaded, print_stats, result_json
+from speculative.chat.request import Reading
+
+from .render import EXIT_INTERRUPTED, Stdout, loaded, print_stats, result_json, thinking_reader
 
 DIM, RESET = "\x1b[2m", "\x1b[0m"
 GLOB_MAX = 100  # files one /glob adds at most, as llama-cli
@@ -48,7 +50,6 @@ HELP = """commands:
   /stats              the statistics so far
   Ctrl-C              stop an answer
   a line ending in \\ goes on on the next line"""
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 def converse(target: ModelSpec, draft: ModelSpec | None, first: str | None, sampling: SamplerSettings,
@@ -122,22 +123,22 @@ def _command(command: str, argument: str, chat, info: Callable[[str], None], tot
 
 def _answer(chat, turn, out: Stdout, screen: "_Screen", json_output: bool, show_timings: bool) -> bool:
     """Stream one answer; it joins the history as far as it went. Whether Ctrl-C stopped it."""
-    split = Reasoning(turn.prompt_tail)
+    reading = thinking_reader(chat.engine, turn.prompt_tail) or Reading(None)
     screen.thinking = False
     interrupted = False
     try:
         for piece in turn.stream:
             for part, from_draft in piece.parts:
-                for text, thinking in split.push(part):
-                    if not json_output:  # --json prints the whole answer at its end
-                        screen.answer(out, text, from_draft, thinking)
+                changes = reading.push(part)
+                if not json_output:  # --json prints the whole answer at its end
+                    screen.show(out, changes, from_draft)
     except KeyboardInterrupt:
         interrupted = True
     final = turn.stream.end("interrupted" if interrupted else None)
-    for text, thinking in [*split.push(final.tail), *split.flush()]:
-        if not json_output:
-            screen.answer(out, text, False, thinking)
-    chat.answered(split.content(), final)
+    changes = [*reading.push(final.tail), *reading.end()]
+    if not json_output:
+        screen.show(out, changes, False)
+    chat.answered(reading.message.content, final)  # its thinking left out of the history, as llama-cli's
     if json_output:
         out.write(json.dumps({"turn": chat.turns, **result_json(final), "seed": turn.seed,
                               "dropped": turn.dropped}, ensure_ascii=False) + "\n")
@@ -171,52 +172,6 @@ def _print_totals(chat, spec: SpecSettings, target: ModelSpec, draft: ModelSpec 
                 (engine.target, engine.draft))
 
 
-class Reasoning:
-    """Splits an answer into what the model thought (between <think> and </think>, or from the
-    start where the prompt opened the thinking) and what it said; the history keeps only the
-    latter, as llama-cli's. Markers split across pieces are held back until they are whole."""
-
-    def __init__(self, prompt_tail: str = ""):
-        self.thinking = prompt_tail.rstrip().endswith(THINK_OPEN)
-        self._held = ""
-        self._said: list[str] = []
-
-    def push(self, text: str) -> list[tuple[str, bool]]:
-        """(text, whether it is thinking) pieces now known."""
-        text, self._held = self._held + text, ""
-        pieces = []
-        while text:
-            marker = THINK_CLOSE if self.thinking else THINK_OPEN
-            at = text.find(marker)
-            if at < 0:
-                keep = next((n for n in range(min(len(marker) - 1, len(text)), 0, -1)
-                             if text.endswith(marker[:n])), 0)
-                text, self._held = text[:len(text) - keep], text[len(text) - keep:]
-                return pieces + self._emit(text)
-            pieces += self._emit(text[:at])
-            self.thinking = not self.thinking
-            text = text[at + len(marker):]
-            if not self.thinking:
-                text = text.lstrip("\n")
-        return pieces
-
-    def flush(self) -> list[tuple[str, bool]]:
-        """The end of the answer: what was held back as a possible marker."""
-        held, self._held = self._held, ""
-        return self._emit(held)
-
-    def _emit(self, text: str) -> list[tuple[str, bool]]:
-        if not text:
-            return []
-        if not self.thinking:
-            self._said.append(text)
-        return [(text, self.thinking)]
-
-    def content(self) -> str:
-        """What the model said, its thinking left out."""
-        return "".join(self._said)
-
-
 class _Screen:
     """What a person sees beside the answers: notices and errors on stderr, the dim statistics
     line, thinking dimmed (or between llama-cli's markers where nothing is styled)."""
@@ -240,6 +195,14 @@ class _Screen:
 
     def prompt(self) -> str:
         return "\n> "
+
+    def show(self, out: Stdout, changes: list, from_draft: bool) -> None:
+        """What an answer's text added (chat.message.Delta's): its thinking and what it says."""
+        for change in changes:
+            if change.reasoning_content:
+                self.answer(out, change.reasoning_content, from_draft, True)
+            if change.content:
+                self.answer(out, change.content, from_draft, False)
 
     def answer(self, out: Stdout, text: str, from_draft: bool, thinking: bool) -> None:
         if thinking != self.thinking:

@@ -15,6 +15,7 @@ from rich.console import Console
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.decoding.stats import Stats
 from speculative.engine.stream import Final, Stream
+from speculative.engine.text import prompt_tail
 
 from .progress import StatusLine
 
@@ -96,17 +97,17 @@ def result_json(final: Final, reading: Reading | None = None) -> dict:
             **final.stats.to_dict()}
 
 
-def thinking_reader(engine: Engine, prompt: list[int]) -> Reading | None:
+def thinking_reader(engine: Engine, prompt_tail: str) -> Reading | None:
     """How a chat answer is read when the target's template thinks (its thoughts then go apart
-    from the answer, as llama-server's reasoning_content); None when it does not."""
+    from the answer, as llama-server's reasoning_content); None when it does not. `prompt_tail`:
+    Engine.prompt_tail's (does the prompt open the thinking?)."""
     from speculative.chat.request import Reading, plan
 
     template = engine.target.chat_template() or ""
     chosen = plan(template) if engine.jinja and template else None
     if chosen is None or not chosen.syntax.extract_reasoning:
         return None
-    tail = b"".join(engine.target.token_bytes(t) for t in prompt[-8:]).decode("utf-8", errors="replace")
-    return Reading(chosen.after_prompt(tail))
+    return Reading(chosen.after_prompt(prompt_tail))
 
 
 def show(out: Stdout, text: str, from_draft: bool, reading: Reading | None, end: bool = False) -> None:
@@ -131,7 +132,7 @@ def run_and_render(target: ModelSpec, draft: ModelSpec | None, text: str, sampli
     with loaded(target, draft, json_output, prompt_cache, prompt_cache_ro, pool) as (status, engine):
         prompt = engine.prompt_tokens(text, use_chat, system)
         out = Stdout(color, status)
-        reading = thinking_reader(engine, prompt) if use_chat else None
+        reading = thinking_reader(engine, prompt_tail(engine.target, prompt)) if use_chat else None
         stream = Stream(engine, prompt, sampling, spec, seed,
                         should_stop=lambda: "output closed" if out.closed else None)
         interrupted = False

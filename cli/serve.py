@@ -140,10 +140,9 @@ def serve_command(
              "longest prefix with it; least recently used go first. 0: off; -1: no limit."),
     metrics: bool = METRICS,
 ) -> None:
-    """Serve the models over OpenAI's HTTP API (/v1/completions, /v1/chat/completions, streamed or not,
-    /v1/models) and llama-server's endpoints (/completion, /infill, /tokenize, /detokenize, /props,
-    /slots, /health, /metrics with --metrics): -np generations at once, decoded together; the sampling
-    flags, -n and --ignore-eos are requests' defaults, as llama-server's. Ctrl-C or SIGTERM: exit 0."""
+    """Serve the models over OpenAI's HTTP API (/v1/completions, /v1/chat/completions with tools, /v1/models)
+    and llama-server's endpoints (/completion, /infill, /tokenize, /props, /slots, /health, /metrics...): -np
+    generations decoded together; the sampling flags, -n and --ignore-eos are requests' defaults. Ctrl-C: exit 0."""
     from speculative.serving import app as server  # the web stack: imported by this command only (start-up time)
     from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
     from speculative.engine.parallel import Parallel

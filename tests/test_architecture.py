@@ -20,7 +20,7 @@ LAYERS = {
     "cli": 6,
     "serving": 5,
     "engine": 4,
-    "drafters": 3, "llamacpp": 3,
+    "drafters": 3, "llamacpp": 3, "chat": 3,
     "models": 2, "grammar": 2,
     "decoding": 1,
     "errors": 0, "files": 0,

@@ -62,6 +62,31 @@ class FakeGrammar:
         return out
 
 
+class LazyFakeGrammar(FakeGrammar):
+    """A lazy grammar, as llama.cpp's with a trigger: every token is admitted until the generated
+    text holds TRIGGER; from there on, the language, from the trigger's start."""
+    TRIGGER = b"{"
+
+    def __init__(self, generated=b"", index=None):
+        super().__init__(index=index)
+        self.generated = generated
+        at = generated.find(self.TRIGGER)
+        self.text = generated[at:] if at >= 0 else None  # None: waiting for the trigger
+
+    def copy(self):
+        return LazyFakeGrammar(self.generated, self.index)
+
+    def _ok(self, token: int) -> bool:
+        if self.text is None:  # waiting: llama.cpp's lazy grammar admits every token (the toy's "{" ones
+            return token == EOG or 0 <= token < len(self.pieces) and bool(self.pieces[token])  # open validly)
+        return super()._ok(token)
+
+    def accept(self, token: int) -> None:
+        assert self._ok(token), (self.generated, token)
+        if token != EOG:
+            self.__init__(self.generated + self.pieces[token], self.index)
+
+
 class MaskGrammar:
     """A state admitting a fixed set of ids of a large vocabulary (for `best`'s rounds)."""
 
@@ -195,6 +220,15 @@ def test_greedy_output_under_a_grammar_is_target_only_for_every_drafter(model, d
     assert all(out == outputs["none"] for out in outputs.values()), outputs
 
 
+@pytest.mark.parametrize("seed", [4, 7, 9, 10])  # toy models whose greedy text reaches the trigger
+def test_greedy_output_under_a_lazy_grammar_is_target_only_for_every_drafter(seed):
+    model = ToyModel(seed=seed, eog_bias=0.0)
+    outputs = {name: _run(model, d, draft_max=3, grammar=LazyFakeGrammar())[0] for name, d in _drafters(model).items()}
+    assert all(out == outputs["none"] for out in outputs.values()), outputs
+    state = LazyFakeGrammar(b"".join(PIECES[t] for t in outputs["none"]))
+    assert state.text in LANGUAGE  # free text, the trigger, then the grammar's language to its end
+
+
 def test_certain_tokens_are_emitted_without_sampling_their_rows(model):
     tokens, events = _run(model, ForcedDrafter(), draft_max=8)
     steps = [e for e in events if isinstance(e, Step)]
@@ -216,14 +250,17 @@ def test_a_state_that_admits_no_token_ends_the_run_with_an_error(model):
         _run(model, grammar=grammar)
 
 
-def _marginals(model, sampling, n_tokens):
+GRAMMARS = {"eager": lambda generated=b"": FakeGrammar(text=generated), "lazy": LazyFakeGrammar}
+
+
+def _marginals(model, sampling, n_tokens, grammar="eager"):
     """The exact distribution of the first generated tokens, target alone, under the grammar."""
     sampler = Sampler(sampling, 0)
     out, paths = [], {(tuple(PROMPT), b""): 1.0}
     for _ in range(n_tokens):
         row, nxt = np.zeros(model.vocab), {}
         for (path, text), weight in paths.items():
-            ids, probs = sampler.distribution(model.logits(list(path)), (), FakeGrammar(text=text))
+            ids, probs = sampler.distribution(model.logits(list(path)), (), GRAMMARS[grammar](text))
             for t, p in zip(ids.tolist(), probs.tolist()):
                 row[t] += weight * p
                 key = (path + (t,), text + PIECES[t])
@@ -233,24 +270,28 @@ def _marginals(model, sampling, n_tokens):
     return out
 
 
-@pytest.mark.parametrize("accept", ["rejection", "match"])
-def test_sampled_output_under_a_grammar_follows_the_constrained_distribution(model, accept):
+@pytest.mark.parametrize("accept, grammar", [("rejection", "eager"), ("match", "eager"), ("rejection", "lazy")])
+def test_sampled_output_under_a_grammar_follows_the_constrained_distribution(model, accept, grammar):
     """3,000 seeded runs per rule: the first three tokens follow target-only probabilities
     under the grammar (the L1 bound of tests/test_loop.py), with a draft model sampling from its
-    own masked distribution (rejection) or drafting greedily (match), and deterministic drafts."""
+    own masked distribution (rejection) or drafting greedily (match), and deterministic drafts;
+    also under a lazy grammar (a tool call's, free text until its trigger)."""
     sampling = SamplerSettings(temp=1.0, top_k=5, top_p=1.0, min_p=0.0)
     runs, n_tokens = 3000, 3
+    if grammar == "lazy":  # a toy model that writes the trigger within its first tokens
+        model = ToyModel(seed=12, eog_bias=0.0)
     draft_model = model.perturbed(0.4, seed=2)
     counts = np.zeros((n_tokens, model.vocab))
     for seed in range(runs):
         draft = ModelDrafter(Cache(FakeBackend(draft_model, name="draft")),
                              sampler=Sampler(SamplerSettings(temp=1.3, top_k=5, top_p=1.0, min_p=0.0), seed + 99)
                              if accept == "rejection" else None)
-        tokens, _ = _run(model, draft, sampling, seed=seed, n=n_tokens, draft_max=3, accept=accept)
+        tokens, _ = _run(model, draft, sampling, seed=seed, n=n_tokens, draft_max=3, accept=accept,
+                         grammar=GRAMMARS[grammar]())
         for i, t in enumerate(tokens):
             counts[i, t] += 1
     lam = np.sqrt(2 * (model.vocab * np.log(2) + np.log(1e6)) / runs)
-    for i, expected in enumerate(_marginals(model, sampling, n_tokens)):
+    for i, expected in enumerate(_marginals(model, sampling, n_tokens, grammar)):
         assert np.abs(counts[i] / runs - expected).sum() < lam, f"token {i}"
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.conversation import Reasoning, read_message, turn_line
+from cli.conversation import read_message, turn_line
 from speculative.decoding.cache import Cache
 from speculative.decoding.events import Prefilled
 from speculative.decoding.loop import generate
@@ -53,20 +53,6 @@ def test_a_message_goes_on_after_a_backslash_and_with_mli_until_a_slash():
     assert read_message(lines("/usr/"), multiline=False) == "/usr/"  # a slash ends nothing without -mli
     assert read_message(lines("one", "two"), multiline=True) == "one\ntwo"  # the end of input ends it
     assert read_message(lines(), multiline=False) is None
-
-
-def test_thinking_is_told_apart_from_the_answer_across_pieces():
-    split = Reasoning()
-    pieces = [p for text in ("<thi", "nk>let me see</th", "ink>\n\nThe answer", " is 4.") for p in split.push(text)]
-    assert "".join(t for t, thinking in pieces if thinking) == "let me see"
-    assert "".join(t for t, thinking in pieces if not thinking) == "The answer is 4."
-    assert split.content() == "The answer is 4."
-    opened = Reasoning("<|im_start|>assistant\n<think>\n")  # the template opened the thinking
-    assert opened.push("hmm</think>yes") == [("hmm", True), ("yes", False)]
-    plain = Reasoning()
-    assert plain.push("a < b and <t") == [("a < b and ", False)]
-    assert plain.flush() == [("<t", False)]  # held back, and not a marker after all
-    assert plain.content() == "a < b and <t"
 
 
 def test_a_conversations_statistics_add_up_its_turns():

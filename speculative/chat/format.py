@@ -9,7 +9,7 @@ A family is a subclass in formats/, found by `formats.detect(template_source)`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from speculative.chat.message import ChatMessage
@@ -23,16 +23,20 @@ class Syntax:
     """How one request's answer is read.
 
     reasoning_format: llama.cpp's --reasoning-format. `none` leaves thinking in the content;
-      `deepseek` puts it in reasoning_content; `deepseek-legacy` also leaves it in the content
-      while streaming (llama.cpp's "legacy" reading); `auto` is `deepseek`.
+      `deepseek` puts it in reasoning_content; `auto` and `deepseek-legacy` read as `deepseek`
+      (the pinned parsers read them alike).
     thinking_open: the generation prompt ends inside the thinking block (the template opened
       `<think>`), so the text starts in reasoning.
     tools: the request has tools and a tool_choice other than `none`: calls are parsed (without,
       a call's text is content).
+    parameters: each tool's parameters (JSON schema) by its name, for the formats whose
+      arguments are not JSON and are typed by the schema (qwen3_coder's XML values: `5` is a
+      number or the string "5" as the schema says); None: typed as they read.
     """
     reasoning_format: str = "auto"
     thinking_open: bool = False
     tools: bool = False
+    parameters: dict[str, object] | None = field(default=None, hash=False)
 
     @property
     def extract_reasoning(self) -> bool:

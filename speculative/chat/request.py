@@ -91,7 +91,8 @@ def plan(template: str, tools: list[dict] | None = None, choice: str | dict = "a
         raise UsageError("tool_choice: required needs tools")
     calls = bool(tools) and choice != "none"
     grammar = family.grammar(tools, choice, parallel) if calls else None
-    return Plan(family, Syntax(reasoning_format=reasoning_format, tools=calls), grammar)
+    parameters = {t["function"]["name"]: t["function"].get("parameters") for t in tools} if calls else None
+    return Plan(family, Syntax(reasoning_format=reasoning_format, tools=calls, parameters=parameters), grammar)
 
 
 def chosen_name(choice: str | dict) -> str | None:

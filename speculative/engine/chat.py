@@ -137,7 +137,7 @@ def render(template: str, messages: list[dict], bos_token: str = "", eos_token: 
         compiled = env.from_string(template)
         sys.settrace(_Guard(seconds, MAX_GROWTH))
         parts, size = [], 0
-        variables = {**(extra or {}), "messages": messages, "add_generation_prompt": True,
+        variables = {**(extra or {}), "messages": messages, "add_generation_prompt": not continuing(messages),
                      "bos_token": bos_token, "eos_token": eos_token}
         if tools:
             variables["tools"] = tools
@@ -146,7 +146,7 @@ def render(template: str, messages: list[dict], bos_token: str = "", eos_token: 
             if size > limit:
                 raise _Stop(f"the output exceeds {limit} characters")
             parts.append(part)
-        return "".join(parts)
+        return _continued("".join(parts), messages)
     except _Stop as e:
         raise ModelError(f"chat template stopped: {e}") from None
     except jinja2.exceptions.SecurityError as e:
@@ -156,6 +156,39 @@ def render(template: str, messages: list[dict], bos_token: str = "", eos_token: 
         raise ModelError(f"chat template failed: {type(e).__name__}: {e}") from None
     finally:
         sys.settrace(previous)
+
+
+def continuing(messages: list[dict]) -> bool:
+    """A conversation ending with the assistant's message continues that message (llama-server's
+    assistant prefill, vLLM's continue_final_message): no generation prompt after it."""
+    return bool(messages) and messages[-1].get("role") == "assistant"
+
+
+def _continued(rendered: str, messages: list[dict]) -> str:
+    """The rendered conversation up to the end of the assistant's message it continues (without
+    the end of turn the template wrote after it), as transformers' continue_final_message."""
+    if not continuing(messages):
+        return rendered
+    content = messages[-1].get("content") or ""
+    at = rendered.rfind(content.strip()) if content.strip() else -1
+    if at < 0:
+        raise _Stop("the template does not write the assistant's message that is to be continued")
+    return rendered[:at + len(content.strip())]
+
+
+@functools.lru_cache(maxsize=8)
+def writes_parallel_calls(template: str) -> bool:
+    """Whether a Jinja template writes both calls of an assistant message with two (llama.cpp's
+    supports_parallel_tool_calls): llama-server's default for a request's parallel_tool_calls."""
+    calls = [{"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": {"x": i}}}
+             for i, name in enumerate(("first_probe_tool", "second_probe_tool"))]
+    messages = [{"role": "user", "content": _PROBE}, {"role": "assistant", "content": "", "tool_calls": calls},
+                {"role": "tool", "tool_call_id": "call_0", "content": "1"}, {"role": "user", "content": _PROBE}]
+    try:
+        text = render(template, messages)
+    except ModelError:
+        return False
+    return "second_probe_tool" in text
 
 
 def format_chat(template: str, messages: list[dict], jinja: bool = True, bos_token: str = "",

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING
 from speculative.decoding.settings import SamplerSettings, SpecSettings
 from speculative.decoding.stats import Stats
 from speculative.engine.stream import Final, Stream
+from speculative.engine.text import prompt_tail
 from speculative.errors import GenerationError, UsageError
 
 if TYPE_CHECKING:  # annotations only: importing the engine loads llama.cpp
     from speculative.engine.engine import Engine
 
-TAIL = 8  # tokens
 ANSWER_SHARE = 4  # --context-shift leaves an answer at least 1/ANSWER_SHARE of the context (or -n)
 
 
@@ -105,8 +105,7 @@ class Conversation:
         self.seed = self.sampling.resolved_seed()  # --seed: every turn's; else a fresh one each (llama-server's -1)
         stream = Stream(self.engine, tokens, self.sampling, self.spec, self.seed, carry=self.turns > 0)
         self.messages = self._drop(messages, dropped)
-        tail = b"".join(self.engine.target.token_bytes(t) for t in tokens[-TAIL:]).decode("utf-8", "replace")
-        return Turn(stream, self.seed, dropped, tail)
+        return Turn(stream, self.seed, dropped, prompt_tail(self.engine.target, tokens))
 
     def _fit(self, messages: list[dict[str, str]]) -> tuple[list[int], int]:
         """The prompt of `messages`, and how many of its oldest exchanges had to go for it to fit

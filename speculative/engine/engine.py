@@ -49,7 +49,6 @@ SAVE_COSTS_EVERY = 60.0  # seconds: what passes cost is saved after a run at mos
 # this roll back from a checkpoint instead (cache.py), which auto plans with (auto.Rewind).
 MAX_SNAPSHOTS = 8
 
-
 class Engine:
     def __init__(self, target: ModelSpec, draft: ModelSpec | None = None,
                  notify: Callable[[str], None] | None = None, prompt_cache_file: Path | None = None,

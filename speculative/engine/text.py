@@ -16,6 +16,15 @@ import time
 from typing import Callable, Sequence
 
 
+TAIL_TOKENS = 8  # of a prompt, for prompt_tail
+
+
+def prompt_tail(vocab, tokens: list[int]) -> str:
+    """A prompt's last few tokens as text (`vocab`'s token_bytes): does a chat template open a
+    thinking block there?"""
+    return b"".join(vocab.token_bytes(t) for t in tokens[-TAIL_TOKENS:]).decode("utf-8", "replace")
+
+
 class TextStream:
     def __init__(self, token_bytes: Callable[[int], bytes]):
         self._token_bytes = token_bytes

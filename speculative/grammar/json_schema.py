@@ -7,6 +7,11 @@ schemas, through tests/json_schema_harness.cpp built against the installed wheel
 
     schema_to_gbnf(schema, warn=None) -> str    # the grammar; its root rule is `root`
     any_object_gbnf() -> str                    # response_format {"type": "json_object"}
+    SharedRules(warn=None)                      # several schemas and hand-written rules in one
+                                                # grammar (llama.cpp's build_grammar)
+    format_literal(text) -> str                 # a GBNF string literal
+    object_properties(schema) -> [Property]     # an object schema's properties, the JSON types
+                                                # each may take (common_chat_schema::value_types)
 
 `schema` is the parsed JSON (json.loads). An empty schema `{}` is any JSON value here, as in
 json_schema_to_grammar; llama-server reads an absent or empty schema as ANY_OBJECT_SCHEMA before
@@ -104,6 +109,108 @@ def any_object_gbnf() -> str:
     """The grammar of OpenAI's response_format {"type": "json_object"}: any JSON object, as
     llama-server converts it (it reads json_object, and an empty schema, as {"type": "object"})."""
     return schema_to_gbnf(ANY_OBJECT_SCHEMA)
+
+
+class SharedRules:
+    """Several schemas and hand-written rules in one grammar, as llama.cpp's build_grammar shares
+    one converter between them (a chat format's tool calls: each tool's parameters, and the
+    call's own syntax around them). Rules of the same name and body are shared (`space`,
+    `string`, ...); a name taken by another body gets a number, as llama.cpp's _add_rule does.
+    Unlike llama.cpp, where the same `$ref` in two tools' schemas shares one rule (the first
+    tool's target), each schema's `$ref` rules are named after the schema: no tool sees
+    another's definitions."""
+
+    def __init__(self, warn: Callable[[str], None] | None = None):
+        self._converter = _Converter({}, warn)
+
+    def add_schema(self, name: str, schema: object, property: str | None = None) -> str:
+        """The rule matching `schema`, named `name` (its parts `name-...`); with `property`, the
+        rule of that property of the object `schema` (its `$ref`s resolved in `schema`).
+        GrammarError (one line, the place in `schema`) for a schema llama.cpp refuses."""
+        builder = _Builder(schema)
+        node = builder.build()
+        if property is not None:
+            node = next(n for p, n, _ in node.properties if p == property)
+        conv = self._converter
+        conv.refs, conv.ref_prefix = builder.refs, name + "-"
+        try:
+            return conv.visit(node, name)
+        finally:
+            conv.refs, conv.ref_prefix = {}, ""
+
+    def add_rule(self, name: str, rule: str) -> str:
+        """The name `rule` is given (`name`, or `name` with a number where taken)."""
+        return self._converter.add_rule(name, rule)
+
+    def grammar(self) -> str:
+        """Every rule, sorted by name, as llama.cpp writes them."""
+        return self._converter.grammar()
+
+
+@dataclass(frozen=True)
+class Property:
+    """One property of an object schema: its name, whether it is required, and the JSON types
+    ("null", "boolean", "integer", "number", "string", "array", "object") its value may take."""
+    name: str
+    required: bool
+    types: frozenset[str]
+
+
+def object_properties(schema: object) -> list[Property]:
+    """The properties of an object schema, in the schema's order, as llama.cpp's
+    foreach_parameter sees them ([] for a schema that is not an object); GrammarError where
+    llama.cpp refuses the schema."""
+    builder = _Builder(schema)
+    root = builder.build()
+    if root.kind != "object":
+        return []
+    return [Property(name, required, frozenset(_value_types(node, builder.refs, set())))
+            for name, node, required in root.properties]
+
+
+_ALL_TYPES = frozenset({"null", "boolean", "integer", "number", "string", "array", "object"})
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    return {str: "string", list: "array"}.get(type(value), "object")
+
+
+def _value_types(node: _Node, refs: dict[str, _Node | None], seen: set[str]) -> frozenset[str]:
+    """The JSON types a value of `node` may take (json-schema.cpp's value_types_impl)."""
+    kind = node.kind
+    if kind == "any":
+        return _ALL_TYPES
+    if kind == "number":
+        return frozenset({"number", "integer"})
+    if kind in ("tuple", "array"):
+        return frozenset({"array"})
+    if kind == "const":
+        return frozenset({_json_type(node.value)})
+    if kind == "enum":
+        return frozenset(_json_type(v) for v in node.values)
+    if kind == "ref":
+        target = refs.get(node.ref)
+        if target is None or node.ref in seen:
+            return frozenset()  # a cycle contributes no type
+        return _value_types(target, refs, seen | {node.ref})
+    if kind == "anyOf":
+        return frozenset().union(*(_value_types(c, refs, seen) for c in node.children))
+    if kind == "allOf":
+        return _ALL_TYPES.intersection(*(_value_types(c, refs, seen) for c in node.children))
+    return frozenset({kind})  # null boolean integer string object
+
+
+def format_literal(text: str) -> str:
+    """`text` as a GBNF string literal."""
+    return _format_literal(text)
 
 
 def _fail(path: str, detail: str) -> GrammarError:
@@ -810,6 +917,7 @@ class _Converter:
 
     def __init__(self, refs: dict[str, _Node | None], warn: Callable[[str], None] | None):
         self.refs, self.warn = refs, warn
+        self.ref_prefix = ""  # SharedRules: the schema's own `$ref` rules
         self.rules = {"space": SPACE_RULE}
         self.resolving: set[str] = set()
 
@@ -876,11 +984,12 @@ class _Converter:
 
     def resolve_ref(self, node: _Node) -> str:
         ref = node.ref
-        name = "ref" + _INVALID_RULE_CHARS.sub("-", ref[ref.find("#") + 1:])
-        if name not in self.rules and ref not in self.resolving:
-            self.resolving.add(ref)
+        name = self.ref_prefix + "ref" + _INVALID_RULE_CHARS.sub("-", ref[ref.find("#") + 1:])
+        key = self.ref_prefix + ref
+        if name not in self.rules and key not in self.resolving:
+            self.resolving.add(key)
             name = self.visit(self.refs[ref], name)
-            self.resolving.discard(ref)
+            self.resolving.discard(key)
         return name
 
     def array(self, node: _Node, sub: str, rule_name: str) -> str:

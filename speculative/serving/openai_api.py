@@ -29,6 +29,7 @@ from pydantic_core import PydanticCustomError
 
 from speculative.chat import request as chat_request
 from speculative.chat.message import ChatMessage, Delta
+from speculative.engine import chat
 from speculative.decoding.stats import Stats
 from speculative.errors import GrammarError, UsageError
 from speculative.serving.generation import (ApiError, Defaults, Generation, refuse_unsupported, request_grammar,
@@ -164,9 +165,11 @@ class ChatRequest(_Request):
     max_completion_tokens: Optional[int] = Field(None, ge=1)  # newer clients' name for max_tokens
     tools: Optional[list[Tool]] = None
     tool_choice: Union[Literal["auto", "none", "required"], NamedChoice] = "auto"
-    parallel_tool_calls: bool = False
+    parallel_tool_calls: Optional[bool] = None  # omitted: whether the template writes parallel calls
     reasoning_format: Optional[str] = None             # llama-server's
     chat_template_kwargs: Optional[dict] = None        # llama-server's: more template variables
+    add_generation_prompt: Optional[bool] = None       # False with continue_final_message (vLLM's)
+    continue_final_message: Union[bool, str, None] = None
 
 
 # Fields that exist in OpenAI's API but are not served: refused unless set to what they
@@ -206,6 +209,7 @@ def parse(data: object, chat: bool, defaults: Defaults = Defaults(), template: s
 def _chat(request: ChatRequest, data: dict, defaults: Defaults, template: str, generation: Generation) -> Generation:
     """A chat request's messages, tools and reasoning, checked as llama-server checks them."""
     _check_messages(request.messages, data["messages"])
+    _check_continuation(request)
     tools = [t.model_dump(exclude_none=True) for t in request.tools or []]
     kwargs = {**defaults.template_kwargs, **(request.chat_template_kwargs or {})}
     if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
@@ -217,8 +221,10 @@ def _chat(request: ChatRequest, data: dict, defaults: Defaults, template: str, g
     if tools and not template:
         raise ApiError(400, "tools need the model's Jinja chat template", param="tools")
     try:
-        plan = chat_request.plan(template, tools, choice, request.parallel_tool_calls,
-                                 request.reasoning_format or defaults.reasoning_format)
+        parallel = request.parallel_tool_calls
+        if parallel is None:
+            parallel = bool(tools) and chat.writes_parallel_calls(template)
+        plan = chat_request.plan(template, tools, choice, parallel, request.reasoning_format or defaults.reasoning_format)
     except UsageError as e:
         raise ApiError(400, str(e), param="tool_choice" if str(e).startswith("tool_choice") else "reasoning_format") from None
     except GrammarError as e:
@@ -241,6 +247,17 @@ def _check_messages(messages: list[Message], raw: list[dict]) -> None:
                            param=f"messages.{i}")
     if len(messages) >= 2 and messages[-1].role == messages[-2].role == "assistant":
         raise ApiError(400, "Cannot have 2 or more assistant messages at the end of the list.", param="messages")
+
+
+def _check_continuation(request: ChatRequest) -> None:
+    """A final assistant message is continued (llama-server's assistant prefill); vLLM's explicit
+    continue_final_message says the same, and cannot go with a generation prompt."""
+    if request.continue_final_message not in (None, False) and request.add_generation_prompt:
+        raise ApiError(400, "Cannot set both add_generation_prompt and continue_final_message to true.",
+                       param="continue_final_message")
+    last = request.messages[-1]
+    if last.role == "assistant" and last.tool_calls:
+        raise ApiError(400, "Cannot continue an assistant message that contains tool calls.", param="messages")
 
 
 # -- responses ----------------------------------------------------------------

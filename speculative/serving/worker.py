@@ -29,7 +29,7 @@ from speculative.decoding.stats import Stats
 from speculative.engine.engine import Engine
 from speculative.engine.parallel import Parallel
 from speculative.engine.stream import Final, Piece, Stream
-from speculative.engine.text import LineLimits
+from speculative.engine.text import LineLimits, prompt_tail
 from speculative.errors import GrammarError, ModelError, UsageError
 from speculative.llamacpp import interrupt
 from speculative.serving.generation import ApiError, Busy, Generation
@@ -50,7 +50,6 @@ class Failed:
 
 
 Output = Union[Started, Piece, Final, Failed]  # Piece and Final: stream.py's
-TAIL_TOKENS = 8  # of the prompt, in Started
 
 
 def prompt_tokens(engine: Engine, generation: Generation) -> list[int]:
@@ -87,8 +86,7 @@ def generate(engine: Engine, generation: Generation, tokens: list[int], spec: Sp
     Started, one Piece per step that completes text, then Final. `should_stop` is asked after
     the prompt and after every step: a finish reason ends the run there."""
     spec = request_spec(engine, generation, spec)
-    yield Started(len(tokens), b"".join(engine.target.token_bytes(t) for t in tokens[-TAIL_TOKENS:])
-                  .decode("utf-8", errors="replace"))
+    yield Started(len(tokens), prompt_tail(engine.target, tokens))
     if not tokens:  # llama-server answers an empty prompt with an empty answer
         yield Final("none", "", "", [], Stats(), [])
         return

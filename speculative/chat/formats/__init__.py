@@ -2,9 +2,9 @@
 template writes (`detect`), in the pinned llama.cpp's order of checks
 (common_chat_try_specialized_template, then what its autoparser finds in the template).
 
-Each module defines FORMAT, a format.Format subclass. A template matching none of them that
-takes tools falls back to hermes' `<tool_call>` form only if it writes it; a template without
-tool support gets llama.cpp's generic JSON form (generic.py).
+Each module defines FORMAT, a format.Format subclass. A template matching none of them is read
+as plain content (generic.py: the pinned llama.cpp has no generic JSON form for tools any more),
+and it cannot be asked for a required or named call.
 """
 
 from __future__ import annotations
