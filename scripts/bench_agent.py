@@ -5,14 +5,17 @@ against the pinned llama-server, without speculation and with --spec-default, al
 
     scripts/bench_agent.py [--speculate PATH] [--llama-server PATH] [-m MODEL] [-md DRAFT] [-t 2]
                            [-n 2048] [--only CONFIG_SUBSTRING ...] [--sessions ID,...]
-                           [--repeats 1] [-o results.json]
+                           [--calls tools|grammar] [--repeats 1] [-o results.json]
 
 Each session of scripts/agent_sessions.jsonl (one a line: {"id", "path", "edits": [user
 messages], "text": the file's text}) is what an agent does to change a file: every request offers
-two tools, read_file(path) and write_file(path, content), and names the one its turn calls in
-tool_choice ({"type": "function", "function": {"name": ...}}; the pinned llama-server reads a
-named tool_choice as `auto`, with a warning, and its `required` lets text come before the call,
-so neither forces a call there). The user asks for the first edit; the model calls read_file
+two tools, read_file(path) and write_file(path, content). How a turn gets its call (--calls):
+`tools` (default), the turn's tool named in tool_choice ({"type": "function", "function":
+{"name": ...}}) and the call read by the server (the pinned llama-server reads a named
+tool_choice as `auto`, with a warning, and its `required` lets text come before the call, so
+neither forces a call there); `grammar`, tool_choice `none` and a grammar holding the answer to
+the turn's call as Qwen2.5's template writes one, read back by this script (the same forced call
+on both servers, for a model that does not call by itself). The user asks for the first edit; the model calls read_file
 (the `read` turn), and the script answers with a `tool` message holding the file's text; the
 model calls write_file with the whole file changed (a `rewrite` turn), the script answers "ok"
 and the user asks for the next edit, which the model makes to the file as it last wrote it (in
@@ -52,15 +55,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its siblings, also when imported by tests
-from bench_conversation import (CTX, Config, add_common_arguments, check_common_arguments, goals,  # noqa: E402
-                                log_turn, measure, prepare, print_goals, server_turn, summarise)
-from results import meta  # noqa: E402
+from bench_conversation import (CTX, Config, add_common_arguments, by_ids, check_common_arguments,  # noqa: E402
+                                goals, jsonl, log_turn, print_goals, run_all, run_meta, server_turn, summarise)
 from served import Server  # noqa: E402
 from tables import agent as agent_table  # noqa: E402
 from tables import agent_totals as totals_table  # noqa: E402
@@ -145,13 +145,7 @@ def load_sessions(path: Path = SESSIONS, ids: list[str] | None = None) -> list[d
     file's path and text, and edits that are non-empty messages each naming the file. ValueError
     says what is wrong."""
     sessions = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            s = json.loads(line)
-        except ValueError as e:
-            raise ValueError(f"{path}:{number}: not JSON ({e})") from None
+    for number, s in jsonl(path):
         if (not isinstance(s, dict) or not all(isinstance(s.get(k), str) and s[k].strip() for k in ("id", "path", "text"))
                 or not isinstance(s.get("edits"), list) or not s["edits"]):
             raise ValueError(f"{path}:{number}: a session needs an id, a path, the file's text and edits")
@@ -159,13 +153,7 @@ def load_sessions(path: Path = SESSIONS, ids: list[str] | None = None) -> list[d
             if not isinstance(edit, str) or s["path"] not in edit:
                 raise ValueError(f"{path}:{number}: {s['id']}: every edit must be a message naming {s['path']}")
         sessions.append(s)
-    if ids is None:
-        return sessions
-    by_id = {s["id"]: s for s in sessions}
-    missing = [i for i in ids if i not in by_id]
-    if missing:
-        raise ValueError(f"no session {', '.join(missing)} in {path}; there are: {', '.join(by_id)}")
-    return [by_id[i] for i in ids]
+    return by_ids(sessions, ids, "session", path)
 
 
 # -- a session's messages --------------------------------------------------------------
@@ -361,24 +349,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     bench = parse_args(argv)
-    configs, sessions = bench.configs, bench.picked
-    runs = []
-    with tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp:
-        prepare(bench, Path(tmp))
-        for repeat in range(bench.repeats):
-            for session in sessions:
-                for cfg in configs:
-                    runs.append(measure(cfg, bench, session, Path(tmp), repeat, runner=run_session, kind=turn_kind))
-    table = summarise_agent(runs, [c.name for c in configs], sessions)
+    sessions = bench.picked
+    runs = run_all(bench, sessions, "bench-agent-", runner=run_session, kind=turn_kind)
+    table = summarise_agent(runs, [c.name for c in bench.configs], sessions)
     found = goals(table["summary"], GOALS)
     print_report(table, found, bench, sessions, runs)
     if bench.output:
         bench.output.write_text(json.dumps({
-            "meta": meta(speculate=bench.speculate, model=bench.model, draft=bench.draft, threads=bench.threads,
-                         ctx=CTX, n_predict=bench.n_predict, repeats=bench.repeats, calls=bench.calls,
-                         sessions=[s["id"] for s in sessions],
-                         llama_server=str(bench.llama_server) if bench.llama_server else None,
-                         GGML_CPU_TILED_MM=os.environ.get("GGML_CPU_TILED_MM")),
+            "meta": run_meta(bench, calls=bench.calls, sessions=[s["id"] for s in sessions]),
             "system": SYSTEM, "tools": TOOLS, "sessions": sessions, **table, "goals": found, "runs": runs},
             indent=1, ensure_ascii=False))
     return 0

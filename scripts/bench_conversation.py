@@ -116,13 +116,7 @@ def load_conversations(path: Path = CONVERSATIONS, ids: list[str] | None = None)
     them: not ending in a backslash (the message would go on on the next line) nor starting with a
     slash (/exit, /clear, /regen: a command). ValueError says what is wrong."""
     conversations = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            c = json.loads(line)
-        except ValueError as e:
-            raise ValueError(f"{path}:{number}: not JSON ({e})") from None
+    for number, c in jsonl(path):
         if (not isinstance(c, dict) or not isinstance(c.get("id"), str) or c.get("source") not in SOURCES
                 or not isinstance(c.get("turns"), list) or not c["turns"]):
             raise ValueError(f"{path}:{number}: a conversation needs an id, a source ({' or '.join(SOURCES)}) "
@@ -133,12 +127,28 @@ def load_conversations(path: Path = CONVERSATIONS, ids: list[str] | None = None)
                 raise ValueError(f"{path}:{number}: {c['id']}: every turn must be one non-empty line, "
                                  "not starting with / nor ending in \\")
         conversations.append(c)
+    return by_ids(conversations, ids, "conversation", path)
+
+
+def jsonl(path: Path):
+    """(line number, value) of each non-blank line of a JSON-lines file; ValueError names a line
+    that is not JSON."""
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                yield number, json.loads(line)
+            except ValueError as e:
+                raise ValueError(f"{path}:{number}: not JSON ({e})") from None
+
+
+def by_ids(items: list[dict], ids: list[str] | None, what: str, path: Path) -> list[dict]:
+    """The items of `ids`, in that order (all of them without ids); ValueError names those missing."""
     if ids is None:
-        return conversations
-    by_id = {c["id"]: c for c in conversations}
+        return items
+    by_id = {item["id"]: item for item in items}
     missing = [i for i in ids if i not in by_id]
     if missing:
-        raise ValueError(f"no conversation {', '.join(missing)} in {path}; there are: {', '.join(by_id)}")
+        raise ValueError(f"no {what} {', '.join(missing)} in {path}; there are: {', '.join(by_id)}")
     return [by_id[i] for i in ids]
 
 
@@ -419,26 +429,37 @@ def prepare(bench: argparse.Namespace, work: Path) -> None:
         calibrate(bench, work)
 
 
-def main(argv: list[str] | None = None) -> int:
-    bench = parse_args(argv)
-    configs, conversations = bench.configs, bench.picked
+def run_all(bench: argparse.Namespace, conversations: list[dict], prefix: str, **how) -> list[dict]:
+    """Every conversation under every configuration, --repeats times (each repeat all of them, in the
+    same order, so drift hits all alike), after prepare(); `how`: measure's runner and kind."""
     runs = []
-    with tempfile.TemporaryDirectory(prefix="bench-conversation-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         prepare(bench, Path(tmp))
         for repeat in range(bench.repeats):
             for conversation in conversations:
-                for cfg in configs:
-                    runs.append(measure(cfg, bench, conversation, Path(tmp), repeat))
-    table = summarise(runs, [c.name for c in configs], conversations)
+                for cfg in bench.configs:
+                    runs.append(measure(cfg, bench, conversation, Path(tmp), repeat, **how))
+    return runs
+
+
+def run_meta(bench: argparse.Namespace, **extra) -> dict:
+    """The -o file's meta: results.meta with the tools, the model and the settings; plus `extra`."""
+    return meta(speculate=bench.speculate, model=bench.model, draft=bench.draft, threads=bench.threads, ctx=CTX,
+                n_predict=bench.n_predict, repeats=bench.repeats,
+                llama_server=str(bench.llama_server) if bench.llama_server else None,
+                GGML_CPU_TILED_MM=os.environ.get("GGML_CPU_TILED_MM"), **extra)
+
+
+def main(argv: list[str] | None = None) -> int:
+    bench = parse_args(argv)
+    conversations = bench.picked
+    runs = run_all(bench, conversations, "bench-conversation-")
+    table = summarise(runs, [c.name for c in bench.configs], conversations)
     found = goals(table["summary"])
     print_report(table, found, bench, conversations)
     if bench.output:
         bench.output.write_text(json.dumps({
-            "meta": meta(speculate=bench.speculate, model=bench.model, draft=bench.draft, threads=bench.threads,
-                         ctx=CTX, n_predict=bench.n_predict, repeats=bench.repeats,
-                         conversations=[c["id"] for c in conversations],
-                         llama_server=str(bench.llama_server) if bench.llama_server else None,
-                         GGML_CPU_TILED_MM=os.environ.get("GGML_CPU_TILED_MM")),
+            "meta": run_meta(bench, conversations=[c["id"] for c in conversations]),
             "conversations": conversations, **table, "goals": found, "runs": runs}, indent=1, ensure_ascii=False))
     return 0
 

@@ -19,6 +19,7 @@ from scripts.bench_agent import (CALL_TAGS, GOALS, SESSIONS, SYSTEM, TOOLS, call
                                  load_sessions, play, session_kinds, summarise_agent, the_call)
 from scripts.bench_conversation import CONFIGS
 from scripts.tables import agent, agent_totals
+from tests.test_bench_conversation import SERVED, fake
 from speculative.grammar.gbnf import check
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_agent.py"
@@ -261,26 +262,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
                                 "predicted_ms": tokens * (10.0 if SPEC in args else 30.0),
                                 "draft_n": 0, "draft_n_accepted": 0}})
 
-    def reply(self, answer):
-        data = json.dumps(answer).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
-
-http.server.HTTPServer(("127.0.0.1", int(args[args.index("--port") + 1])), Handler).serve_forever()
 """
 
 
-def fake(path: Path, log: Path, spec_flag: str) -> Path:
+def fake_server(path: Path, log: Path, spec_flag: str) -> Path:
     """A server that is fast (10 ms a token) when started with `spec_flag`, else 30 ms a token."""
-    path.write_text(f"#!{sys.executable}\nLOG = {str(log)!r}\nSPEC = {spec_flag!r}\n{FAKE_SERVER}")
-    path.chmod(0o755)
-    return path
+    return fake(path, f"SPEC = {spec_flag!r}\n{FAKE_SERVER}{SERVED}", log)
 
 
 def test_a_whole_run_against_fake_servers_reports_every_turn_of_every_configuration(tmp_path):
@@ -288,8 +275,8 @@ def test_a_whole_run_against_fake_servers_reports_every_turn_of_every_configurat
     settings (speculate serve with --spec-type, llama-server with --spec-default), -np 1 and
     --jinja; the turns go through /v1/chat/completions, the table and the goals are printed, and
     -o holds it all."""
-    speculate = fake(tmp_path / "speculate", tmp_path / "speculate.log", "auto")
-    server = fake(tmp_path / "llama-server", tmp_path / "server.log", "--spec-default")
+    speculate = fake_server(tmp_path / "speculate", tmp_path / "speculate.log", "auto")
+    server = fake_server(tmp_path / "llama-server", tmp_path / "server.log", "--spec-default")
     out = tmp_path / "out.json"
     session = load_sessions()[0]
     proc = subprocess.run([sys.executable, str(SCRIPT), "--speculate", str(speculate), "--llama-server", str(server),
