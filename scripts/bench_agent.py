@@ -40,7 +40,8 @@ ratios auto / none, spec-default / llama-server none and auto / spec-default; th
 turns together and all turns together, each configuration's tokens over its decode seconds (the
 aggregate speed, not a mean of speeds), and how many answers (content and calls, word for word)
 are the same server's without speculation. A second table sums each configuration's turns as
-scripts/bench_conversation.py's does, with the calls as asked and the sessions ended early.
+scripts/bench_conversation.py's does, with the calls as asked, the lines of the file its rewrites
+kept and the sessions ended early.
 --repeats R runs everything R times, in the same order.
 
 llama-server, the calibration of auto, GGML_CPU_TILED_MM and the options shared with
@@ -54,6 +55,7 @@ and the session's whole history. Run it on an idle machine.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import sys
 from pathlib import Path
@@ -237,14 +239,26 @@ def agent_turn(answer: dict, kind: str, session: dict, calls: str = "tools") -> 
     return turn
 
 
+def kept_lines(before: str, after: str) -> int:
+    """How many lines of `before` a rewrite kept, in order (difflib's longest matching blocks)."""
+    matcher = difflib.SequenceMatcher(None, before.splitlines(), after.splitlines(), autojunk=False)
+    return sum(block.size for block in matcher.get_matching_blocks())
+
+
 def play(session: dict, post, n_predict: int, calls: str = "tools", on_turn=None) -> dict:
     """The session, each turn's request given to `post` (body -> the server's answer): its turns,
-    its whole history, and where it ended early (None: it did not). `on_turn(index, turn)` sees
-    each turn as it comes."""
-    messages, turns = opening(session), []
+    its whole history, and where it ended early (None: it did not). A rewrite's turn also says how
+    many lines the file had and how many of them it kept (a model that writes a fragment of the
+    file, or something else, times other work than an agent's). `on_turn(index, turn)` sees each
+    turn as it comes."""
+    messages, turns, file = opening(session), [], session["text"]
     for index, kind in enumerate(session_kinds(session)):
         turn = agent_turn(post(request(messages, kind, n_predict, calls)), kind, session, calls)
         turns.append(turn)
+        if turn["call"] is not None and kind == "rewrite":
+            written = json.loads(turn["call"]["function"]["arguments"])["content"]
+            turn.update(lines_before=len(file.splitlines()), lines_kept=kept_lines(file, written))
+            file = written
         if on_turn:
             on_turn(index, turn)
         if turn["call"] is None:
@@ -301,12 +315,14 @@ def run_session(cfg: Config, bench: argparse.Namespace, session: dict, work: Pat
 
 def summarise_agent(runs: list[dict], configs: list[str], sessions: list[dict]) -> dict:
     """bench_conversation's summary (the rewrite turns timed), each configuration's totals with the
-    calls as asked and the sessions that ended early."""
+    calls as asked, the file's lines its rewrites kept, and the sessions that ended early."""
     table = summarise(runs, configs, sessions, kinds=session_kinds, timed="rewrite")
     for total in table["totals"]:
         mine = [run for run in runs if run["config"] == total["config"]]
-        total.update(calls_ok=sum(t["call_ok"] for run in mine for t in run["turns"]), sessions=len(mine),
-                     ended_early=sum(run["ended"] is not None for run in mine))
+        turns = [t for run in mine for t in run["turns"]]
+        total.update(calls_ok=sum(t["call_ok"] for t in turns), sessions=len(mine),
+                     ended_early=sum(run["ended"] is not None for run in mine),
+                     **{k: sum(t.get(k, 0) for t in turns) for k in ("lines_kept", "lines_before")})
     return table
 
 

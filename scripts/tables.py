@@ -478,10 +478,13 @@ def agent(data) -> list[str]:
 def agent_totals(data) -> list[str]:
     """bench_agent.py's second table: conversation_totals' columns, then the tool calls that were
     the one their turn asked for (that tool, the session's file, JSON arguments with a string
-    `content` for write_file) and the sessions that ended before their last turn (at a call that
-    was not: the agent had no file to go on from)."""
-    return conversation_totals(data, (("calls as asked", lambda t: f"{t['calls_ok']}/{t['turns']}"),
-                                      ("sessions ended early", lambda t: f"{t['ended_early']}/{t['sessions']}")))
+    `content` for write_file), the lines of the file the rewrites kept (of the lines it had before
+    each), and the sessions that ended before their last turn (at a call that was not: the agent
+    had no file to go on from)."""
+    return conversation_totals(data, (
+        ("calls as asked", lambda t: f"{t['calls_ok']}/{t['turns']}"),
+        ("file lines the rewrites kept", lambda t: f"{t['lines_kept']:,}/{t['lines_before']:,}"),
+        ("sessions ended early", lambda t: f"{t['ended_early']}/{t['sessions']}")))
 
 
 CONVERSATION_RUN = ("python scripts/bench_conversation.py --llama-server LLAMA_SERVER -o conversation.json "

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from scripts.bench_agent import (CALL_TAGS, GOALS, SESSIONS, SYSTEM, TOOLS, call_grammar, goals, grammar_call,
-                                 load_sessions, play, session_kinds, summarise_agent, the_call)
+                                 kept_lines, load_sessions, play, session_kinds, summarise_agent, the_call)
 from scripts.bench_conversation import CONFIGS
 from scripts.tables import agent, agent_totals
 from tests.test_bench_conversation import SERVED, fake
@@ -109,6 +109,7 @@ def test_each_turn_sends_the_history_an_agent_would_with_the_turns_tool_named():
     assert fourth[:7] == third and fourth[-1] == {"role": "user", "content": "In m.py, three."}
     assert run["messages"][-2]["tool_calls"][0]["function"]["arguments"] == json.dumps({"path": "m.py", "content": "x = 4\n"})
     assert [t["tool"] for t in run["turns"]] == ["read_file"] + ["write_file"] * 3
+    assert [(t.get("lines_before"), t.get("lines_kept")) for t in run["turns"]] == [(None, None)] + [(1, 0)] * 3
     assert all(t["call_ok"] and t["problem"] is None and t["tokens"] == 10 and t["decode_s"] == 0.1
                for t in run["turns"])
 
@@ -187,9 +188,10 @@ def test_a_turn_whose_call_is_not_the_one_asked_for_ends_the_session_there():
 
 
 def turn(tokens: int, seconds: float, kind: str, text: str = "same", ok: bool = True) -> dict:
+    lines = {"lines_before": 90, "lines_kept": 85} if kind == "rewrite" and ok else {}
     return {"tokens": tokens, "decode_s": seconds, "text": text, "kind": kind, "prompt_processed": 10,
             "prompt_kept": 5, "drafted": 0, "accepted": 0, "passes": tokens, "finish_reason": "stop", "dropped": 0,
-            "call_ok": ok}
+            "call_ok": ok, **lines}
 
 
 def run(config: str, turns: list[dict], ended: dict | None = None, session: str = "s") -> dict:
@@ -225,8 +227,17 @@ def test_the_tables_time_the_rewrite_turns_and_count_the_calls_and_the_sessions_
     assert "| s | 3 | rewrite | 300 | 30.00 | 60.00 | - | - | 2.00x | - | - |" in lines
     assert lines[-1].endswith("| 3/3 | 2/3 | 2/2 | 1/1 |  |  |  |")
     totals_lines = agent_totals(table)
-    assert totals_lines[0].endswith("| calls as asked | sessions ended early |")
-    assert totals_lines[4].startswith("| `llama-server none` | 2 |") and totals_lines[4].endswith("| 0 | 1/2 | 1/1 |")
+    assert totals_lines[0].endswith("| calls as asked | file lines the rewrites kept | sessions ended early |")
+    assert totals_lines[3].endswith("| 0 | 3/3 | 170/180 | 0/1 |")
+    assert totals_lines[4].startswith("| `llama-server none` | 2 |") and totals_lines[4].endswith("| 0 | 1/2 | 0/0 | 1/1 |")
+
+
+def test_the_lines_a_rewrite_kept_are_those_of_the_file_before_it_in_order():
+    before = "a\nb\nc\nd\n"
+    assert kept_lines(before, before) == 4
+    assert kept_lines(before, "a\nb\nx\nc\nd\n") == 4  # a line added
+    assert kept_lines(before, "a\nB\nc\nd\n") == 3  # a line changed
+    assert kept_lines(before, "d\n") == 1 and kept_lines(before, "") == 0  # a fragment
 
 
 # -- the whole script, against fake servers ------------------------------------------
