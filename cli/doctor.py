@@ -31,7 +31,7 @@ def doctor_command(
     if reset_costs:
         _reset_costs(models)
         return
-    n_ctx = 512 if slots.kv_unified else 512 * slots.n_slots  # 512 for each request either way
+    n_ctx = 512 if slots.unified() else 512 * slots.n_slots  # 512 for each request either way
     target, _ = replace(models, ctx_size=n_ctx, batch_size=512).specs(use_draft=False)
     target = slots.apply(target)
     from speculative.llamacpp.doctor import batch_invariance, sequence_invariance
@@ -56,7 +56,7 @@ def doctor_command(
             "batch_variant_kernels": m.kernels, "recurrent": m.recurrent, "architecture": m.arch,
             "checks": [c.to_dict() for c in checks],
             "batch_invariant": all(c.max_abs_diff == 0.0 for c in checks),
-            "parallel": slots.n_slots, "kv_unified": slots.kv_unified,
+            "parallel": slots.n_slots, "kv_unified": slots.unified(),
             "sequences": among.to_dict() if among else None,
             "sequence_invariant": among is None or among.max_abs_diff == 0.0,
         }

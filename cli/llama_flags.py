@@ -404,8 +404,6 @@ REFUSED = {
              "its -np slots together",
     "--slot-save-path": "for llama-server's slot files (/slots?action=save), which speculate serve does not have: "
                         "-cram/--cache-ram keeps earlier conversations in host memory",
-    "--cors-origins": "llama-server's CORS, which speculate serve does not grant: it refuses cross-origin requests "
-                      "from web pages (docs/serving.md); put a proxy in front of it for a browser client",
     "-mu": "llama.cpp's download of a model URL, which speculate does not have: give the file with -m, or a "
            "Hugging Face repository with -hf",
     "--models-dir": _ROUTER, "--models-preset": _ROUTER, "--models-max": _ROUTER, "--models-autoload": _ROUTER,

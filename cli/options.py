@@ -739,9 +739,10 @@ SLOTS_PARALLEL = typer.Option(
     help=f"Requests decoded together, each in its own sequence of one context, one batch per step "
          f"(llama-server's slots; -1: auto, {PARALLEL_AUTO}).")
 KV_UNIFIED = typer.Option(
-    True, "-kvu/-no-kvu", "--kv-unified/--no-kv-unified", rich_help_panel=R,
+    None, "-kvu/-no-kvu", "--kv-unified/--no-kv-unified", rich_help_panel=R, show_default=False,
     help="One pool of -c cells for every request (a request may use all of it; one that finds no cell "
-         "left ends with finish_reason length). --no-kv-unified: -c / N cells each, no draft trees.")
+         "left ends with finish_reason length). --no-kv-unified: -c / N cells each, no draft trees. Default "
+         "as llama-server's: one pool with -np -1 (auto) or draft trees, -c / N each with -np N.")
 PREFILL_BUDGET = typer.Option(
     500.0, "--prefill-budget", rich_help_panel=R, metavar="MS",
     help="While another request streams its answer, a prompt goes in chunks of about this many milliseconds, "
@@ -756,7 +757,7 @@ SLOT_SIMILARITY = typer.Option(
 class SlotOptions:
     """-np, -kvu, --prefill-budget and -sps of serve and batch, checked."""
     parallel: int = -1
-    kv_unified: bool = True
+    kv_unified: bool | None = None  # None: unified()'s choice
     prefill_budget: float = 500.0
     similarity: float = 0.1
 
@@ -777,24 +778,31 @@ class SlotOptions:
         if self.n_slots * spec.branches > MAX_SEQUENCES:
             raise UsageError(f"-np {self.n_slots} requests with --draft-branches {spec.branches} each need "
                              f"{self.n_slots * spec.branches} sequences; llama.cpp has {MAX_SEQUENCES}")
-        if not self.kv_unified and spec.branches > 1:
+        if not self.unified(spec.branches) and spec.branches > 1:
             raise UsageError("--no-kv-unified: draft trees (--draft-branches > 1) need the unified KV cache")
 
+    def unified(self, branches: int = 1) -> bool:
+        """-kvu as given; unset, llama-server's choice (one pool with -np auto, -c / N cells each with
+        -np N), and one pool for draft trees, whose branches need it."""
+        if self.kv_unified is not None:
+            return self.kv_unified
+        return self.parallel == -1 or branches > 1
+
     def for_spec(self, spec: SpecSettings) -> "SlotOptions":
-        """-np as it runs (auto: PARALLEL_AUTO), checked with this speculation (check)."""
-        slots = replace(self, parallel=self.n_slots)
+        """-np and -kvu as they run (auto: PARALLEL_AUTO), checked with this speculation (check)."""
+        slots = replace(self, parallel=self.n_slots, kv_unified=self.unified(spec.branches))
         slots.check(spec)
         return slots
 
     def apply(self, spec: ModelSpec | None) -> ModelSpec | None:
         """A model spec loaded for these slots."""
-        return None if spec is None else replace(spec, n_slots=self.n_slots, kv_unified=self.kv_unified)
+        return None if spec is None else replace(spec, n_slots=self.n_slots, kv_unified=self.unified())
 
     def parallel_args(self) -> dict:
         return {"prefill_budget": self.prefill_budget / 1000, "similarity": self.similarity}
 
 
-def slot_options(parallel: int = -1, kv_unified: bool = True, prefill_budget: float = 500.0,
+def slot_options(parallel: int = -1, kv_unified: bool | None = None, prefill_budget: float = 500.0,
                  slot_prompt_similarity: float = 0.1) -> SlotOptions:
     return SlotOptions(parallel, kv_unified, prefill_budget, slot_prompt_similarity)
 
@@ -896,7 +904,7 @@ TALK = Group("talk", (("conversation", bool, CONVERSATION), ("no_conversation", 
 
 
 SLOTS = Group("slots", (
-    ("parallel", int, SLOTS_PARALLEL), ("kv_unified", bool, KV_UNIFIED), ("prefill_budget", float, PREFILL_BUDGET),
+    ("parallel", int, SLOTS_PARALLEL), ("kv_unified", Optional[bool], KV_UNIFIED), ("prefill_budget", float, PREFILL_BUDGET),
     ("slot_prompt_similarity", float, SLOT_SIMILARITY),
 ), slot_options)
 

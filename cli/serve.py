@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import csv
 import json
+import os
 import socket
 import sys
 import time
-from typing import Optional
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from typing import Iterator, Optional
 
 import typer
 
@@ -59,6 +63,75 @@ def api_names(alias: Optional[str] = None, tags: Optional[str] = None, cont_batc
     return _names(alias), _names(tags)
 
 
+CORS_ORIGINS = typer.Option(
+    None, "--cors-origins", rich_help_panel=N, metavar="ORIGINS", envvar="LLAMA_ARG_CORS_ORIGINS", show_envvar=False,
+    help="Web pages that may use the server from a browser: their origins, comma-separated; * any; localhost "
+         "those served by this machine (default: * with an API key, as llama-server; localhost without one).")
+CORS_METHODS = typer.Option(
+    "GET, POST, DELETE, OPTIONS", "--cors-methods", rich_help_panel=N, metavar="METHODS",
+    envvar="LLAMA_ARG_CORS_METHODS", show_envvar=False, help="What a CORS preflight allows: methods.")
+CORS_HEADERS = typer.Option(
+    "*", "--cors-headers", rich_help_panel=N, metavar="HEADERS", envvar="LLAMA_ARG_CORS_HEADERS", show_envvar=False,
+    help="What a CORS preflight allows: request headers (a browser's Authorization needs its name here, * does "
+         "not cover it).")
+CORS_CREDENTIALS = typer.Option(
+    True, "--cors-credentials/--no-cors-credentials", rich_help_panel=N, envvar="LLAMA_ARG_CORS_CREDENTIALS",
+    show_envvar=False, help="Whether a CORS preflight allows credentials; with --cors-origins *, any origin is "
+                            "echoed back.")
+HOST = typer.Option(
+    "127.0.0.1", "--host", rich_help_panel=N, envvar="LLAMA_ARG_HOST", show_envvar=False,
+    help="Addresses to listen on, comma-separated (127.0.0.1,::1), or UNIX socket paths ending in .sock. "
+         "Anything but loopback needs an API key.")
+PORT = typer.Option(8080, "--port", rich_help_panel=N, envvar="LLAMA_ARG_PORT", show_envvar=False,
+                    help="Port to listen on (0: any free one, with one address).")
+API_KEY = typer.Option(
+    None, "--api-key", envvar="SPECULATE_API_KEY", show_envvar=True, rich_help_panel=N,
+    help="Require the key (Authorization: Bearer KEY, or X-Api-Key: KEY) on every endpoint but /health. "
+         "Prefer the environment variable: a command line is visible to every user of the machine.")
+
+
+@dataclass(frozen=True)
+class Access:
+    """Where the server listens and who may use it: --host, --port, the API key, the --cors-* flags."""
+    hosts: tuple["Address", ...]
+    port: int
+    api_key: str | None
+    cors: object  # serving.access.Cors: the web stack is imported when the command runs (start-up time)
+
+    @property
+    def loopback(self) -> bool:
+        return all(h.local for h in self.hosts)
+
+
+def access_settings(host: str = "127.0.0.1", port: int = 8080, api_key: Optional[str] = None,
+                    cors_origins: Optional[str] = None, cors_methods: str = "GET, POST, DELETE, OPTIONS",
+                    cors_headers: str = "*", cors_credentials: bool = True) -> Access:
+    """The listening and access flags, checked before anything loads."""
+    from speculative.serving.access import Cors
+
+    hosts, key = tuple(listen_addresses(host)), api_key or None  # an empty SPECULATE_API_KEY is no key
+    exposed = [h.host for h in hosts if not h.local]
+    if exposed and key is None:
+        raise UsageError(f"--host {exposed[0]} is reachable from other machines: set an API key "
+                         "(SPECULATE_API_KEY or --api-key), or listen on 127.0.0.1")
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port must be in [0, 65535], got {port}")
+    if port == 0 and sum(not h.unix for h in hosts) > 1:
+        raise UsageError("--port 0 is not supported with several TCP addresses (each would get its own port)")
+    for flag, value in (("--cors-origins", cors_origins or ""), ("--cors-methods", cors_methods),
+                        ("--cors-headers", cors_headers)):
+        if not value.isascii() or not value.isprintable():
+            raise UsageError(f"{flag} must be printable ASCII (it goes into a response header), got {value!r}")
+    cors = Cors(cors_origins, cors_methods, cors_headers, cors_credentials).for_key(key is not None)
+    return Access(hosts, port, key, cors)
+
+
+ACCESS = options.Group("access", (
+    ("host", str, HOST), ("port", int, PORT), ("api_key", Optional[str], API_KEY),
+    ("cors_origins", Optional[str], CORS_ORIGINS), ("cors_methods", str, CORS_METHODS),
+    ("cors_headers", str, CORS_HEADERS), ("cors_credentials", bool, CORS_CREDENTIALS),
+), access_settings)
+
 # llama-server's flags for the API's model names, and those that say what serve does anyway
 LLAMA_SERVER = options.Group("names", (
     ("alias", Optional[str], ALIAS), ("tags", Optional[str], TAGS), ("cont_batching", bool, CONT_BATCHING),
@@ -107,7 +180,7 @@ CHAT = options.Group("chat", (
 
 
 @options.with_options(options.MODELS, options.SAMPLING, options.SPECULATION.but(
-    branches=(int, options.DRAFT_BRANCHES)), options.POOL, options.SLOTS, LLAMA_SERVER, CHAT)
+    branches=(int, options.DRAFT_BRANCHES)), options.POOL, options.SLOTS, LLAMA_SERVER, ACCESS, CHAT)
 def serve_command(
     models: options.ModelOptions,
     sampling: SamplerSettings,
@@ -116,13 +189,7 @@ def serve_command(
     slots: options.SlotOptions,
     names: tuple[list, list],
     chat: tuple[str, dict],
-    host: str = typer.Option("127.0.0.1", "--host", rich_help_panel=N,
-                             help="Address to listen on. Anything but loopback needs an API key."),
-    port: int = typer.Option(8080, "--port", rich_help_panel=N, help="Port to listen on (0: any free one)."),
-    api_key: Optional[str] = typer.Option(
-        None, "--api-key", envvar="SPECULATE_API_KEY", show_envvar=True, rich_help_panel=N,
-        help="Require 'Authorization: Bearer KEY' on every endpoint but /health. Prefer the environment "
-             "variable: a command line is visible to every user of the machine."),
+    access: Access,
     max_waiting: int = typer.Option(
         8, "--max-waiting", rich_help_panel=N, metavar="N",
         help="How many requests may wait while every slot (-np) generates; more are refused with 503 and "
@@ -140,54 +207,55 @@ def serve_command(
              "longest prefix with it; least recently used go first. 0: off; -1: no limit."),
     metrics: bool = METRICS,
 ) -> None:
-    """Serve the models over OpenAI's HTTP API (/v1/completions, /v1/chat/completions with tools, /v1/models)
-    and llama-server's endpoints (/completion, /infill, /tokenize, /props, /slots, /health, /metrics...): -np
-    generations decoded together; the sampling flags, -n and --ignore-eos are requests' defaults. Ctrl-C: exit 0."""
+    """Serve the models over OpenAI's HTTP API (/v1/completions, /v1/chat/completions with tools and reasoning,
+    /v1/models) and llama-server's endpoints (/completion, /infill, /tokenize, /detokenize, /apply-template,
+    /props, /slots, /health, /metrics with --metrics), under llama-server's paths too: -np generations
+    decoded together; the sampling flags, -n and --ignore-eos are requests' defaults. Ctrl-C or SIGTERM: exit 0."""
     from speculative.serving import app as server  # the web stack: imported by this command only (start-up time)
     from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
     from speculative.engine.parallel import Parallel
     from speculative.serving.generation import Defaults
     from speculative.serving.worker import Worker
 
-    api_key = api_key or None  # an empty SPECULATE_API_KEY is no key
-    _check(server.is_loopback(host), host, port, api_key, max_waiting, timeout, cache_ram)
+    _check(max_waiting, timeout, cache_ram)
     slots = slots.for_spec(spec)
     target, draft = models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft, spec.mtp, spec.features)
-    sock = _bind(host, port)  # before loading: a taken port fails at once, not after the models load
     status = StatusLine()  # while the models load and auto measures; then notices only
-    with sock, status, Engine(slots.apply(target), slots.apply(draft), notify=status.say, progress=status.update,
-                              cache_ram_mib=cache_ram, **pool.engine_args()) as engine:
+    # listening before loading: a taken port fails at once, not after the models load
+    with _listening(access.hosts, access.port) as socks, status, Engine(
+            slots.apply(target), slots.apply(draft), notify=status.say, progress=status.update,
+            cache_ram_mib=cache_ram, **pool.engine_args()) as engine:
         engine.factory.make(spec)  # auto measures its costs now rather than in the first request
         status.clear()
         model_info = _model_info(engine, target, draft, spec, *names)
         parallel = Parallel(engine, slots.n_slots, **slots.parallel_args())
         with Worker(parallel, spec, waiting=max_waiting, timeout=timeout) as worker:
-            app = server.create_app(worker, model_info, api_key, loopback_only=server.is_loopback(host),
+            app = server.create_app(worker, model_info, access.api_key, loopback_only=access.loopback,
                                     metrics=metrics, build_info=build_info(), slots=slots_endpoint,
-                                    defaults=Defaults(sampling, spec.n_predict, spec.ignore_eos, *chat))
-            print(_banner(target, draft, spec, slots.n_slots, f"{_url_host(host)}:{sock.getsockname()[1]}", api_key),
+                                    defaults=Defaults(sampling, spec.n_predict, spec.ignore_eos, *chat),
+                                    cors=access.cors)
+            if access.cors.origins == "*" and access.api_key is None:  # llama-server's warning
+                print("speculate serve: warning: no API key is set and --cors-origins * lets any web page use "
+                      "this server", file=sys.stderr)
+            print(_banner(target, draft, spec, slots.n_slots, [_url(s) for s in socks], access.api_key),
                   file=sys.stderr, flush=True)
-            server.run(app, worker, sock)
+            server.run(app, worker, socks)
 
 
-def _check(loopback: bool, host: str, port: int, api_key: str | None, max_waiting: int, timeout: float,
-           cache_ram: int) -> None:
+def _check(max_waiting: int, timeout: float, cache_ram: int) -> None:
     """The server's own flags, refused before anything loads."""
-    if not loopback and api_key is None:
-        raise UsageError(f"--host {host} is reachable from other machines: set an API key "
-                         "(SPECULATE_API_KEY or --api-key), or listen on 127.0.0.1")
-    if not 0 <= port <= 65535 or max_waiting < 0 or not timeout > 0:
-        raise UsageError("--port must be in [0, 65535], --max-waiting >= 0 and --timeout > 0")
+    if max_waiting < 0 or not timeout > 0:
+        raise UsageError("--max-waiting must be >= 0 and --timeout > 0")
     if cache_ram < -1:
         raise UsageError(f"--cache-ram must be a size in MiB, 0 (off) or -1 (no limit), got {cache_ram}")
 
 
-def _banner(target: ModelSpec, draft: ModelSpec | None, spec: SpecSettings, n_slots: int, where: str,
+def _banner(target: ModelSpec, draft: ModelSpec | None, spec: SpecSettings, n_slots: int, urls: list[str],
             api_key: str | None) -> str:
     """The line that says the server is up, and what it serves."""
     return (f"speculate serve: {target.name}" + (f" with draft {draft.name}" if draft else "")
-            + f", --spec-type {','.join(spec.types)}, {n_slots} slot{'s' * (n_slots > 1)}, on http://{where}/v1 "
-            + ("(API key required)" if api_key else "(no API key)"))
+            + f", --spec-type {','.join(spec.types)}, {n_slots} slot{'s' * (n_slots > 1)}, on "
+            + ", ".join(f"{url}/v1" for url in urls) + (" (API key required)" if api_key else " (no API key)"))
 
 
 def _names(value: str | None) -> list[str]:
@@ -222,16 +290,79 @@ def build_info() -> str:
     return f"speculate {own}, {llama_cpp_versions()}"
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+@dataclass(frozen=True)
+class Address:
+    """One --host address: an IP address or name to listen on with --port, or a UNIX socket's path."""
+    host: str
+
+    @property
+    def unix(self) -> bool:
+        return self.host.endswith(".sock")
+
+    @property
+    def local(self) -> bool:
+        """Only this machine can reach it (a UNIX socket, or loopback)."""
+        from speculative.serving.access import is_loopback
+
+        return self.unix or is_loopback(self.host)
+
+
+def listen_addresses(value: str) -> list[Address]:
+    """--host as llama.cpp reads it: comma-separated (a CSV row), each stripped, empty ones dropped."""
+    hosts = [Address(h.strip()) for h in next(csv.reader([value]), []) if h.strip()]
+    if not hosts:
+        raise UsageError("--host requires at least one address")
+    return hosts
+
+
+@contextmanager
+def _listening(hosts: list[Address], port: int) -> Iterator[list[socket.socket]]:
+    """A socket bound to each address (several TCP ones: an IPv6 one takes IPv6 only, as in
+    llama-server, so that :: and 0.0.0.0 go together), closed afterwards; a UNIX socket's file,
+    which it made, removed."""
+    socks: list[socket.socket] = []
+    made: list[str] = []  # UNIX sockets' files (the sockets may be closed by then)
+    try:
+        several = sum(not h.unix for h in hosts) > 1
+        for host in hosts:
+            socks.append(_bind(host, port, several))
+            made += [host.host] if host.unix else []
+        yield socks
+    finally:
+        for sock in socks:
+            sock.close()
+        for path in made:
+            with suppress(FileNotFoundError):
+                os.unlink(path)
+
+
+def _bind(address: Address, port: int, v6only: bool) -> socket.socket:
+    if address.unix:
+        family, where = socket.AF_UNIX, address.host
+    else:
+        family, where = socket.AF_INET6 if ":" in address.host else socket.AF_INET, (address.host, port)
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
+        if family != socket.AF_UNIX:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6 and v6only:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(where)
     except OSError as e:
         sock.close()
-        raise UsageError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        shown = address.host if address.unix else f"{_url_host(address.host)}:{port}"
+        stale = address.unix and os.path.exists(address.host)
+        raise UsageError(f"cannot listen on {shown}: {e.strerror or e}"
+                         + " (a file is there: remove it if no server uses it)" * stale) from None
     return sock
+
+
+def _url(sock: socket.socket) -> str:
+    """Where a client reaches a listening socket."""
+    if sock.family == socket.AF_UNIX:
+        return f"unix://{sock.getsockname()}"
+    host, port = sock.getsockname()[:2]
+    return f"http://{_url_host(host)}:{port}"
 
 
 def _url_host(host: str) -> str:

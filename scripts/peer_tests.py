@@ -19,7 +19,8 @@ the one beside this Python) or the path of a llama-server binary. The suite star
 LLAMA_SERVER_BIN_PATH with llama-server's flags; that binary is a small wrapper (DIR/LABEL/bin)
 that turns the model's location (--hf-repo/--hf-file, -hf, --model-url) into `-m LOCAL.gguf` of
 a stand-in (STAND_INS below) and execs the server with every other flag unchanged: a flag the
-server refuses fails the test, as it would for a user.
+server refuses fails the test, as it would for a user. `speculate serve` started with no model
+(the router preset) gets NO_MODEL_STAND_IN.
 
 Nothing reaches the network: this file is also the pytest plugin the runs load (`-p peer_tests`),
 which makes `download_file(url)` give a local stand-in (DOWNLOADS) or skip the test, makes
@@ -88,6 +89,13 @@ DOWNLOADS = [
      "test_speculative's draft, for a stories target: it must share the target stand-in's vocabulary"),
 ]
 
+# A server started with no model at all (the suite's router preset, for llama-server's router mode,
+# which its CORS tests use): speculate serve has no router mode and would load its default pair,
+# minutes on a small CPU, past the suite's 60 s for a server to start; it gets this model instead.
+# llama-server runs as the suite asks.
+NO_MODEL_STAND_IN = "smollm2-135m-instruct"
+MODEL_FLAGS = ("-m", "--model")
+
 # llama-server's flags that say where the model is, and which part of the location each gives
 LOCATION_FLAGS = {**dict.fromkeys(("-hf", "-hfr", "--hf-repo"), "repo"), **dict.fromkeys(("-hff", "--hf-file"), "file"),
                   **dict.fromkeys(("-mu", "--model-url"), "url")}
@@ -128,7 +136,9 @@ def wrapped_command(config: dict, args: list[str]) -> list[str]:
     """The real server's command line for the suite's `args`: the model location made local."""
     reference, rest, at = split_model_location(args)
     if reference is None:
-        return [*config["server"], *args]
+        given = any(arg.partition("=")[0] in MODEL_FLAGS for arg in args)
+        chosen = ["-m", config["no_model"]] if config.get("no_model") and not given else []
+        return [*config["server"], *chosen, *args]
     model = stand_in(reference, STAND_INS)
     if model is None:
         sys.exit(f"peer_tests: no local stand-in for {reference}")
@@ -264,7 +274,8 @@ def server_command(server: str, speculate: str) -> tuple[str, list[str]]:
 
 def stand_in_paths(speculate: str) -> dict[str, str]:
     """Where each stand-in's GGUF file is (`speculate models path`)."""
-    return {model: model_file(speculate, model) for model in {row[1] for row in STAND_INS + DOWNLOADS}}
+    models = {row[1] for row in STAND_INS + DOWNLOADS} | {NO_MODEL_STAND_IN}
+    return {model: model_file(speculate, model) for model in models}
 
 
 def run_server(label: str, command: list[str], paths: dict[str, str], files: dict[str, list[str]], suite: Path,
@@ -275,8 +286,9 @@ def run_server(label: str, command: list[str], paths: dict[str, str], files: dic
     config_path = runs / "config.json"
     commands_log = runs / "commands.log"
     commands_log.unlink(missing_ok=True)
-    config_path.write_text(json.dumps({"server": command, "paths": paths, "commands_log": str(commands_log)},
-                                      indent=1))
+    no_model = paths[NO_MODEL_STAND_IN] if label == "speculate" else None
+    config_path.write_text(json.dumps({"server": command, "paths": paths, "commands_log": str(commands_log),
+                                       "no_model": no_model}, indent=1))
     wrapper = runs / "bin" / "llama-server"
     wrapper.parent.mkdir(exist_ok=True)
     write_wrapper(wrapper, config_path)

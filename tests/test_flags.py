@@ -211,7 +211,6 @@ def test_long_flags_may_be_spelt_with_underscores_as_in_llama_cpp(spelling):
     (("serve", "-nocb"), "-nocb is"),
     (("serve", "--no-cont-batching"), "--no-cont-batching is"),
     (("serve", "--slot-save-path", "/tmp"), "--slot-save-path is for llama-server's slot files"),
-    (("serve", "--cors-origins", "*"), "--cors-origins is llama-server's CORS"),
     (("serve", "--embedding"), "--embedding is for embeddings and reranking"),
     (("serve", "--models-dir", "/tmp"), "--models-dir is llama-server's router mode"),
     (("serve", "--grp-attn-n", "4"), "--grp-attn-n is llama.cpp's self-extend"),

@@ -84,8 +84,9 @@ def test_omitted_fields_take_the_servers_command_line():
     assert (generation.sampling.temp, generation.sampling.top_k, generation.max_tokens) == (0.0, 5, 3)
     assert options.settings["samplers"] == ["top_k", "temperature"]
     assert openai_api.parse({"prompt": "x"}, False, Defaults(n_predict=-1)).max_tokens is None
-    vocab = SimpleNamespace(n_ctx=64)
+    vocab = SimpleNamespace(n_ctx=64, eog_tokens=lambda: [2])
     props = llama_api.props(vocab, {"id": "x", "meta": {"spec_type": "none", "draft": None}}, "", "", False,
                             defaults=defaults)
     params = props["default_generation_settings"]["params"]
     assert (params["temperature"], params["seed"], params["n_predict"], params["ignore_eos"]) == (0.2, 42, 16, True)
+    assert params["logit_bias"] == [{"bias": None, "token": 2}]  # --ignore-eos, as llama-server shows it

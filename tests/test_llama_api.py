@@ -126,6 +126,13 @@ def test_fields_read_as_llama_server_reads_them():
     assert llama_api.parse({"max_tokens": 9}, [1])[0].max_tokens == 9
 
 
+def test_ignore_eos_shows_as_llama_servers_bias_on_each_end_of_generation_token():
+    """llama-server applies ignore_eos as a logit bias of -infinity (null in JSON) on every EOG token."""
+    for ignore_eos, bias in ((True, [{"bias": None, "token": EOT}, {"bias": None, "token": 907}]), (False, [])):
+        _, options = llama_api.parse({"ignore_eos": ignore_eos}, [1], eog=np.array([EOT, 907]))
+        assert options.settings["logit_bias"] == bias and options.settings["ignore_eos"] == ignore_eos
+
+
 @pytest.mark.parametrize("body, message", [
     ({"n_predict": "5"}, "Field 'n_predict': type must be number"),
     ({"n_predict": -2}, "Field 'n_predict': Value must be between"),

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from gguf import GGUFReader
 
+from speculative.cli.options import SlotOptions
+from speculative.decoding.settings import ModelSpec, SpecSettings
 from tests.conftest import SMOL, speculate, speculate_here
 from tests.gguf_builder import write_lora
 from tests.test_batch import records, start_held
@@ -92,12 +94,22 @@ def test_a_pool_without_cells_left_ends_the_request_that_cannot_get_one(model_pa
     path.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(PROMPTS[:4])))
     out = tmp_path / "out.jsonl"
     got = run_batch(path, out, "-m", str(model_path(SMOL)), "--temp", "0", "--spec-type", "none", "-c", "256",
-                    "-n", "200", "--ignore-eos", "-np", "4")
+                    "-n", "200", "--ignore-eos", "-np", "4", "-kvu")
     assert sorted(got) == [0, 1, 2, 3] and all("error" not in r for r in got.values())
     assert all(r["finish_reason"] == "length" for r in got.values())
     cut = [r for r in got.values() if r["stats"]["n_predict"] < 200]
     assert cut, "four requests of 200 tokens fitted in 256 cells"
     assert sum(r["stats"]["n_prompt"] + r["stats"]["n_predict"] for r in got.values()) <= 256 + 4
+
+
+@pytest.mark.parametrize("parallel, kv_unified, branches, unified", [
+    (-1, None, 1, True), (4, None, 1, False), (1, None, 1, False), (4, None, 3, True),
+    (4, True, 1, True), (-1, False, 1, False),
+])
+def test_the_kv_cache_is_unified_as_llama_server_makes_it_unless_asked(parallel, kv_unified, branches, unified):
+    """llama-server: one pool with -np -1 (auto), -c / N cells each with -np N; draft trees need the pool."""
+    slots = SlotOptions(parallel, kv_unified).for_spec(SpecSettings(branches=branches, types=("draft",)))
+    assert slots.kv_unified is unified and slots.apply(ModelSpec(Path("t.gguf"), "t")).kv_unified is unified
 
 
 @pytest.mark.parametrize("command", ["batch", "serve"])

@@ -39,6 +39,17 @@ def test_the_model_location_becomes_a_stand_in_where_it_stood_and_every_other_fl
     assert wrapped_command(CONFIG, local) == ["/bin/server", "serve", *local]
 
 
+def test_only_speculate_started_with_no_model_gets_the_small_stand_in():
+    """The suite's router preset names no model: llama-server runs in router mode, speculate serve
+    (no router mode) would load its default pair, past the suite's time to start."""
+    router = ["--port", "8080", "--cors-origins", "localhost", "--ctx-size", "1024"]
+    assert wrapped_command({**CONFIG, "no_model": "/m/smol.gguf"}, router) == [
+        "/bin/server", "serve", "-m", "/m/smol.gguf", *router]
+    assert wrapped_command(CONFIG, router) == ["/bin/server", "serve", *router]  # llama-server's config: none
+    for given in (["--model", "/m/x.gguf"], ["-m=/m/x.gguf"]):
+        assert wrapped_command({**CONFIG, "no_model": "/m/smol.gguf"}, given) == ["/bin/server", "serve", *given]
+
+
 def test_a_model_with_no_stand_in_is_refused_by_name():
     with pytest.raises(SystemExit, match="no local stand-in for ggml-org/models/bert-bge-small/ggml-model-f16.gguf"):
         wrapped_command(CONFIG, ["--hf-repo", "ggml-org/models", "--hf-file", "bert-bge-small/ggml-model-f16.gguf"])

@@ -201,6 +201,60 @@ def test_a_foreign_host_header_is_refused_on_a_loopback_server(server):
         assert server.request("GET", "/v1/models", headers={"Host": host})[0] == 200, host
 
 
+def test_llama_servers_paths_are_the_same_endpoints_and_a_preflight_needs_no_key(server):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
+    assert server.request("GET", "/models")[2]["data"][0]["id"] == server.client().models.list().data[0].id
+    prompt = server.request("POST", "/apply-template", {"messages": messages})[2]["prompt"]
+    n_tokens = server.request("POST", "/chat/completions/input_tokens", {"messages": messages})[2]["input_tokens"]
+    status, _, answer = server.request("POST", "/chat/completions", {"messages": messages, "max_tokens": 1})
+    assert status == 200 and answer["usage"]["prompt_tokens"] == n_tokens  # the prompt the chat runs
+    assert "Name a colour." in prompt
+    assert len(server.request("POST", "/tokenize", {"content": prompt, "add_special": True})[2]["tokens"]) == n_tokens
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.request("OPTIONS", "/chat/completions", headers={"Origin": "https://app.example",
+                                                          "Access-Control-Request-Method": "POST"})
+    resp = conn.getresponse()
+    resp.read()
+    conn.close()
+    headers = dict(resp.getheaders())  # names as sent: llama-server's spelling
+    assert resp.status == 200 and headers["Access-Control-Allow-Origin"] == "https://app.example"  # a key is set
+    assert headers["Access-Control-Allow-Methods"] == "GET, POST, DELETE, OPTIONS"
+
+
+class UnixConnection(http.client.HTTPConnection):
+    def __init__(self, socket_path: Path):
+        super().__init__("localhost", timeout=60)
+        self.socket_path = str(socket_path)
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(self.socket_path)
+
+
+def test_several_addresses_and_a_unix_socket_serve_alike(model_path, tmp_path):
+    """--host as llama-server takes it: comma-separated, a UNIX socket among them (which takes any
+    Host, as no web page reaches it), its file removed at exit."""
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("IPv6 loopback is unavailable")
+    path = tmp_path / "serve.sock"
+    server = start_server(model_path, tmp_path, "--spec-type", "none", "-t", "1", "--host", f"127.0.0.1,::1,{path}",
+                          key=None)
+    try:
+        for conn, host in ((http.client.HTTPConnection("::1", server.port, timeout=60), f"[::1]:{server.port}"),
+                           (UnixConnection(path), "proxy.example")):
+            conn.request("POST", "/completion", body=json.dumps({"prompt": "hi", "n_predict": 2}),
+                         headers={"Content-Type": "application/json", "Host": host})
+            resp = conn.getresponse()
+            assert resp.status == 200 and json.loads(resp.read())["tokens_predicted"] >= 1, host
+            conn.close()
+    finally:
+        assert stop_server(server) == 0
+    assert not path.exists()
+
+
 # -- answers ---------------------------------------------------------------------------
 
 

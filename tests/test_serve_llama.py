@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import time
 
 import pytest
 
@@ -360,13 +361,20 @@ def test_tokenize_detokenize_props_and_metrics(server):
     assert props["endpoint_slots"] is True
     assert props["default_generation_settings"]["n_ctx"] == 4096 and props["model_path"].endswith(".gguf")
     assert props["chat_template"] and "llama-cpp-python" in props["build_info"]
-    post(server, "/completion", {"prompt": "x", "n_predict": 2, "temperature": 0, "ignore_eos": True})
+    answer = post(server, "/completion", {"prompt": "x", "n_predict": 2, "temperature": 0, "ignore_eos": True})
+    bias = answer["generation_settings"]["logit_bias"]  # llama-server's ignore_eos: -inf (null) on each EOG token
+    assert bias and all(b["bias"] is None for b in bias)
+    assert post(server, "/tokenize", {"content": "<|im_end|>"})["tokens"][0] in {b["token"] for b in bias}
+    # a client that has its answer finds its slot idle (the answer goes out once the slot is free)
+    assert not any(slot["is_processing"] for slot in server.request("GET", "/slots")[2])
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
     conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {KEY}"})
     resp = conn.getresponse()
     text = resp.read().decode()
     conn.close()
     assert resp.status == 200 and resp.getheader("content-type").startswith("text/plain")
+    # spelt as llama-server sends it: llama.cpp's own tests look it up in a case-sensitive dict
+    assert int(dict(resp.getheaders())["Process-Start-Time-Unix"]) <= time.time()
     values = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
     for name in ("llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total", "llamacpp:requests_processing",
                  "llamacpp:requests_deferred", "llamacpp:spec_decode_num_draft_tokens_total",
@@ -375,6 +383,10 @@ def test_tokenize_detokenize_props_and_metrics(server):
         assert name in values, name
     assert int(values["speculate:requests_total"]) >= 1 and int(values["llamacpp:tokens_predicted_total"]) >= 2
     assert float(values["speculate:tokens_per_pass"]) >= 1.0
+    # the target's decodes: each request's prompt and steps, one slot busy in each (requests one at a time)
+    assert int(values["llamacpp:n_decode_total"]) >= int(values["speculate:target_passes_total"]) >= 1
+    assert float(values["llamacpp:n_busy_slots_per_decode"]) == 1.0
+    assert int(values["llamacpp:requests_processing"]) == 0
 
 
 @pytest.mark.parametrize("path, body, status, kind, message", [

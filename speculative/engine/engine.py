@@ -122,17 +122,18 @@ class Engine:
 
     def chat_tokens(self, messages: list[dict], tools: list[dict] | None = None,
                     extra: dict | None = None) -> list[int]:
-        """A conversation through the target's chat template (its own, or --chat-template's), ready
-        for the reply; `tools` and `extra` variables for the template (chat.render's)."""
-        template = self.target.chat_template()
-        if not template:
+        """A conversation through the target's chat template (its own, or --chat-template's), ready for
+        the reply; `tools` and `extra` variables for the template (chat.render's)."""
+        rendered, bos = self.chat_text(messages, tools, extra), self.target.special_text("bos")
+        has_bos = bool(bos) and self.target.add_bos and rendered.startswith(bos)  # the template wrote it: not twice
+        return self.target.tokenize(rendered, add_special=not has_bos)
+
+    def chat_text(self, messages: list[dict], tools: list[dict] | None = None, extra: dict | None = None) -> str:
+        if not (template := self.target.chat_template()):
             raise ModelError(f"{self.target.name} has no chat template, which --chat and -sys need "
                              "(give one with --chat-template)")
-        bos = self.target.special_text("bos")
-        rendered = chat.format_chat(template, messages, self.jinja, bos, self.target.special_text("eos"), tools, extra)
-        # A template that writes BOS itself must not get a second one from the tokenizer.
-        has_bos = bool(bos) and self.target.add_bos and rendered.startswith(bos)
-        return self.target.tokenize(rendered, add_special=not has_bos)
+        return chat.format_chat(template, messages, self.jinja, *map(self.target.special_text, ("bos", "eos")),
+                                tools, extra)
 
     def top2(self, context: list[int]) -> tuple[tuple[int, float], tuple[int, float]]:
         """The target's two best next tokens after `context`, with their logits."""

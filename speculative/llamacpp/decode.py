@@ -150,6 +150,7 @@ class Batch:
         self.n_vocab = n_vocab
         self.busy_seconds = 0.0  # time spent inside llama_decode: the rest is Python
         self.last_seconds = 0.0  # ... by the latest one
+        self.runs = self.run_slots = 0  # llama_decode calls done, and the requests (slots) each served, summed
         self._interruptible = interruptible
         self._abortable = False  # whether the context's abort callback is set now
         self._n_branched = 0  # leading entries whose sequence ids set_seqs changed
@@ -193,8 +194,9 @@ class Batch:
             self._raw.n_seq_id[i] = 1
             self._raw.seq_id[i][0] = 0
 
-    def run(self, n: int, encode: bool = False) -> int:
-        """llama_decode (llama_encode with `encode`) over the first n entries; its return code (0: done)."""
+    def run(self, n: int, encode: bool = False, slots: int = 1) -> int:
+        """llama_decode (llama_encode with `encode`) over the first n entries, for `slots` requests
+        (serve's -np); its return code (0: done)."""
         self._raw.n_tokens = n
         if self._interruptible and (n >= ABORTABLE_FROM) != self._abortable:
             self._abortable = n >= ABORTABLE_FROM
@@ -203,6 +205,8 @@ class Batch:
         ret = decode_on_one_thread(self._ctx, self._raw, encode)
         self.last_seconds = time.perf_counter() - t0
         self.busy_seconds += self.last_seconds
+        if ret == 0:
+            self.runs, self.run_slots = self.runs + 1, self.run_slots + slots
         # aborted, or the signal came at the last node; a small batch is not abortable, and a
         # signal that came meanwhile stops the run now
         if ret == 2 or (interrupt.poll() if self._interruptible else interrupt.signalled()):
@@ -236,6 +240,11 @@ class Context:
     def busy_seconds(self) -> float:
         """Time spent inside llama_decode: the rest is Python."""
         return self._batch.busy_seconds if self._batch is not None else 0.0
+
+    @property
+    def decodes(self) -> tuple[int, int]:
+        """llama_decode calls done so far, and the requests (slots) they served, summed (serve's /metrics)."""
+        return (self._batch.runs, self._batch.run_slots) if self._batch is not None else (0, 0)
 
     def _timed(self, tokens: int, sequences: int = 1, scored: bool = True) -> None:
         """The latest decode was a pass of this shape: told to on_pass where it `scored` every row."""

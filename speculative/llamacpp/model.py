@@ -258,7 +258,7 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
             wanted.append(range(start, end) if part.outputs == "all" else [end - 1] if part.outputs == "last" else [])
             start = end
         batch.set_seqs([ids for part in parts for ids in part.seqs])
-        ret = batch.run(n)
+        ret = batch.run(n, slots=len({part.slot for part in parts}))
         if ret == 1:  # llama.cpp found no cells for it before decoding anything
             raise ContextFull(f"{self.name}: the KV cache has no room left for a batch of {n} tokens")
         if ret != 0:

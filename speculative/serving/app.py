@@ -1,27 +1,27 @@
 """The HTTP side of `speculate serve`: an OpenAI-compatible API and llama-server's own
-endpoints, on FastAPI, run by uvicorn.
+endpoints, on FastAPI, run by uvicorn, under the paths the pinned llama-server serves them
+(tools/server/server.cpp's route table).
 
-OpenAI's: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (with "stream":
-true, server-sent events: one chunk per step, then `data: [DONE]`). llama-server's
-(llama_api.py): POST /completion (and /completions), POST /infill, POST /tokenize,
-POST /detokenize, GET /props, GET /slots (unless --no-slots), GET /metrics (with --metrics),
-GET /health and /v1/health.
+OpenAI's: GET /v1/models (and /models), POST /v1/completions, POST /v1/chat/completions (and
+/chat/completions) (with "stream": true, server-sent events: one chunk per step, then `data:
+[DONE]`), POST /v1/chat/completions/input_tokens (and /chat/completions/input_tokens).
+llama-server's (llama_api.py): POST /completion (and /completions), POST /infill, POST
+/tokenize, POST /detokenize, POST /apply-template, GET /props, GET /slots (unless --no-slots),
+GET /metrics (with --metrics), GET /health and /v1/health.
 
-What a request must get past, in order (`Guard`, then `read_json`): a Host header naming
+What a request must get past, in order (access.Guard, then `read_json`): a Host header naming
 this machine when the server listens on loopback only (a web page that rebinds its own
-domain to 127.0.0.1 cannot use it); the API key, if one is set, on every path but
-/health; a JSON body (Content-Type application/json, which a web page cannot send
-cross-origin without a CORS preflight this server never grants) of at most MAX_BODY
-bytes. Errors are OpenAI error objects, and llama-server's on its own endpoints.
+domain to 127.0.0.1 cannot use it); CORS (a preflight is answered there, and only an allowed
+origin may read an answer); the API key, if one is set, on every path but /health; a JSON body
+(Content-Type application/json, which a web page cannot send cross-origin without a CORS
+preflight) of at most MAX_BODY bytes. Errors are OpenAI error objects, and llama-server's on
+its own endpoints.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import hashlib
-import hmac
-import ipaddress
 import json
 import signal
 import socket
@@ -30,36 +30,37 @@ import time
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from speculative.engine.stream import Final, Piece
 from speculative.serving import llama_api, openai_api
+from speculative.serving.access import OPEN_PATHS, Cors, Guard
 from speculative.serving.generation import ApiError, Busy, Defaults, Generation
 from speculative.serving.openai_api import Reply
-from speculative.serving.worker import Failed, Job, Worker
+from speculative.serving.worker import Failed, Job, Worker, chat_prompt, request_tokens
 
 MAX_BODY = 8 << 20        # bytes: a full 128k-token context as JSON-escaped text fits
 RETRY_AFTER_SECONDS = 1   # what a refused client is told to wait
-OPEN_PATHS = ("/health", "/v1/health")  # no API key needed, as in llama-server
 # llama-server's own endpoints: their errors are llama-server's error objects
-LLAMA_PATHS = ("/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/props", "/metrics", "/slots",
-               *OPEN_PATHS)
+LLAMA_PATHS = ("/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/apply-template", "/props",
+               "/metrics", "/slots", *OPEN_PATHS)
 
 
 def create_app(worker: Worker, model: dict, api_key: str | None, loopback_only: bool,
                metrics: bool = False, build_info: str = "", slots: bool = True,
-               defaults: Defaults = Defaults()) -> FastAPI:
+               defaults: Defaults = Defaults(), cors: Cors = Cors()) -> FastAPI:
     """`model`: what /v1/models says about the one model served (`id` is its name, or -a's; `path`,
     `bos_token` and `eos_token` for /props). `metrics`: serve /metrics (llama-server's --metrics);
     `slots`: serve /slots (llama-server's --slots); `defaults`: what a request gets for a field it
-    leaves out (the server's sampling flags, -n, --ignore-eos)."""
+    leaves out (the server's sampling flags, -n, --ignore-eos); `cors`: the --cors-* flags."""
     app = FastAPI(title="speculate", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(Guard, api_key=api_key, loopback_only=loopback_only)
+    app.add_middleware(Guard, api_key=api_key, loopback_only=loopback_only, cors=cors,
+                       refuse=lambda e, path: error_response(e, path in LLAMA_PATHS))
     _add_error_handlers(app)
     _add_llama_routes(app, worker, model, metrics, build_info, slots, defaults)
     _add_openai_routes(app, worker, model, defaults)
+    _add_template_routes(app, worker, defaults)
     return app
 
 
@@ -111,6 +112,10 @@ def _add_llama_routes(app: FastAPI, worker: Worker, model: dict, metrics: bool, 
         return llama_api.props(vocab, model, vocab.chat_template() or "", build_info, metrics,
                                worker.parallel.n_slots, slots, defaults)
 
+    @app.post("/props")
+    async def change_props() -> dict:
+        raise ApiError(501, "This server does not support changing global properties")
+
     @app.get("/slots")
     async def slot_list() -> list:
         if not slots:
@@ -131,6 +136,7 @@ def _add_openai_routes(app: FastAPI, worker: Worker, model: dict, defaults: Defa
     listed = {k: v for k, v in model.items() if k in ("id", "aliases", "tags", "created", "meta")}
 
     @app.get("/v1/models")
+    @app.get("/models")
     async def models() -> dict:
         return {"object": "list", "data": [{"object": "model", "owned_by": "speculate", **listed}]}
 
@@ -139,8 +145,26 @@ def _add_openai_routes(app: FastAPI, worker: Worker, model: dict, defaults: Defa
         return await _generate(request, worker, model["id"], defaults, chat=False)
 
     @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
     async def chat_completions(request: Request):
         return await _generate(request, worker, model["id"], defaults, chat=True)
+
+
+def _add_template_routes(app: FastAPI, worker: Worker, defaults: Defaults) -> None:
+    """A chat request's prompt without generating: llama-server's /apply-template (the text) and
+    /chat/completions/input_tokens (its length in tokens), as /v1/chat/completions reads and renders it."""
+
+    @app.post("/apply-template")
+    async def apply_template(request: Request) -> dict:
+        generation = openai_api.parse(await read_json(request), True, defaults, _jinja_template(worker))
+        return {"prompt": await asyncio.to_thread(chat_prompt, worker.engine, generation, worker.engine.chat_text)}
+
+    @app.post("/v1/chat/completions/input_tokens")
+    @app.post("/chat/completions/input_tokens")
+    async def input_tokens(request: Request) -> dict:
+        generation = openai_api.parse(await read_json(request), True, defaults, _jinja_template(worker))
+        tokens = await asyncio.to_thread(request_tokens, worker.engine, generation)
+        return {"input_tokens": len(tokens), "object": "response.input_tokens"}
 
 
 def error_response(e: ApiError, llama: bool = False) -> JSONResponse:
@@ -153,10 +177,14 @@ def error_response(e: ApiError, llama: bool = False) -> JSONResponse:
     return JSONResponse(e.llama_body() if llama else e.body(), status_code=e.status, headers=headers)
 
 
-async def _generate(request: Request, worker: Worker, model: str, defaults: Defaults, chat: bool):
+def _jinja_template(worker: Worker) -> str:
+    """The target's Jinja chat template, for a chat request's tools and reasoning ('' with --no-jinja)."""
     engine = worker.engine
-    template = (engine.target.chat_template() or "") if chat and engine.jinja else ""
-    generation = openai_api.parse(await read_json(request), chat, defaults, template)
+    return (engine.target.chat_template() or "") if engine.jinja else ""
+
+
+async def _generate(request: Request, worker: Worker, model: str, defaults: Defaults, chat: bool):
+    generation = openai_api.parse(await read_json(request), chat, defaults, _jinja_template(worker) if chat else "")
     reply = Reply(model, chat, generation.plan)
     return await _answer(request, worker, generation, lambda final: reply.full(final.text, final.reason, final.stats),
                          lambda job: _openai_events(job, reply), lambda started: reply.started(started.prompt_tail))
@@ -167,7 +195,7 @@ async def _llama_generate(request: Request, worker: Worker, model: dict, prompt_
     vocab = worker.engine.target
     data = await read_json(request)
     tokens = await asyncio.to_thread(prompt_of, vocab, data)
-    generation, options = llama_api.parse(data, tokens, model["meta"]["spec_type"], defaults)
+    generation, options = llama_api.parse(data, tokens, model["meta"]["spec_type"], defaults, vocab.eog_tokens())
     reply = llama_api.Reply(model["id"], options, tokens, lambda: llama_api.text_of(vocab, tokens), vocab.n_ctx)
     return await _answer(request, worker, generation, reply.final, lambda job: _llama_events(job, reply))
 
@@ -290,62 +318,17 @@ def _not_json(constant: str):
     raise ValueError(f"{constant} is not JSON")
 
 
-class Guard:
-    """ASGI middleware: the Host check and the API key, before anything else runs."""
-
-    def __init__(self, app: ASGIApp, api_key: str | None, loopback_only: bool):
-        self.app = app
-        # Digests have one length, so comparing them reveals nothing about the key's.
-        self.key_digest = _digest(f"Bearer {api_key}") if api_key else None
-        self.loopback_only = loopback_only
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            headers = Headers(scope=scope)
-            error = None
-            if self.loopback_only and not _is_local_host(headers.get("host")):
-                error = ApiError(400, "this server answers requests for localhost only (Host header)")
-            elif self.key_digest and scope["path"] not in OPEN_PATHS and not hmac.compare_digest(
-                    _digest(headers.get("authorization", "")), self.key_digest):
-                error = ApiError(401, "a valid API key is needed: Authorization: Bearer KEY")
-            if error is not None:
-                await error_response(error, scope["path"] in LLAMA_PATHS)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-def _digest(text: str) -> bytes:
-    return hashlib.sha256(text.encode()).digest()
-
-
-def _is_local_host(host: str | None) -> bool:
-    """Whether a Host header names this machine: localhost or a loopback address, any port."""
-    if host is None:  # HTTP/1.0 clients may omit it; browsers never do
-        return True
-    return is_loopback(host[1:].split("]")[0] if host.startswith("[") else host.rsplit(":", 1)[0])
-
-
-def is_loopback(host: str) -> bool:
-    """Whether an address to listen on (or a Host header) is this machine only."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name other than localhost: it could resolve anywhere
-        return False
-
-
 # -- running it -----------------------------------------------------------------
 
 GRACE_SECONDS = 10  # on Ctrl-C or SIGTERM, how long the running generation may go on
 LAST_STEP_SECONDS = 5  # then the time its last step and response may take before uvicorn cancels it
 
 
-def run(app: FastAPI, worker: Worker, sock: socket.socket) -> None:
-    """Serve `app` on `sock` until Ctrl-C or SIGTERM (see _Uvicorn)."""
+def run(app: FastAPI, worker: Worker, socks: list[socket.socket]) -> None:
+    """Serve `app` on the listening sockets until Ctrl-C or SIGTERM (see _Uvicorn)."""
     config = uvicorn.Config(app, log_config=_log_config(), server_header=False, lifespan="off",
                             timeout_graceful_shutdown=GRACE_SECONDS + LAST_STEP_SECONDS)
-    _Uvicorn(config, worker).run_quietly(sock)
+    _Uvicorn(config, worker).run_quietly(socks)
 
 
 class _Uvicorn(uvicorn.Server):
@@ -361,7 +344,7 @@ class _Uvicorn(uvicorn.Server):
             asyncio.get_running_loop().call_soon_threadsafe(self.worker.drain, GRACE_SECONDS)
         super().handle_exit(sig, frame)
 
-    def run_quietly(self, sock: socket.socket) -> None:
+    def run_quietly(self, socks: list[socket.socket]) -> None:
         """Run until a signal stops it. uvicorn raises that signal again once it has shut
         down, for the handler it found: in speculate's, it would become a KeyboardInterrupt
         inside the closing event loop. So the signals are ignored until uvicorn takes them,
@@ -369,7 +352,7 @@ class _Uvicorn(uvicorn.Server):
         handled = (signal.SIGINT, signal.SIGTERM)
         previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in handled}
         try:
-            self.run(sockets=[sock])
+            self.run(sockets=socks)
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)

@@ -77,6 +77,7 @@ class Vocab(Protocol):
     def token_bytes(self, token: int, special: bool = True) -> bytes: ...
     def fim_tokens(self) -> dict[str, int | None]: ...
     def bos_token(self) -> int | None: ...
+    def eog_tokens(self) -> Sequence[int]: ...
 
 
 # -- reading fields as llama-server does -------------------------------------------------
@@ -154,11 +155,11 @@ class Options:
     settings: dict          # generation_settings, as llama-server reports them
 
 
-def parse(data: object, prompt: list[int], spec_types: str = "",
-          defaults: Defaults = Defaults()) -> tuple[Generation, Options]:
+def parse(data: object, prompt: list[int], spec_types: str = "", defaults: Defaults = Defaults(),
+          eog: Sequence[int] = ()) -> tuple[Generation, Options]:
     """The sampling and stopping fields of a /completion or /infill body, for `prompt` (tokens);
-    `spec_types`: what the server drafts with, for generation_settings; what the body leaves
-    out, the server's `defaults` (its command line, as llama-server's)."""
+    `spec_types` and `eog` (the model's end-of-generation tokens): for generation_settings; what
+    the body leaves out, the server's `defaults` (its command line, as llama-server's)."""
     assert isinstance(data, dict)
     refuse_unsupported(data, _NEUTRAL, strict_types=False)
     n_predict = int(_number(data, ("n_predict", "max_completion_tokens", "max_tokens"), defaults.n_predict, -1,
@@ -202,12 +203,14 @@ def parse(data: object, prompt: list[int], spec_types: str = "",
     for name in ("return_progress", "timings_per_token", "verbose"):
         _bool(data, name, False)  # checked as llama-server does, then ignored
     return generation, Options(stream, _bool(data, "return_tokens", False), fields,
-                               generation_settings(generation, n_predict, spec_types))
+                               generation_settings(generation, n_predict, spec_types, eog))
 
 
-def generation_settings(generation: Generation, n_predict: int, spec_types: str = "") -> dict:
-    """llama-server's `generation_settings` (task_params::to_json) for what this server runs."""
+def generation_settings(generation: Generation, n_predict: int, spec_types: str = "", eog: Sequence[int] = ()) -> dict:
+    """llama-server's `generation_settings` (task_params::to_json) for what this server runs:
+    ignore_eos as llama-server applies it, a bias of -infinity (null in JSON) on each token of `eog`."""
     s = generation.sampling
+    bias = [{"bias": None, "token": int(t)} for t in eog] if generation.ignore_eos else []
     return {
         "seed": s.seed if s.seed >= 0 else UINT32_MAX, "temperature": s.temp, "dynatemp_range": 0.0,
         "dynatemp_exponent": 1.0, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p, "top_n_sigma": -1.0,
@@ -216,7 +219,7 @@ def generation_settings(generation: Generation, n_predict: int, spec_types: str 
         "frequency_penalty": s.frequency_penalty, "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2,
         "dry_penalty_last_n": -1, "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
         "stop": list(generation.stops), "max_tokens": n_predict, "n_predict": n_predict, "n_keep": 0,
-        "n_discard": 0, "ignore_eos": generation.ignore_eos, "stream": generation.stream, "logit_bias": [],
+        "n_discard": 0, "ignore_eos": generation.ignore_eos, "stream": generation.stream, "logit_bias": bias,
         "n_probs": 0, "min_keep": 0, "grammar": s.grammar, "samplers": [SAMPLER_NAMES[c] for c in s.sequence],
         "speculative.types": spec_types, "timings_per_token": False, "post_sampling_probs": False, "lora": [],
     }
@@ -457,7 +460,7 @@ def props(vocab: Vocab, model: dict, chat_template: str, build_info: str, metric
     bos, eos = model.get("bos_token", ""), model.get("eos_token", "")
     return {
         "default_generation_settings": {"params": generation_settings(generation, defaults.n_predict,
-                                                                      model["meta"]["spec_type"]),
+                                                                      model["meta"]["spec_type"], vocab.eog_tokens()),
                                         "n_ctx": vocab.n_ctx},
         "total_slots": n_slots,
         "model_alias": model["id"],
@@ -489,6 +492,8 @@ def prometheus(m: Metrics, processing: int, deferred: int) -> str:
         ("counter", "llamacpp:tokens_predicted_total", "Number of generation tokens processed", m.predicted),
         ("counter", "llamacpp:tokens_predicted_seconds_total", "Total time spent generating tokens",
          m.predicted_seconds),
+        ("counter", "llamacpp:n_decode_total",
+         "Total number of llama_decode() calls of the target model (prompts, steps and verifications)", m.n_decode),
         ("counter", "llamacpp:n_tokens_max", "Largest observed sequence length (prompt + generation)",
          m.n_tokens_max),
         ("counter", "llamacpp:spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated",
@@ -502,6 +507,8 @@ def prometheus(m: Metrics, processing: int, deferred: int) -> str:
          window_predicted),
         ("gauge", "llamacpp:requests_processing", "Number of requests processing", processing),
         ("gauge", "llamacpp:requests_deferred", "Number of requests deferred", deferred),
+        ("gauge", "llamacpp:n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
+         m.n_busy_slots / max(m.n_decode, 1)),
         ("counter", "speculate:requests_total", "Generations finished (cancelled and cut-off ones included)",
          m.requests),
         ("counter", "speculate:requests_refused_total", "Requests refused with 503 because the queue was full",

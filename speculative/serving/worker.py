@@ -52,8 +52,20 @@ class Failed:
 Output = Union[Started, Piece, Final, Failed]  # Piece and Final: stream.py's
 
 
-def prompt_tokens(engine: Engine, generation: Generation) -> list[int]:
-    """The prompt as tokens, checked against the context (ApiError 400 when it cannot run)."""
+def chat_prompt(engine: Engine, generation: Generation, render: Callable[[list], object]):
+    """A chat request's conversation through the target's chat template: `render(messages)`, the
+    engine's chat_text or chat_tokens (ApiError 400 when the model has no template, or its template
+    refuses the conversation)."""
+    if not engine.target.chat_template():
+        raise ApiError(400, f"{engine.target.name} has no chat template: use /v1/completions")
+    try:
+        return render(generation.messages, generation.tools, generation.template_kwargs)
+    except (ModelError, UsageError) as e:  # the template refused this conversation ("roles must alternate", ...)
+        raise ApiError(400, str(e), param="messages") from None
+
+
+def request_tokens(engine: Engine, generation: Generation) -> list[int]:
+    """The prompt as tokens (ApiError 400 for a token outside the vocabulary), whatever the context holds."""
     if generation.tokens is not None:  # llama-server's endpoints
         tokens = list(generation.tokens)
         n_vocab = engine.target.n_vocab
@@ -61,15 +73,15 @@ def prompt_tokens(engine: Engine, generation: Generation) -> list[int]:
         if bad is not None:
             raise ApiError(400, f"the prompt has the token {bad}, outside this model's vocabulary "
                                 f"(0 to {n_vocab - 1})", param="prompt")
-    elif generation.chat:
-        if not engine.target.chat_template():
-            raise ApiError(400, f"{engine.target.name} has no chat template: use /v1/completions")
-        try:
-            tokens = engine.chat_tokens(generation.messages, generation.tools, generation.template_kwargs)
-        except (ModelError, UsageError) as e:  # the template refused this conversation ("roles must alternate", ...)
-            raise ApiError(400, str(e), param="messages") from None
-    else:
-        tokens = engine.prompt_tokens(generation.prompt)
+        return tokens
+    if generation.chat:
+        return chat_prompt(engine, generation, engine.chat_tokens)
+    return engine.prompt_tokens(generation.prompt)
+
+
+def prompt_tokens(engine: Engine, generation: Generation) -> list[int]:
+    """The prompt as tokens, checked against the context (ApiError 400 when it cannot run)."""
+    tokens = request_tokens(engine, generation)
     n_ctx = engine.target.n_ctx
     if len(tokens) >= n_ctx:  # llama-server's error, with its n_prompt_tokens and n_ctx
         raise ApiError(400, f"the prompt has {len(tokens)} tokens but the context holds {n_ctx}, "
@@ -196,6 +208,8 @@ class Metrics:
     draft_steps: int = 0        # steps that verified a draft
     steps: int = 0              # target passes after the prompt
     n_tokens_max: int = 0       # longest prompt + generation
+    n_decode: int = 0           # the target's llama_decode calls (prompts, steps, verifications) ...
+    n_busy_slots: int = 0       # ... and the slots each served, summed
     window: list[float] = dataclasses.field(default_factory=lambda: [0, 0.0, 0, 0.0])  # prompt n, s; predicted n, s
 
     def add(self, stats: Stats) -> None:
@@ -231,6 +245,7 @@ class Worker:
         self._draining = threading.Event()
         self._metrics = Metrics()
         self.started_at = time.time()
+        self._decodes_before = self.engine.target.decodes  # before serving (warm-up, auto's measures): not counted
 
     def submit(self, generation: Generation) -> Job:
         """Queue a request (from the event loop), or refuse it with Busy when the queue is full."""
@@ -249,6 +264,7 @@ class Worker:
 
     def _run(self, job: Job) -> None:
         job.started = True
+        final = None  # posted last, once its slot is free: a client with its answer finds it idle (/slots, /metrics)
         try:
             if job.cancelled or self._draining.is_set():  # its client gave up while it waited, or we stop
                 job.post(Failed(Busy("the server is shutting down" if self._draining.is_set() else "cancelled")))
@@ -261,7 +277,9 @@ class Worker:
                         _log(job.generation, output, len(tokens))
                         with self._lock:
                             self._metrics.add(output.stats)
-                    job.post(output)
+                        final = output
+                    else:
+                        job.post(output)
         except ApiError as e:
             job.post(Failed(e))
         except GrammarError as e:  # a token it names that this vocabulary lacks
@@ -275,12 +293,16 @@ class Worker:
             with self._lock:
                 self._jobs.discard(job)
             self._slots.release()
+            if final is not None:
+                job.post(final)
 
     def metrics(self) -> tuple[Metrics, int, int]:
         """A copy of the metrics, and the requests generating and waiting now; the speed
         window starts again."""
+        (decodes, slots), (decodes_before, slots_before) = self.engine.target.decodes, self._decodes_before
         with self._lock:
-            copy = dataclasses.replace(self._metrics, window=list(self._metrics.window))
+            copy = dataclasses.replace(self._metrics, window=list(self._metrics.window),
+                                       n_decode=decodes - decodes_before, n_busy_slots=slots - slots_before)
             self._metrics.window = [0, 0.0, 0, 0.0]
             running = sum(job.started for job in self._jobs)
             return copy, running, len(self._jobs) - running
