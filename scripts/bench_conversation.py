@@ -116,13 +116,7 @@ def load_conversations(path: Path = CONVERSATIONS, ids: list[str] | None = None)
     them: not ending in a backslash (the message would go on on the next line) nor starting with a
     slash (/exit, /clear, /regen: a command). ValueError says what is wrong."""
     conversations = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            c = json.loads(line)
-        except ValueError as e:
-            raise ValueError(f"{path}:{number}: not JSON ({e})") from None
+    for number, c in jsonl(path):
         if (not isinstance(c, dict) or not isinstance(c.get("id"), str) or c.get("source") not in SOURCES
                 or not isinstance(c.get("turns"), list) or not c["turns"]):
             raise ValueError(f"{path}:{number}: a conversation needs an id, a source ({' or '.join(SOURCES)}) "
@@ -133,12 +127,28 @@ def load_conversations(path: Path = CONVERSATIONS, ids: list[str] | None = None)
                 raise ValueError(f"{path}:{number}: {c['id']}: every turn must be one non-empty line, "
                                  "not starting with / nor ending in \\")
         conversations.append(c)
+    return by_ids(conversations, ids, "conversation", path)
+
+
+def jsonl(path: Path):
+    """(line number, value) of each non-blank line of a JSON-lines file; ValueError names a line
+    that is not JSON."""
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                yield number, json.loads(line)
+            except ValueError as e:
+                raise ValueError(f"{path}:{number}: not JSON ({e})") from None
+
+
+def by_ids(items: list[dict], ids: list[str] | None, what: str, path: Path) -> list[dict]:
+    """The items of `ids`, in that order (all of them without ids); ValueError names those missing."""
     if ids is None:
-        return conversations
-    by_id = {c["id"]: c for c in conversations}
+        return items
+    by_id = {item["id"]: item for item in items}
     missing = [i for i in ids if i not in by_id]
     if missing:
-        raise ValueError(f"no conversation {', '.join(missing)} in {path}; there are: {', '.join(by_id)}")
+        raise ValueError(f"no {what} {', '.join(missing)} in {path}; there are: {', '.join(by_id)}")
     return [by_id[i] for i in ids]
 
 
@@ -243,11 +253,15 @@ def calibrate(bench: argparse.Namespace, work: Path) -> None:
         print("calibrated auto (cached for later runs)", file=sys.stderr, flush=True)
 
 
-def measure(cfg: Config, bench: argparse.Namespace, conversation: dict, work: Path, repeat: int) -> dict:
+def measure(cfg: Config, bench: argparse.Namespace, conversation: dict, work: Path, repeat: int,
+            runner=None, kind=turn_kind) -> dict:
+    """One run of `conversation` under `cfg` by `runner` (default: this script's, for cfg's tool),
+    each turn numbered and given its kind (`kind(index)`), the run its labels and the time it took."""
     started = time.monotonic()
-    run = (run_speculate if cfg.tool == "speculate" else run_llama_server)(cfg, bench, conversation, work)
+    runner = runner or (run_speculate if cfg.tool == "speculate" else run_llama_server)
+    run = runner(cfg, bench, conversation, work)
     for index, turn in enumerate(run["turns"]):
-        turn.update(turn=index + 1, kind=turn_kind(index))
+        turn.update(turn=index + 1, kind=kind(index))
     run.update(config=cfg.name, conversation=conversation["id"], repeat=repeat, process_s=time.monotonic() - started)
     tokens, seconds = sum(t["tokens"] for t in run["turns"]), sum(t["decode_s"] for t in run["turns"])
     print(f"repeat {repeat + 1}  {conversation['id']}  {cfg.name:26s} {tokens:6d} tokens in {seconds:7.1f} s of "
@@ -297,14 +311,20 @@ def summary_row(label: dict, records: list[dict], configs: list[str]) -> dict:
     return {**label, "tokens": sum(r["tokens"] for r in first) / repeats, "configs": per_config, "ratios": ratios}
 
 
-def summarise(runs: list[dict], configs: list[str], conversations: list[dict]) -> dict:
-    """The rows of the per-turn table, its summary rows (edit turns, all turns) and the totals table."""
+def conversation_kinds(conversation: dict) -> list[str]:
+    return [turn_kind(index) for index in range(len(conversation["turns"]))]
+
+
+def summarise(runs: list[dict], configs: list[str], conversations: list[dict], kinds=conversation_kinds,
+              timed: str = "edit") -> dict:
+    """The rows of the per-turn table (a row for each of `kinds(conversation)`), its summary rows
+    (the `timed` turns, all turns) and the totals table."""
     records = turn_records(runs)
-    rows = [summary_row({"conversation": c["id"], "turn": index + 1, "kind": turn_kind(index)},
+    rows = [summary_row({"conversation": c["id"], "turn": index + 1, "kind": kind},
                         [r for r in records if r["conversation"] == c["id"] and r["turn"] == index + 1], configs)
-            for c in conversations for index in range(len(c["turns"]))]
-    summary = [summary_row({"conversation": "all", "turn": "edit turns", "kind": "edit"},
-                           [r for r in records if r["kind"] == "edit"], configs),
+            for c in conversations for index, kind in enumerate(kinds(c))]
+    summary = [summary_row({"conversation": "all", "turn": f"{timed} turns", "kind": timed},
+                           [r for r in records if r["kind"] == timed], configs),
                summary_row({"conversation": "all", "turn": "all turns", "kind": "all"}, records, configs)]
     totals = []
     for c in configs:
@@ -319,12 +339,13 @@ def summarise(runs: list[dict], configs: list[str], conversations: list[dict]) -
     return {"configs": configs, "rows": rows, "summary": summary, "totals": totals}
 
 
-def goals(summary: list[dict]) -> list[dict]:
-    """Issue 45's goals, judged on the edit turns' aggregate speeds (None: not measured)."""
-    edit = next(r for r in summary if r["turn"] == "edit turns")
+def goals(summary: list[dict], wanted=GOALS) -> list[dict]:
+    """The goals `wanted` (issue 45's by default), judged on the aggregate speeds of the timed turns,
+    summarise's first summary row (None: not measured)."""
+    timed = summary[0]
     found = []
-    for ratio, bound, strictly, what in GOALS:
-        value = edit["ratios"].get(ratio)
+    for ratio, bound, strictly, what in wanted:
+        value = timed["ratios"].get(ratio)
         met = None if value is None else (value > bound if strictly else value >= bound)
         found.append({"goal": what, "ratio": ratio, "value": value, "bound": bound, "met": met})
     return found
@@ -338,6 +359,10 @@ def print_report(table: dict, found: list[dict], bench: argparse.Namespace, conv
     print()
     print("\n".join(totals_table(table)))
     print()
+    print_goals(found)
+
+
+def print_goals(found: list[dict]) -> None:
     for g in found:
         verdict = "not measured" if g["met"] is None else ("met" if g["met"] else "NOT met")
         print(f"goal: {g['goal']}: {verdict}" + ("" if g["value"] is None else f" ({g['value']:.2f}x)"))
@@ -346,8 +371,9 @@ def print_report(table: dict, found: list[dict], bench: argparse.Namespace, conv
 # -- the command ------------------------------------------------------------------------
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options this script shares with scripts/bench_agent.py: the tools, the model, the
+    settings, the configurations, the repeats and the output."""
     parser.add_argument("--speculate", default=speculate_executable(),
                         help="the speculate executable (default: on PATH, else beside this Python)")
     parser.add_argument("--llama-server", type=Path,
@@ -357,56 +383,83 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("-md", "--model-draft", dest="draft",
                         help="a draft model for speculate auto (default: none, n-grams only, as --spec-default)")
     parser.add_argument("-t", "--threads", type=int, default=2, help="CPU threads, every tool (default 2)")
-    parser.add_argument("-n", "--n-predict", type=int, default=1024, help="most tokens an answer (default 1024)")
+    parser.add_argument("-n", "--n-predict", type=int, default=1024, help="most tokens an answer (default %(default)s)")
     parser.add_argument("--only", nargs="+", action="extend", default=[], metavar="CONFIG_SUBSTRING",
                         help="run only the configurations whose name holds one of these, as 'speculate', "
                              "'llama-server', 'none', 'speculate auto'")
-    parser.add_argument("--conversations", help="ids of scripts/conversations.jsonl, comma-separated (default: all)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="runs of every conversation and configuration (default 1)")
     parser.add_argument("-o", "--output", type=Path, help="meta, the tables' rows and every turn of every run (JSON)")
-    bench = parser.parse_args(argv)
+
+
+def check_common_arguments(parser: argparse.ArgumentParser, bench: argparse.Namespace) -> None:
+    """add_common_arguments' options checked (parser.error, exit 2), and the configurations picked."""
     if bench.threads < 1 or bench.n_predict < 1 or bench.repeats < 1:
         parser.error("-t, -n and --repeats take a positive number")
     bench.configs = [c for c in CONFIGS if not bench.only or any(s in c.name for s in bench.only)]
     if not bench.configs:
         parser.error(f"--only {' '.join(bench.only)}: no such configuration; there are: "
                      + ", ".join(c.name for c in CONFIGS))
+    for option, path in (("--speculate", bench.speculate), ("--llama-server", bench.llama_server)):
+        if path is not None and not os.access(path, os.X_OK):
+            parser.error(f"{option} {path}: not an executable")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_common_arguments(parser)
+    parser.add_argument("--conversations", help="ids of scripts/conversations.jsonl, comma-separated (default: all)")
+    bench = parser.parse_args(argv)
+    check_common_arguments(parser, bench)
     try:
         bench.picked = load_conversations(ids=bench.conversations.split(",") if bench.conversations else None)
     except ValueError as e:
         parser.error(f"--conversations: {e}" if bench.conversations else str(e))
-    for option, path in (("--speculate", bench.speculate), ("--llama-server", bench.llama_server)):
-        if path is not None and not os.access(path, os.X_OK):
-            parser.error(f"{option} {path}: not an executable")
     return bench
+
+
+def prepare(bench: argparse.Namespace, work: Path) -> None:
+    """What the configurations need before the first run: the environment every tool gets, the
+    target's file and the llama-server executable (built if not given), auto's calibration."""
+    bench.env = dict(os.environ)
+    if any(c.tool == "llama-server" for c in bench.configs):
+        bench.target_file = model_file(bench.speculate, bench.model)
+        bench.llama_server = bench.llama_server or llama_server_binary()
+    if any(c.spec == "auto" for c in bench.configs):
+        calibrate(bench, work)
+
+
+def run_all(bench: argparse.Namespace, conversations: list[dict], prefix: str, **how) -> list[dict]:
+    """Every conversation under every configuration, --repeats times (each repeat all of them, in the
+    same order, so drift hits all alike), after prepare(); `how`: measure's runner and kind."""
+    runs = []
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        prepare(bench, Path(tmp))
+        for repeat in range(bench.repeats):
+            for conversation in conversations:
+                for cfg in bench.configs:
+                    runs.append(measure(cfg, bench, conversation, Path(tmp), repeat, **how))
+    return runs
+
+
+def run_meta(bench: argparse.Namespace, **extra) -> dict:
+    """The -o file's meta: results.meta with the tools, the model and the settings; plus `extra`."""
+    return meta(speculate=bench.speculate, model=bench.model, draft=bench.draft, threads=bench.threads, ctx=CTX,
+                n_predict=bench.n_predict, repeats=bench.repeats,
+                llama_server=str(bench.llama_server) if bench.llama_server else None,
+                GGML_CPU_TILED_MM=os.environ.get("GGML_CPU_TILED_MM"), **extra)
 
 
 def main(argv: list[str] | None = None) -> int:
     bench = parse_args(argv)
-    configs, conversations = bench.configs, bench.picked
-    bench.env = dict(os.environ)
-    if any(c.tool == "llama-server" for c in configs):
-        bench.target_file = model_file(bench.speculate, bench.model)
-        bench.llama_server = bench.llama_server or llama_server_binary()
-    runs = []
-    with tempfile.TemporaryDirectory(prefix="bench-conversation-") as tmp:
-        if any(c.spec == "auto" for c in configs):
-            calibrate(bench, Path(tmp))
-        for repeat in range(bench.repeats):
-            for conversation in conversations:
-                for cfg in configs:
-                    runs.append(measure(cfg, bench, conversation, Path(tmp), repeat))
-    table = summarise(runs, [c.name for c in configs], conversations)
+    conversations = bench.picked
+    runs = run_all(bench, conversations, "bench-conversation-")
+    table = summarise(runs, [c.name for c in bench.configs], conversations)
     found = goals(table["summary"])
     print_report(table, found, bench, conversations)
     if bench.output:
         bench.output.write_text(json.dumps({
-            "meta": meta(speculate=bench.speculate, model=bench.model, draft=bench.draft, threads=bench.threads,
-                         ctx=CTX, n_predict=bench.n_predict, repeats=bench.repeats,
-                         conversations=[c["id"] for c in conversations],
-                         llama_server=str(bench.llama_server) if bench.llama_server else None,
-                         GGML_CPU_TILED_MM=os.environ.get("GGML_CPU_TILED_MM")),
+            "meta": run_meta(bench, conversations=[c["id"] for c in conversations]),
             "conversations": conversations, **table, "goals": found, "runs": runs}, indent=1, ensure_ascii=False))
     return 0
 

@@ -432,13 +432,14 @@ def peer_tests(data) -> list[str]:
     return lines
 
 
-def conversation(data) -> list[str]:
+def conversation(data, unit: str = "conversation") -> list[str]:
     """bench_conversation.py's table: per turn of each conversation, the first configuration's tokens,
     each configuration's decode speed (tokens over decode seconds, summed over the repeats) and the
     ratios of speeds; then the edit turns and all turns together (aggregate speeds), and how many
-    answers are their tool's without speculation, word for word."""
+    answers are their tool's without speculation, word for word. bench_agent.py's table (`agent`)
+    is the same, a row per turn of each session."""
     configs, labels = data["configs"], list(data["summary"][0]["ratios"])
-    lines = header("conversation", "turn", "kind", f"tokens ({configs[0]})", *(f"{c} t/s" for c in configs), *labels)
+    lines = header(unit, "turn", "kind", f"tokens ({configs[0]})", *(f"{c} t/s" for c in configs), *labels)
     for r in [*data["rows"], *data["summary"]]:
         lines.append(row(r["conversation"], r["turn"], r["kind"], f"{r['tokens']:.0f}",
                          *(opt(r["configs"][c]["tps"], ".2f") for c in configs),
@@ -449,19 +450,41 @@ def conversation(data) -> list[str]:
     return lines
 
 
-def conversation_totals(data) -> list[str]:
+DROPPED = (("exchanges dropped (context full)", lambda t: t["dropped"]),)
+
+
+def conversation_totals(data, last=DROPPED) -> list[str]:
     """bench_conversation.py's second table: each configuration's turns summed (all conversations and
     repeats): decoding, the prompt tokens processed and kept from the turn before, drafting, tokens
-    per target pass, answers cut at -n and the exchanges speculate dropped to fit the context."""
+    per target pass, answers cut at -n; then the `last` columns ((header, cell of a total) each): by
+    default the exchanges speculate dropped to fit the context."""
     lines = header("config", "turns", "tokens", "decode s", "t/s", "prompt tokens processed",
                    "kept from the turn before", "accepted / drafted", "tokens per pass", "answers cut at -n",
-                   "exchanges dropped (context full)")
+                   *(name for name, _ in last))
     for t in data["totals"]:
         lines.append(row(f"`{t['config']}`", t["turns"], f"{t['tokens']:,}", f"{t['seconds']:.1f}",
                          opt(t["tps"], ".2f"), f"{t['prompt_processed']:,}", f"{t['prompt_kept']:,}",
                          f"{t['accepted']:,} / {t['drafted']:,}", opt(t["tokens_per_pass"], ".2f"), t["cut"],
-                         t["dropped"]))
+                         *(cell(t) for _, cell in last)))
     return lines
+
+
+def agent(data) -> list[str]:
+    """bench_agent.py's table: conversation's, per turn of each agent session (its timed turns: the
+    rewrite turns)."""
+    return conversation(data, "session")
+
+
+def agent_totals(data) -> list[str]:
+    """bench_agent.py's second table: conversation_totals' columns, then the tool calls that were
+    the one their turn asked for (that tool, the session's file, JSON arguments with a string
+    `content` for write_file), the lines of the file the rewrites kept (of the lines it had before
+    each), and the sessions that ended before their last turn (at a call that was not: the agent
+    had no file to go on from)."""
+    return conversation_totals(data, (
+        ("calls as asked", lambda t: f"{t['calls_ok']}/{t['turns']}"),
+        ("file lines the rewrites kept", lambda t: f"{t['lines_kept']:,}/{t['lines_before']:,}"),
+        ("sessions ended early", lambda t: f"{t['ended_early']}/{t['sessions']}")))
 
 
 CONVERSATION_RUN = ("python scripts/bench_conversation.py --llama-server LLAMA_SERVER -o conversation.json "

@@ -137,7 +137,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.reply({"choices": [{"finish_reason": "stop", "message": {"role": "assistant",
                     "content": "server v%d%s" % (n, "'" if spec and n == 4 else "")}}],
                     "timings": timings})
+"""
 
+# The end of a fake server's script: its Handler's reply (JSON) and the server on --port.
+SERVED = """
     def reply(self, answer):
         data = json.dumps(answer).encode()
         self.send_response(200)
@@ -165,7 +168,7 @@ def test_a_whole_run_against_fake_tools_reports_every_turn_of_every_configuratio
     and, each turn, the conversation so far with its own answers; each turn's figures come back as
     each tool reported them, the table and the goals are printed, and -o holds it all."""
     speculate = fake(tmp_path / "speculate", FAKE_SPECULATE, tmp_path / "speculate.log")
-    server = fake(tmp_path / "llama-server", FAKE_LLAMA_SERVER, tmp_path / "server.log")
+    server = fake(tmp_path / "llama-server", FAKE_LLAMA_SERVER + SERVED, tmp_path / "server.log")
     out = tmp_path / "out.json"
     conversation = load_conversations()[0]
     proc = subprocess.run([sys.executable, str(SCRIPT), "--speculate", str(speculate), "--llama-server", str(server),
