@@ -49,7 +49,8 @@ REASONING = typer.Option(
          "default.")
 REASONING_BUDGET = typer.Option(
     -1, "--reasoning-budget", rich_help_panel=N, metavar="N",
-    help="Thinking budget: -1 unrestricted; 0: none (enable_thinking off).")
+    help="Thinking budget in tokens: -1 unrestricted; 0: none (enable_thinking off); N: the thinking is ended "
+         "after N tokens and the answer goes on.")
 TEMPLATE_KWARGS = typer.Option(
     None, "--chat-template-kwargs", rich_help_panel=N, metavar="JSON",
     help="More variables for the chat template, a JSON object (e.g. '{\"enable_thinking\": false}'); a "
@@ -140,9 +141,10 @@ LLAMA_SERVER = options.Group("names", (
 
 
 def chat_settings(reasoning_format: str = "auto", reasoning: str = "auto", reasoning_budget: int = -1,
-                  chat_template_kwargs: Optional[str] = None) -> tuple[str, dict]:
-    """llama-server's chat flags: the default reasoning format and the template's variables
-    (--chat-template-kwargs, with -rea and --reasoning-budget 0 as enable_thinking), as it reads them."""
+                  chat_template_kwargs: Optional[str] = None) -> tuple[str, dict, int]:
+    """llama-server's chat flags: the default reasoning format, the template's variables
+    (--chat-template-kwargs, with -rea and --reasoning-budget 0 as enable_thinking) and the
+    reasoning budget, as it reads them."""
     from speculative.chat.format import REASONING_FORMATS
 
     if reasoning_format not in REASONING_FORMATS:
@@ -157,10 +159,7 @@ def chat_settings(reasoning_format: str = "auto", reasoning: str = "auto", reaso
         raise UsageError(f"--reasoning-budget: -1 (unrestricted) or more, not {reasoning_budget}")
     if reasoning_budget == 0:
         kwargs["enable_thinking"] = False
-    elif reasoning_budget > 0:
-        raise UsageError("--reasoning-budget N > 0: speculate does not cut thinking short yet; -1 (unrestricted) "
-                         "or 0 (no thinking)")
-    return reasoning_format, kwargs
+    return reasoning_format, kwargs, reasoning_budget
 
 
 def _json_object(text: str, flag: str) -> dict:
@@ -188,7 +187,7 @@ def serve_command(
     pool: options.PoolOptions,
     slots: options.SlotOptions,
     names: tuple[list, list],
-    chat: tuple[str, dict],
+    chat: tuple[str, dict, int],
     access: Access,
     max_waiting: int = typer.Option(
         8, "--max-waiting", rich_help_panel=N, metavar="N",

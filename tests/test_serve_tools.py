@@ -155,3 +155,17 @@ def test_streamed_thinking_comes_as_reasoning_content_deltas(thinker):
     stream = thinker.client().chat.completions.create(model="any", stream=True, **body)
     reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in stream)
     assert reasoning == whole["reasoning_content"]
+
+
+def test_a_reasoning_budget_ends_the_thinking_and_the_answer_goes_on(thinker):
+    body = {"messages": [{"role": "user", "content": "Why is the sky blue?"}], "max_tokens": 24}
+    free = thinker.request("POST", "/v1/chat/completions", body)[2]["choices"][0]["message"]
+    assert not free["content"]  # without a budget, 24 tokens of thinking (--ignore-eos)
+    status, _, cut = thinker.request("POST", "/v1/chat/completions", {**body, "reasoning_budget_tokens": 6})
+    assert status == 200, cut
+    message, usage = cut["choices"][0]["message"], cut["usage"]
+    # the same greedy thinking, cut short (checked after each step), then the answer after </think>
+    assert free["reasoning_content"].startswith(message["reasoning_content"].rstrip())
+    assert len(message["reasoning_content"]) < len(free["reasoning_content"])
+    assert message["content"] and usage["completion_tokens"] == 24
+    assert cut["choices"][0]["finish_reason"] == "length"

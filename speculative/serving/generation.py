@@ -62,6 +62,7 @@ class Defaults:
     ignore_eos: bool = SpecSettings.ignore_eos
     reasoning_format: str = "auto"        # --reasoning-format
     template_kwargs: Mapping = field(default_factory=dict)  # --chat-template-kwargs (and --reasoning)
+    reasoning_budget: int = -1            # --reasoning-budget (-1: unrestricted)
 
     @property
     def max_tokens(self) -> int | None:
@@ -96,6 +97,7 @@ class Generation:
     tools: list[dict] | None = None
     template_kwargs: dict = field(default_factory=dict)
     plan: Plan | None = None
+    reasoning_budget: int = -1  # tokens the answer may think before its thinking is ended (-1: no limit)
 
 
 # A request's own speculation, in both APIs' bodies: llama-server's field -> (SpecSettings

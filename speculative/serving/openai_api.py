@@ -168,6 +168,8 @@ class ChatRequest(_Request):
     parallel_tool_calls: Optional[bool] = None  # omitted: whether the template writes parallel calls
     reasoning_format: Optional[str] = None             # llama-server's
     chat_template_kwargs: Optional[dict] = None        # llama-server's: more template variables
+    reasoning_budget_tokens: Optional[int] = Field(None, ge=-1)  # llama-server's (also thinking_budget_tokens)
+    thinking_budget_tokens: Optional[int] = Field(None, ge=-1)
     add_generation_prompt: Optional[bool] = None       # False with continue_final_message (vLLM's)
     continue_final_message: Union[bool, str, None] = None
 
@@ -234,8 +236,10 @@ def _chat(request: ChatRequest, data: dict, defaults: Defaults, template: str, g
     sampling = generation.sampling
     if plan.grammar is not None:
         sampling = replace(sampling, grammar=plan.grammar.gbnf, grammar_triggers=plan.grammar.triggers)
+    budget = next((b for b in (request.reasoning_budget_tokens, request.thinking_budget_tokens) if b is not None),
+                  defaults.reasoning_budget)
     return replace(generation, messages=[m.rendered() for m in request.messages], sampling=sampling,
-                   tools=tools or None, template_kwargs=kwargs, plan=plan)
+                   tools=tools or None, template_kwargs=kwargs, plan=plan, reasoning_budget=budget)
 
 
 def _check_messages(messages: list[Message], raw: list[dict]) -> None:

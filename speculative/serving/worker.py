@@ -107,19 +107,97 @@ def generate(engine: Engine, generation: Generation, tokens: list[int], spec: Sp
     limits = None
     if generation.n_indent > 0 or generation.t_max_predict_ms > 0:
         limits = LineLimits(generation.n_indent, generation.t_max_predict_ms / 1000)
-    stream = Stream(engine, tokens, generation.sampling, spec, generation.sampling.resolved_seed(),
-                    generation.stops, should_stop, limits)
+    seed = generation.sampling.resolved_seed()
+    budget = Budget.of(generation, prompt_tail(engine.target, tokens))
+    final = yield from _run(Stream(engine, tokens, generation.sampling, spec, seed, generation.stops,
+                                   budget.watching(should_stop), limits), should_stop, budget.see)
+    if budget.spent:  # the thinking cut short: its end written, and the answer goes on from there
+        final = yield from _after_thinking(engine, generation, tokens, spec, seed, should_stop, final, budget.end)
+    yield dataclasses.replace(final, n_kept=len(engine.caches["target"]))
+
+
+def _run(stream: Stream, should_stop: Callable[[], str | None],
+         see: Callable[[Piece], None] = lambda piece: None) -> Iterator[Output]:
+    """A stream's pieces, each shown to `see` first; returns its Final (the tail yielded as a last piece)."""
     reason = None
     try:
         for piece in stream:
+            see(piece)
             if piece.text:
                 yield piece
     except (interrupt.Cancelled, Stopped):  # stopped in its prompt: in llama.cpp, or between chunks
         reason = should_stop() or "cancelled"
-    final = dataclasses.replace(stream.end(reason), n_kept=len(engine.caches["target"]))
+    final = stream.end(reason)
     if final.tail:
         yield Piece(((final.tail, False),))
-    yield final
+    return final
+
+
+def _after_thinking(engine: Engine, generation: Generation, prompt: list[int], spec: SpecSettings, seed: int,
+                    should_stop: Callable[[], str | None], thought: Final, end: str) -> Iterator[Output]:
+    """The reasoning budget spent: the end of thinking forced (as llama.cpp's budget sampler writes
+    it), then the rest of the answer as a continuation of the same prompt; one Final for both."""
+    forced = engine.target.tokenize(end, add_special=False)
+    yield Piece(((end, False),), tuple(forced))
+    used = len(thought.tokens) + len(forced)
+    rest = dataclasses.replace(spec, n_predict=-1 if spec.n_predict < 0 else max(spec.n_predict - used, 0))
+    if rest.n_predict == 0:
+        return dataclasses.replace(thought, reason="length", text=thought.text + end, tokens=thought.tokens + forced)
+    answer = yield from _run(Stream(engine, prompt + thought.tokens + forced, generation.sampling, rest, seed,
+                                    generation.stops, should_stop), should_stop)
+    stats = dataclasses.replace(thought.stats)
+    stats.merge(answer.stats)  # one answer: the first run's prompt, every generated token
+    stats.n_prompt, stats.n_cached = thought.stats.n_prompt, thought.stats.n_cached
+    stats.n_predict = used + len(answer.tokens)
+    return dataclasses.replace(answer, text=thought.text + end + answer.text,
+                               tokens=thought.tokens + forced + answer.tokens, stats=stats,
+                               notes=thought.notes + answer.notes)
+
+
+@dataclass
+class Budget:
+    """The reasoning budget (--reasoning-budget, a request's reasoning_budget_tokens): how many tokens
+    an answer may think before its thinking is ended for it, counted from the start where the
+    prompt opened the thinking, else from the family's opening tag. `spent`: the run was stopped
+    for it."""
+    limit: int = -1
+    think: tuple[str, str] | None = None
+    thinking_from: int | None = None  # the token the thinking began at (None: not yet)
+    text: str = ""
+    n_tokens: int = 0
+    spent: bool = False
+
+    @classmethod
+    def of(cls, generation: Generation, prompt_tail: str) -> "Budget":
+        plan = generation.plan
+        if generation.reasoning_budget < 0 or plan is None or plan.format.think is None:
+            return cls()
+        opened = plan.after_prompt(prompt_tail).syntax.thinking_open
+        return cls(generation.reasoning_budget, plan.format.think, 0 if opened else None)
+
+    @property
+    def end(self) -> str:
+        return self.think[1] + "\n\n"
+
+    def watching(self, should_stop: Callable[[], str | None]) -> Callable[[], str | None]:
+        """`should_stop`, and the budget (asked after each step, once `see` has had its piece)."""
+        if self.limit < 0:
+            return should_stop
+        return lambda: should_stop() or self._spent()
+
+    def see(self, piece: Piece) -> None:
+        self.text += piece.text
+        self.n_tokens += len(piece.ids)
+        if self.thinking_from is None and self.think is not None and self.think[0] in self.text:
+            self.thinking_from = self.n_tokens
+
+    def _spent(self) -> str | None:
+        if self.thinking_from is None or self.think[1] in self.text:
+            return None
+        if self.n_tokens - self.thinking_from >= self.limit:
+            self.spent = True
+            return "reasoning budget"
+        return None
 
 
 def request_spec(engine: Engine, generation: Generation, spec: SpecSettings) -> SpecSettings:
