@@ -147,9 +147,12 @@ def render(template: str, messages: list[dict], bos_token: str = "", eos_token: 
         compiled = env.from_string(template)
         sys.settrace(_Guard(seconds, MAX_GROWTH))
         parts, size = [], 0
-        # enable_thinking: llama.cpp passes it to every template, true unless thinking is off
-        variables = {"add_generation_prompt": not continuing(messages), "enable_thinking": True, **(extra or {}),
-                     "messages": messages, "bos_token": bos_token, "eos_token": eos_token}
+        # what llama.cpp passes every template (common_chat_extra_context): today's date, and
+        # enable_thinking, true unless thinking is off
+        today = datetime.now()
+        variables = {"add_generation_prompt": not continuing(messages), "enable_thinking": True,
+                     "date_string": today.strftime("%d %b %Y"), "datetime": today.strftime("%b %d %Y"),
+                     **(extra or {}), "messages": messages, "bos_token": bos_token, "eos_token": eos_token}
         if tools:
             variables["tools"] = tools
         for part in compiled.generate(**variables):

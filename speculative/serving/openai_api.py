@@ -164,7 +164,7 @@ class ChatRequest(_Request):
     messages: Annotated[list[Message], Field(min_length=1)]
     max_completion_tokens: Optional[int] = Field(None, ge=1)  # newer clients' name for max_tokens
     tools: Optional[list[Tool]] = None
-    tool_choice: Union[Literal["auto", "none", "required"], NamedChoice] = "auto"
+    tool_choice: Union[Literal["auto", "none", "required"], NamedChoice, None] = None  # None: auto
     parallel_tool_calls: Optional[bool] = None  # omitted: whether the template writes parallel calls
     reasoning_format: Optional[str] = None             # llama-server's
     chat_template_kwargs: Optional[dict] = None        # llama-server's: more template variables
@@ -219,7 +219,8 @@ def _chat(request: ChatRequest, data: dict, defaults: Defaults, template: str, g
     if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
         raise ApiError(400, 'invalid type for "enable_thinking" (expected boolean, got string)',
                        param="chat_template_kwargs")
-    choice = request.tool_choice if isinstance(request.tool_choice, str) else request.tool_choice.model_dump()
+    choice = request.tool_choice or "auto"
+    choice = choice if isinstance(choice, str) else choice.model_dump()
     if tools and choice != "none" and "grammar" in data:
         raise ApiError(400, "Cannot use custom grammar constraints with tools.", param="grammar")
     if tools and not template:
