@@ -128,3 +128,14 @@ def test_tojson_writes_json_as_llama_cpp_does():
                    {"role": "user", "content": "go on"}])
     assert text == '{"path": "a.py", "content": "it\'s <b> & \'c\'"}'
     assert render("{{ {'b': [1, 2]} | tojson(indent=1) }}", []) == '{\n "b": [\n  1,\n  2\n ]\n}'
+
+
+def test_templates_get_todays_date_as_llama_cpp_gives_it():
+    import datetime
+
+    from speculative.engine.chat import render
+
+    source = (Path(__file__).parent / "data" / "templates" / "meta-llama-Llama-3.3-70B-Instruct.jinja").read_text()
+    before = datetime.date.today().strftime("%d %b %Y")
+    prompt = render(source, [{"role": "user", "content": "What is today?"}])
+    assert before in prompt or datetime.date.today().strftime("%d %b %Y") in prompt  # midnight between
