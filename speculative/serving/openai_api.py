@@ -29,8 +29,8 @@ from pydantic_core import PydanticCustomError
 
 from speculative.chat import request as chat_request
 from speculative.chat.message import ChatMessage, Delta
-from speculative.engine import chat
 from speculative.decoding.stats import Stats
+from speculative.engine.chat import writes_parallel_calls
 from speculative.errors import GrammarError, UsageError
 from speculative.serving.generation import (ApiError, Defaults, Generation, refuse_unsupported, request_grammar,
                                             speculation)
@@ -225,10 +225,10 @@ def _chat(request: ChatRequest, data: dict, defaults: Defaults, template: str, g
         raise ApiError(400, "Cannot use custom grammar constraints with tools.", param="grammar")
     if tools and not template:
         raise ApiError(400, "tools need the model's Jinja chat template", param="tools")
+    parallel = request.parallel_tool_calls
+    if parallel is None:  # llama-server's default: what the template can write back
+        parallel = bool(tools) and writes_parallel_calls(template)
     try:
-        parallel = request.parallel_tool_calls
-        if parallel is None:
-            parallel = bool(tools) and chat.writes_parallel_calls(template)
         plan = chat_request.plan(template, tools, choice, parallel, request.reasoning_format or defaults.reasoning_format)
     except UsageError as e:
         raise ApiError(400, str(e), param="tool_choice" if str(e).startswith("tool_choice") else "reasoning_format") from None
