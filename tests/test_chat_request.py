@@ -139,3 +139,10 @@ def test_templates_get_todays_date_as_llama_cpp_gives_it():
     before = datetime.date.today().strftime("%d %b %Y")
     prompt = render(source, [{"role": "user", "content": "What is today?"}])
     assert before in prompt or datetime.date.today().strftime("%d %b %Y") in prompt  # midnight between
+
+
+def test_text_plus_an_undefined_variable_is_the_text_as_in_llama_cpps_jinja():
+    """firefunction-v2's template adds `functions`, which no server defines (llama.cpp's test_template.py)."""
+    from speculative.engine.chat import render
+
+    assert render('{{ "a" + nothing }}|{{ nothing + "b" }}', []) == "a|b"

@@ -78,6 +78,11 @@ class _Sandbox(ImmutableSandboxedEnvironment):
 
     def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
         sized = (str, list, tuple)
+        if operator == "+" and isinstance(left, str) != isinstance(right, str) and (
+                isinstance(left, jinja2.Undefined) or isinstance(right, jinja2.Undefined)):
+            # text + an undefined variable is the text, as llama.cpp's Jinja has it (firefunction's
+            # template adds `functions`, which no server defines)
+            return left if isinstance(left, str) else right
         if operator == "**" and all(isinstance(v, (int, float)) for v in (left, right)):
             if abs(left) > 1 and right > 0 and right * math.log2(abs(left)) > 1024:
                 raise _Stop(f"{left} ** {right} is too large a number")
