@@ -1,10 +1,9 @@
 """Calls that come in blocks: one opening marker, then several calls, then (mostly) a closing
 marker, as DeepSeek's <｜tool▁calls▁begin｜>...<｜tool▁calls▁end｜> and DSML
 <｜DSML｜function_calls>...</｜DSML｜function_calls>, Granite 3's <|tool_call|>[...] and
-Command R7B's <|START_ACTION|>[...]<|END_ACTION|> write them. _common.split_calls reads a call
-per marker; these read a block per marker.
+Command R7B's <|START_ACTION|>[...]<|END_ACTION|> write them: _common.split_calls reads the
+text, with a block reader from here that returns the calls of each block.
 
-  split_call_blocks(text, partial, markers, read_block)   content, and the calls of each block
   read_calls_until(reader, opening, closing, read_call)   calls each after `opening`, up to `closing`
   read_call_array(reader, keys)                           [ {call}, {call} ] as JSON objects
   read_arguments(reader, name)                            a call's JSON object of arguments
@@ -15,41 +14,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from speculative.chat.formats._common import (SPACE, Incomplete, NotJson, Reader, Rules, alternatives, call,
+from speculative.chat.formats._common import (Incomplete, NotJson, Reader, Rules, alternatives, call,
                                               json_call_rule, read_json_call, repeated)
 from speculative.chat.message import ToolCall
-
-ReadBlock = Callable[[Reader], "tuple[list[ToolCall], bool]"]
-
-
-def split_call_blocks(text: str, partial: bool, markers: tuple[str, ...],
-                      read_block: ReadBlock) -> tuple[str, list[ToolCall]]:
-    """The content and the calls in `text`: content up to a block's marker (one of `markers`),
-    then the block, read by `read_block` at its marker: (its calls so far, each named; whether
-    the block closed); ValueError where the marker opens no block (the marker is content then).
-    Text between and after blocks is content (less the whitespace around blocks); reading stops
-    at a block left open. A marker's start, or a block with no named call yet, at the end of a
-    partial text is held back (of a complete text it is content)."""
-    reader, content, calls = Reader(text), "", []
-    while True:
-        piece, marker = reader.until(markers, partial)
-        content += piece.lstrip(SPACE) if calls else piece
-        if marker is None:
-            return content, calls
-        start = reader.pos
-        try:
-            found, closed = read_block(reader)
-        except ValueError:
-            reader.pos = start + len(marker)
-            content += marker
-            continue
-        if not found and not closed:
-            return content + ("" if partial else text[start:]), calls
-        calls += found
-        if not closed:
-            return content, calls
-        reader.space()
-
 
 ReadCall = Callable[[Reader], "tuple[ToolCall | None, bool]"]
 

@@ -300,7 +300,8 @@ def split_calls(text: str, partial: bool, markers: tuple[str, ...],
                 read_call: ReadCall) -> tuple[str, list[ToolCall]]:
     """The content and the calls in `text`: content up to a call's marker (one of `markers`),
     then calls, each read by `read_call` at its marker: (the call, or the calls one marker
-    opens, or None while the first name is unfinished; whether it is complete), ValueError
+    opens (a block: Granite's list, DeepSeek's section), or None while the first name is
+    unfinished; whether it is complete), ValueError
     where the marker opens no call (the marker is content then). Text between and after calls
     is content (less the whitespace around calls); reading stops at a call left incomplete. A
     marker's or an unnamed call's start at the end of a partial text is held back."""
@@ -317,7 +318,7 @@ def split_calls(text: str, partial: bool, markers: tuple[str, ...],
             reader.pos = start + len(marker)
             content += marker
             continue
-        if found is None or found == []:
+        if not found and not complete:  # nothing named yet (a block that closed empty reads on)
             return content + ("" if partial else text[start:]), calls
         calls.extend(found if isinstance(found, list) else [found])
         if not complete:

@@ -28,10 +28,10 @@ import json
 import re
 
 from speculative.chat.format import Format, Syntax, ToolGrammar
-from speculative.chat.formats._blocks import read_arguments, read_calls_until, split_call_blocks
+from speculative.chat.formats._blocks import read_arguments, read_calls_until
 from speculative.chat.formats._common import (Incomplete, Reader, Rules, alternatives, call, finish,
                                               format_literal, function_name, properties, repeated, selected,
-                                              split_reasoning, until_including)
+                                              split_calls, split_reasoning, until_including)
 from speculative.chat.message import ChatMessage, ToolCall
 
 CALLS, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -58,7 +58,7 @@ class DeepSeek(Format):
         reasoning, rest = split_reasoning(text, partial, syntax, self.think, (CALLS, *DSML_BLOCKS))
         if not syntax.tools:
             return ChatMessage(content=rest, reasoning_content=reasoning)
-        content, calls = split_call_blocks(rest, partial, (CALLS, *DSML_BLOCKS), lambda r: _read_block(r, partial))
+        content, calls = split_calls(rest, partial, (CALLS, *DSML_BLOCKS), lambda r: _read_block(r, partial))
         return ChatMessage(content=content, reasoning_content=reasoning, tool_calls=calls)
 
     def grammar(self, tools: list[dict], choice: str | dict, parallel: bool) -> ToolGrammar | None:

@@ -14,8 +14,8 @@ taken off, the <|tool_call|> list). Granite 4.x templates write <tool_call> and 
 from __future__ import annotations
 
 from speculative.chat.format import Format, Syntax, ToolGrammar
-from speculative.chat.formats._blocks import call_array_rule, read_call_array, split_call_blocks
-from speculative.chat.formats._common import Incomplete, Reader, Rules, finish, selected, split_reasoning
+from speculative.chat.formats._blocks import call_array_rule, read_call_array
+from speculative.chat.formats._common import Incomplete, Reader, Rules, finish, selected, split_calls, split_reasoning
 from speculative.chat.message import ChatMessage, ToolCall
 
 TOOL_CALL = "<|tool_call|>"
@@ -35,7 +35,7 @@ class Granite(Format):
         rest = _unwrapped(rest, partial)
         if not syntax.tools:
             return ChatMessage(content=rest, reasoning_content=reasoning)
-        content, calls = split_call_blocks(rest, partial, (TOOL_CALL,), _read_block)
+        content, calls = split_calls(rest, partial, (TOOL_CALL,), _read_block)
         return ChatMessage(content=content, reasoning_content=reasoning, tool_calls=calls)
 
     def grammar(self, tools: list[dict], choice: str | dict, parallel: bool) -> ToolGrammar | None:
