@@ -92,7 +92,7 @@ def result_json(final: Final, reading: Reading | None = None) -> dict:
     (`reading`'s) apart in reasoning_content."""
     if reading is None:
         return {"text": final.text, "tokens": final.tokens, **final.stats.to_dict()}
-    message = reading.plan.read(final.text)
+    message = reading.whole(final.text)
     return {"text": message.content, "reasoning_content": message.reasoning_content, "tokens": final.tokens,
             **final.stats.to_dict()}
 

@@ -59,8 +59,12 @@ class Reading:
     def end(self) -> list[Delta]:
         return self._advance(self._read(final=True))
 
+    def whole(self, text: str) -> ChatMessage:
+        """The message in a whole answer, read at once (not streamed)."""
+        return ChatMessage(content=text) if self.plan is None else self.plan.read(text)
+
     def _read(self, final: bool) -> ChatMessage:
-        return ChatMessage(content=self.text) if self.plan is None else self.plan.read(self.text, final)
+        return self.whole(self.text) if final or self.plan is None else self.plan.read(self.text, final=False)
 
     def _advance(self, message: ChatMessage) -> list[Delta]:
         try:

@@ -320,7 +320,7 @@ class Reply:
         if not self.chat:
             choice = {"index": 0, "text": text, "logprobs": None}
         else:
-            message = self.reading.plan.read(text) if self.reading.plan else ChatMessage(content=text)
+            message = self.reading.whole(text)
             choice = {"index": 0, "message": {"role": "assistant", **self._fields(message)}}
             finish = _finish(finish, message)
         return self._object(False, {**choice, "finish_reason": finish}, usage=usage(stats), timings=timings(stats))
