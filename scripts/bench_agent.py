@@ -118,13 +118,15 @@ def tool_choice(kind: str) -> dict:
     return {"type": "function", "function": {"name": wanted_tool(kind)}}
 
 
-def call_grammar(kind: str) -> str:
+def call_grammar(kind: str, path: str) -> str:
     """--calls grammar: the GBNF of the turn's call as Qwen2.5's template writes one (Hermes' form:
-    CALL_TAGS around the JSON of the name and arguments), its path and content any JSON strings
-    (the string rule of llama.cpp's json-schema-to-grammar). json.dumps writes a GBNF literal."""
-    opening = json.dumps(f'{CALL_TAGS[0]}{{"name": "{wanted_tool(kind)}", "arguments": {{"path": ')
+    CALL_TAGS around the JSON of the name and arguments) on the session's file `path` (an agent
+    changing one file knows which; the 1.5B target read another file the edit mentioned), its
+    content any JSON string (the string rule of llama.cpp's json-schema-to-grammar). json.dumps
+    writes a GBNF literal."""
+    opening = json.dumps(f'{CALL_TAGS[0]}{{"name": "{wanted_tool(kind)}", "arguments": {{"path": {json.dumps(path)}')
     content = " " + json.dumps(', "content": ') + " string" if kind == "rewrite" else ""
-    return (f"root ::= {opening} string{content} {json.dumps('}}' + CALL_TAGS[1])}\n"
+    return (f"root ::= {opening}{content} {json.dumps('}}' + CALL_TAGS[1])}\n"
             + JSON_STRING)
 
 
@@ -166,14 +168,14 @@ def opening(session: dict) -> list[dict]:
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": session["edits"][0]}]
 
 
-def request(messages: list[dict], kind: str, n_predict: int, calls: str = "tools") -> dict:
+def request(messages: list[dict], kind: str, path: str, n_predict: int, calls: str = "tools") -> dict:
     """A turn's /v1/chat/completions body: the history, the tools, greedy; the turn's tool named in
-    tool_choice (--calls tools), or no call asked and its text held to the call by a grammar
-    (--calls grammar)."""
+    tool_choice (--calls tools), or no call asked and its text held to the call of the session's
+    file `path` by a grammar (--calls grammar)."""
     body = {"messages": messages, "tools": TOOLS, "max_tokens": n_predict, "temperature": 0, "cache_prompt": True}
     if calls == "tools":
         return {**body, "tool_choice": tool_choice(kind), "parallel_tool_calls": False}
-    return {**body, "tool_choice": "none", "grammar": call_grammar(kind)}
+    return {**body, "tool_choice": "none", "grammar": call_grammar(kind, path)}
 
 
 def answer_text(message: dict) -> str:
@@ -253,7 +255,7 @@ def play(session: dict, post, n_predict: int, calls: str = "tools", on_turn=None
     turn as it comes."""
     messages, turns, file = opening(session), [], session["text"]
     for index, kind in enumerate(session_kinds(session)):
-        turn = agent_turn(post(request(messages, kind, n_predict, calls)), kind, session, calls)
+        turn = agent_turn(post(request(messages, kind, session["path"], n_predict, calls)), kind, session, calls)
         turns.append(turn)
         if turn["call"] is not None and kind == "rewrite":
             written = json.loads(turn["call"]["function"]["arguments"])["content"]

@@ -490,6 +490,9 @@ def agent_totals(data) -> list[str]:
 CONVERSATION_RUN = ("python scripts/bench_conversation.py --llama-server LLAMA_SERVER -o conversation.json "
                     "(then gzip -9 into docs/results/; the stock build)")
 
+AGENT_RUN = ("python scripts/bench_agent.py --speculate .venv/bin/speculate --llama-server LLAMA_SERVER --calls grammar "
+             "-o agent.json (then gzip -9 into docs/results/; the stock build)")
+
 TABLES = {t.name: t for t in [
     Table("recurrent", ("recurrent.json",), "python scripts/bench_recurrent.py -o docs/results/recurrent.json",
           recurrent),
@@ -539,6 +542,8 @@ TABLES = {t.name: t for t in [
           builds),
     Table("conversation", ("conversation.json.gz",), CONVERSATION_RUN, conversation),
     Table("conversation-totals", ("conversation.json.gz",), CONVERSATION_RUN, conversation_totals),
+    Table("agent", ("agent.json.gz",), AGENT_RUN, agent),
+    Table("agent-totals", ("agent.json.gz",), AGENT_RUN, agent_totals),
     Table("peer-tests", ("peer-tests.json",),
           "python scripts/peer_tests.py compare OUT/llama-server OUT/speculate --json docs/results/peer-tests.json "
           "(after the run below)", peer_tests),

@@ -119,7 +119,7 @@ def test_with_calls_grammar_the_text_is_held_to_the_call_and_read_back_by_the_sc
     run = play(SESSION, server, 64, "grammar")
     assert run["ended"] is None
     assert [b["tool_choice"] for b in server.bodies] == ["none"] * 4
-    assert [b["grammar"] for b in server.bodies] == [call_grammar("read")] + [call_grammar("rewrite")] * 3
+    assert [b["grammar"] for b in server.bodies] == [call_grammar("read", "m.py")] + [call_grammar("rewrite", "m.py")] * 3
     assert run["turns"][1]["call"]["function"] == {"name": "write_file",
                                                    "arguments": json.dumps({"path": "m.py", "content": "x = 2\n"})}
     assert server.bodies[2]["messages"][4]["tool_calls"][0]["function"]["name"] == "write_file"
@@ -138,12 +138,14 @@ def grammar_regex(grammar: str) -> re.Pattern:
                                              ("rewrite", {"path": "m.py", "content": 'print("a\\tb")\n\u00e9\n'})])
 def test_the_call_grammar_is_gbnf_llama_cpp_reads_and_holds_the_text_to_the_call_as_the_template_writes_it(
         kind, arguments):
-    check(call_grammar(kind))  # GrammarError where llama.cpp would refuse it
+    grammar = call_grammar(kind, "m.py")
+    check(grammar)  # GrammarError where llama.cpp would refuse it
     name = "read_file" if kind == "read" else "write_file"
     written = CALL_TAGS[0] + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + CALL_TAGS[1]
-    assert grammar_regex(call_grammar(kind)).fullmatch(written)
+    assert grammar_regex(grammar).fullmatch(written)
     other = "write_file" if kind == "read" else "read_file"
-    assert not grammar_regex(call_grammar(kind)).fullmatch(written.replace(name, other))
+    assert not grammar_regex(grammar).fullmatch(written.replace(name, other))
+    assert not grammar_regex(grammar).fullmatch(written.replace("m.py", "n.py"))  # the session's file only
     assert grammar_call({"content": written})["tool_calls"][0]["function"] == {
         "name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}
     assert grammar_call({"content": written[:-3]}) == {"content": written[:-3]}  # cut: stays content
