@@ -153,7 +153,8 @@ OFFLINE = typer.Option(
          "HF_HUB_OFFLINE=1; a registry model not pulled yet is an error).")
 VERBOSE = typer.Option(
     False, "-v", "--verbose", "--log-verbose", rich_help_panel=M,
-    help="Show llama.cpp's log (loading, contexts, devices) on stderr, as SPECULATE_LLAMA_LOG=1 does.")
+    help="Show llama.cpp's log (loading, contexts, devices) on stderr, as SPECULATE_LLAMA_LOG=1 does; serve's "
+         "OpenAI answers also carry llama-server's __verbose object (a request's `verbose` decides).")
 JINJA = typer.Option(
     True, "--jinja/--no-jinja", rich_help_panel=M,
     help="Chats through the model's Jinja template, rendered in a sandbox (the default); --no-jinja: through "

@@ -231,7 +231,7 @@ def serve_command(
         with Worker(parallel, spec, waiting=max_waiting, timeout=timeout) as worker:
             app = server.create_app(worker, model_info, access.api_key, loopback_only=access.loopback,
                                     metrics=metrics, build_info=build_info(), slots=slots_endpoint,
-                                    defaults=Defaults(sampling, spec.n_predict, spec.ignore_eos, *chat),
+                                    defaults=Defaults(sampling, spec.n_predict, spec.ignore_eos, *chat, verbose=models.verbose),
                                     cors=access.cors)
             if access.cors.origins == "*" and access.api_key is None:  # llama-server's warning
                 print("speculate serve: warning: no API key is set and --cors-origins * lets any web page use "

@@ -280,13 +280,14 @@ def test_streamed_chat_is_the_one_shot_chat_one_chunk_per_step(server, model_pat
     cli = cli_json(model_path, question, 20, "--chat", "--ignore-eos")
     stream = server.client().chat.completions.create(
         model="any", messages=[{"role": "user", "content": question}], max_tokens=20, temperature=0, stream=True,
-        extra_body={"ignore_eos": True})
-    chunks = list(stream)
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    *chunks, last = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     pieces = [c.choices[0].delta.content for c in chunks[1:] if c.choices[0].delta.content]
     assert "".join(pieces) == cli["text"]
-    last = chunks[-1]
-    assert last.choices[0].finish_reason == "length" and last.usage.completion_tokens == 20
+    # OpenAI's and llama-server's end: the finish, then the usage in a chunk of no choices, with the timings
+    assert chunks[-1].choices[0].finish_reason == "length" and chunks[-1].usage is None
+    assert last.choices == [] and last.usage.completion_tokens == 20
     timings = last.model_extra["timings"]
     steps = round(timings["predicted_n"] / timings["tokens_per_step"])
     assert steps == cli["n_steps"] and len(pieces) <= steps < 20  # whole steps, not single tokens
@@ -673,9 +674,11 @@ def test_bad_requests_get_an_openai_error(server, path, body, status, message):
     got, _, answer = server.request("POST", path, raw=raw)
     assert got == status, answer
     error = answer["error"]
-    assert message in error["message"] and error["type"] == "invalid_request_error", error
-    # a prompt the context cannot hold: llama-server's n_prompt_tokens and n_ctx besides
-    context = {"n_prompt_tokens", "n_ctx"} if error["code"] == "context_length_exceeded" else set()
+    # a prompt the context cannot hold: llama-server's type, and its n_prompt_tokens and n_ctx besides
+    too_long = error["code"] == "context_length_exceeded"
+    assert message in error["message"], error
+    assert error["type"] == ("exceed_context_size_error" if too_long else "invalid_request_error"), error
+    context = {"n_prompt_tokens", "n_ctx"} if too_long else set()
     assert set(error) == {"message", "type", "param", "code"} | context
 
 
@@ -749,11 +752,33 @@ def test_max_tokens_beyond_the_context_ends_at_its_end_with_length(as_llama_test
                                             extra_body={"ignore_eos": True}))
     usage = chunks[-1].usage
     assert chunks[-1].choices[0].finish_reason == "length" and usage.prompt_tokens + usage.completion_tokens == 256
-    # a prompt that fills the context by itself is still refused, with llama-server's numbers
+    # a prompt that fills the context by itself is still refused, with llama-server's type and numbers
+    # and OpenAI's code
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="x", prompt="word " * 300, max_tokens=4)
-    assert e.value.code == "context_length_exceeded"
+    assert e.value.code == "context_length_exceeded" and e.value.type == "exceed_context_size_error"
     assert e.value.body["n_ctx"] == 256 and e.value.body["n_prompt_tokens"] > 256
+
+
+def test_verbose_answers_carry_llama_servers_object_with_the_prompt(as_llama_tests):
+    """A request's `verbose` (by default serve's -v): the answer carries `__verbose`, the answer as
+    llama-server's own /completion gives it, the rendered prompt included; streamed, on the
+    first of the last chunks."""
+    client = as_llama_tests.client()
+    messages = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]
+    answer = client.chat.completions.create(model="x", messages=messages, max_tokens=2, extra_body={"verbose": True})
+    verbose = answer.model_extra["__verbose"]
+    assert "Book" in verbose["prompt"] and verbose["prompt"].endswith("What is the best book<|im_end|>\n"
+                                                                      "<|im_start|>assistant\n")
+    assert verbose["content"] == answer.choices[0].message.content and verbose["stop"] is True
+    assert verbose["tokens_evaluated"] == answer.usage.prompt_tokens and verbose["tokens_predicted"] == 2
+    assert verbose["generation_settings"]["n_predict"] == 2 and verbose["timings"]["predicted_n"] == 2
+    assert "__verbose" not in client.chat.completions.create(model="x", messages=messages, max_tokens=2).model_extra
+    chunks = [c.model_extra for c in client.chat.completions.create(
+        model="x", messages=messages, max_tokens=2, stream=True, extra_body={"verbose": True})]
+    marked = [i for i, c in enumerate(chunks) if "__verbose" in c]
+    assert len(marked) == 1 and chunks[marked[0]]["__verbose"]["content"] == ""  # streamed: the text came in chunks
+    assert "timings" in chunks[-1] and marked[0] >= len(chunks) - 2
 
 
 # -- load, disconnects, time -----------------------------------------------------------

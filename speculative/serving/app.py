@@ -38,7 +38,7 @@ from speculative.serving import llama_api, openai_api
 from speculative.serving.access import OPEN_PATHS, Cors, Guard
 from speculative.serving.generation import ApiError, Busy, Defaults, Generation
 from speculative.serving.openai_api import Reply
-from speculative.serving.worker import Failed, Job, Worker, chat_prompt, request_tokens
+from speculative.serving.worker import Failed, Job, Started, Worker, chat_prompt, request_tokens
 
 MAX_BODY = 8 << 20        # bytes: a full 128k-token context as JSON-escaped text fits
 RETRY_AFTER_SECONDS = 1   # what a refused client is told to wait
@@ -142,12 +142,12 @@ def _add_openai_routes(app: FastAPI, worker: Worker, model: dict, defaults: Defa
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await _generate(request, worker, model["id"], defaults, chat=False)
+        return await _generate(request, worker, model, defaults, chat=False)
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
     async def chat_completions(request: Request):
-        return await _generate(request, worker, model["id"], defaults, chat=True)
+        return await _generate(request, worker, model, defaults, chat=True)
 
 
 def _add_template_routes(app: FastAPI, worker: Worker, defaults: Defaults) -> None:
@@ -183,11 +183,25 @@ def _jinja_template(worker: Worker) -> str:
     return (engine.target.chat_template() or "") if engine.jinja else ""
 
 
-async def _generate(request: Request, worker: Worker, model: str, defaults: Defaults, chat: bool):
+async def _generate(request: Request, worker: Worker, model: dict, defaults: Defaults, chat: bool):
     generation = openai_api.parse(await read_json(request), chat, defaults, _jinja_template(worker) if chat else "")
-    reply = Reply(model, chat, generation.plan)
-    return await _answer(request, worker, generation, lambda final: reply.full(final.text, final.reason, final.stats),
-                         lambda job: _openai_events(job, reply), lambda started: reply.started(started.prompt_tail))
+    reply = Reply(model["id"], generation)
+    prompt: tuple[int, ...] = ()
+
+    def started(first: Started) -> None:
+        nonlocal prompt
+        prompt = first.prompt
+        reply.started(first.prompt_tail)
+
+    def verbose(final: Final) -> dict | None:
+        """llama-server's __verbose object, when the request asks for it."""
+        if not generation.verbose:
+            return None
+        return llama_api.verbose(model["id"], generation, prompt, worker.engine.target, model["meta"]["spec_type"], final)
+
+    return await _answer(request, worker, generation,
+                         lambda final: reply.full(final.text, final.reason, final.stats, verbose(final)),
+                         lambda job: _openai_events(job, reply, verbose), started)
 
 
 async def _llama_generate(request: Request, worker: Worker, model: dict, prompt_of, defaults: Defaults):
@@ -245,8 +259,9 @@ class EventStream(StreamingResponse):
 
 
 
-async def _openai_events(job: Job, reply: Reply):
-    """OpenAI's stream: a chunk per piece, the last with usage and timings, then [DONE]."""
+async def _openai_events(job: Job, reply: Reply, verbose):
+    """OpenAI's stream: a chunk per piece, the last ones with usage and timings (and
+    `verbose(final)`: llama-server's __verbose object, or None), then [DONE]."""
     if (first := reply.first_chunk()) is not None:
         yield _event(first)
     while True:
@@ -255,7 +270,7 @@ async def _openai_events(job: Job, reply: Reply):
             for chunk in reply.chunks(output.text):
                 yield _event(chunk)
         elif isinstance(output, Final):
-            for chunk in reply.last_chunks(output.reason, output.stats):
+            for chunk in reply.last_chunks(output.reason, output.stats, verbose(output)):
                 yield _event(chunk)
             yield "data: [DONE]\n\n"
             return

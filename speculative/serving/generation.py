@@ -33,16 +33,24 @@ class ApiError(Exception):
         self.code = code
         self.extra = extra or {}  # fields of the error object besides these (llama-server's n_ctx, ...)
 
+    @property
+    def kind(self) -> str:
+        """The error's `type`: llama-server's exceed_context_size_error for a prompt the context
+        cannot hold (on every endpoint, /v1 included), else by status."""
+        if self.code == "context_length_exceeded":
+            return "exceed_context_size_error"
+        return self.TYPES.get(self.status, "invalid_request_error")
+
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "invalid_request_error"),
-                          "param": self.param, "code": self.code, **self.extra}}
+        """As OpenAI's API gives it (`code` a string: context_length_exceeded, which OpenAI's
+        clients read), with llama-server's `type`."""
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code,
+                          **self.extra}}
 
     def llama_body(self) -> dict:
         """The error as llama-server's own endpoints give it (format_error_response): the HTTP
-        status as `code`, and exceed_context_size_error for a prompt the context cannot hold."""
-        kind = ("exceed_context_size_error" if self.code == "context_length_exceeded"
-                else self.TYPES.get(self.status, "invalid_request_error"))
-        return {"error": {"code": self.status, "message": self.message, "type": kind, **self.extra}}
+        status as `code`."""
+        return {"error": {"code": self.status, "message": self.message, "type": self.kind, **self.extra}}
 
 
 class Busy(ApiError):
@@ -63,6 +71,7 @@ class Defaults:
     reasoning_format: str = "auto"        # --reasoning-format
     template_kwargs: Mapping = field(default_factory=dict)  # --chat-template-kwargs (and --reasoning)
     reasoning_budget: int = -1            # --reasoning-budget (-1: unrestricted)
+    verbose: bool = False                 # -v (or -lv above 9): answers carry llama-server's __verbose
 
     @property
     def max_tokens(self) -> int | None:
@@ -98,6 +107,10 @@ class Generation:
     template_kwargs: dict = field(default_factory=dict)
     plan: Plan | None = None
     reasoning_budget: int = -1  # tokens the answer may think before its thinking is ended (-1: no limit)
+    # what the OpenAI answers carry besides: a last chunk with the usage (stream_options.include_usage),
+    # llama-server's `__verbose` object (its request field `verbose`, by default serve's -v)
+    include_usage: bool = False
+    verbose: bool = False
 
 
 # A request's own speculation, in both APIs' bodies: llama-server's field -> (SpecSettings

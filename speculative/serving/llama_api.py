@@ -53,7 +53,7 @@ IGNORED = {
     "return_progress": "no prompt progress events",
     "sse_ping_interval": "no pings: every step sends its text",
     "stream_options": "the final answer carries the timings",
-    "verbose": "no __verbose field",
+    "verbose": "llama-server's own answers have no __verbose object (its /v1 answers do, as speculate's)",
     "backend_sampling": "sampling runs in speculate",
     "post_sampling_probs": "no probabilities (n_probs 0)",
 }
@@ -387,6 +387,17 @@ class Reply:
             "timings": timings(stats),
         }
         return select(answer, self.options.response_fields)
+
+
+def verbose(model: str, generation: Generation, prompt: Sequence[int], vocab: Vocab, spec_types: str,
+            final: Final) -> dict:
+    """llama-server's `__verbose` object of an OpenAI answer (a request's `verbose`, or -v): the
+    answer as its own endpoints give it (to_json_non_oaicompat), the prompt as text included."""
+    n_predict = -1 if generation.max_tokens is None else generation.max_tokens
+    settings = generation_settings(generation, n_predict, spec_types, vocab.eog_tokens())
+    reply = Reply(model, Options(generation.stream, False, (), settings), prompt,
+                  lambda: text_of(vocab, prompt), vocab.n_ctx)
+    return reply.final(final)
 
 
 def select(answer: dict, paths: Sequence[str]) -> dict:

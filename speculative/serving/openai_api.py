@@ -48,6 +48,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
 
 
+class StreamOptions(_Strict):
+    include_usage: bool = False  # a last chunk, with no choices, carries the usage
+
+
 class _Request(_Strict):
     model: Optional[str] = None   # one model is served; any name is accepted, as llama-server does
     stream: bool = False
@@ -62,6 +66,8 @@ class _Request(_Strict):
     seed: Optional[int] = Field(None, ge=-1, lt=2**32)           # -1 or omitted: random
     stop: Optional[Annotated[list[Stop], Field(max_length=MAX_STOPS)]] = None  # a string is a list of one
     ignore_eos: Optional[bool] = None                            # llama-server's extension
+    stream_options: Optional[StreamOptions] = None
+    verbose: Optional[bool] = None                               # llama-server's: the answer's __verbose
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -201,11 +207,12 @@ def parse(data: object, chat: bool, defaults: Defaults = Defaults(), template: s
     ignore_eos = defaults.ignore_eos if request.ignore_eos is None else request.ignore_eos
     newer = request.max_completion_tokens if chat else None  # newer clients' name wins
     max_tokens = next((n for n in (newer, request.max_tokens) if n is not None), defaults.max_tokens)
+    answer = {"speculation": speculation(data), "verbose": defaults.verbose if request.verbose is None else request.verbose,
+              "include_usage": request.stream_options is not None and request.stream_options.include_usage}
     if chat:
         return _chat(request, data, defaults, template, Generation(
-            True, None, None, sampling, max_tokens, stops, ignore_eos, request.stream, speculation=speculation(data)))
-    return Generation(False, request.prompt, None, sampling, max_tokens, stops, ignore_eos, request.stream,
-                      speculation=speculation(data))
+            True, None, None, sampling, max_tokens, stops, ignore_eos, request.stream, **answer))
+    return Generation(False, request.prompt, None, sampling, max_tokens, stops, ignore_eos, request.stream, **answer)
 
 
 def _chat(request: ChatRequest, data: dict, defaults: Defaults, template: str, generation: Generation) -> Generation:
@@ -303,12 +310,13 @@ class Reply:
     reasoning_content, tool calls into tool_calls; while streaming, each piece's text is parsed
     with what came before and only what it adds is sent (message.diffs)."""
 
-    def __init__(self, model: str, chat: bool, plan: chat_request.Plan | None = None):
-        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    def __init__(self, model: str, generation: Generation):
+        self.id = f"{'chatcmpl' if generation.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
-        self.chat = chat
-        self.reading = chat_request.Reading(plan)
+        self.chat = generation.chat
+        self.include_usage = generation.include_usage
+        self.reading = chat_request.Reading(generation.plan)
         self.call_ids: list[str] = []  # each call's id, given when it first appears
 
     def started(self, prompt_tail: str) -> None:
@@ -316,14 +324,16 @@ class Reply:
         if self.reading.plan is not None:
             self.reading.plan = self.reading.plan.after_prompt(prompt_tail)
 
-    def full(self, text: str, finish: str, stats: Stats) -> dict:
+    def full(self, text: str, finish: str, stats: Stats, verbose: dict | None = None) -> dict:
+        """The whole answer; `verbose`: llama-server's __verbose object, when the request asks for it."""
         if not self.chat:
             choice = {"index": 0, "text": text, "logprobs": None}
         else:
             message = self.reading.whole(text)
             choice = {"index": 0, "message": {"role": "assistant", **self._fields(message)}}
             finish = _finish(finish, message)
-        return self._object(False, {**choice, "finish_reason": finish}, usage=usage(stats), timings=timings(stats))
+        return self._object(False, {**choice, "finish_reason": finish}, usage=usage(stats),
+                            **_verbose(verbose), timings=timings(stats))
 
     def first_chunk(self) -> dict | None:
         """Chat streams open with the assistant's role, as llama-server's do (content null)."""
@@ -338,14 +348,21 @@ class Reply:
             return [self._object(True, {"index": 0, "text": text, "logprobs": None, "finish_reason": None})]
         return [self._chunk(self._delta(change)) for change in self.reading.push(text)]
 
-    def last_chunks(self, finish: str, stats: Stats) -> list[dict]:
-        """What the end of the text settles (a tag held back), then the finish with usage and timings."""
+    def last_chunks(self, finish: str, stats: Stats, verbose: dict | None = None) -> list[dict]:
+        """The stream's end, as llama-server's: a completion's last chunk with its usage; a chat's
+        deltas that the end of the text settles (a tag held back), the finish, and with
+        include_usage a chunk of no choices with the usage. The last carries the timings, the
+        first `verbose` (llama-server's __verbose object) when the request asks for it."""
         if not self.chat:
             return [self._object(True, {"index": 0, "text": "", "logprobs": None, "finish_reason": finish},
-                                 usage=usage(stats), timings=timings(stats))]
+                                 usage=usage(stats), **_verbose(verbose), timings=timings(stats))]
         out = [self._chunk(self._delta(change)) for change in self.reading.end()]
-        return out + [self._chunk({}, _finish(finish, self.reading.message), usage=usage(stats),
-                                  timings=timings(stats))]
+        out.append(self._chunk({}, _finish(finish, self.reading.message)))
+        if self.include_usage:  # OpenAI's: the usage in a chunk of its own, with no choices
+            out.append({**self._object(True, {}), "choices": [], "usage": usage(stats)})
+        out[0].update(_verbose(verbose))
+        out[-1]["timings"] = timings(stats)
+        return out
 
     def _chunk(self, delta: dict, finish: str | None = None, **extra) -> dict:
         return self._object(True, {"index": 0, "delta": delta, "finish_reason": finish}, **extra)
@@ -392,6 +409,10 @@ def _fingerprint() -> str:
         return f"b{version('speculate')}-speculate"
     except PackageNotFoundError:
         return "b0-speculate"
+
+
+def _verbose(verbose: dict | None) -> dict:
+    return {} if verbose is None else {"__verbose": verbose}
 
 
 def _finish(finish: str, message: ChatMessage) -> str:

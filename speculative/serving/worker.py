@@ -40,7 +40,7 @@ log = logging.getLogger("speculate.serve")
 @dataclass(frozen=True)
 class Started:
     """The prompt passed its checks and generation begins: the response can start."""
-    n_prompt: int = 0  # the prompt's tokens
+    prompt: tuple[int, ...] = ()  # the prompt's tokens
     prompt_tail: str = ""  # the prompt's last tokens as text (a chat template may open a thinking block)
 
 
@@ -98,7 +98,7 @@ def generate(engine: Engine, generation: Generation, tokens: list[int], spec: Sp
     Started, one Piece per step that completes text, then Final. `should_stop` is asked after
     the prompt and after every step: a finish reason ends the run there."""
     spec = request_spec(engine, generation, spec)
-    yield Started(len(tokens), prompt_tail(engine.target, tokens))
+    yield Started(tuple(tokens), prompt_tail(engine.target, tokens))
     if not tokens:  # llama-server answers an empty prompt with an empty answer
         yield Final("none", "", "", [], Stats(), [])
         return
