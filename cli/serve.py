@@ -98,6 +98,7 @@ class Access:
     port: int
     api_key: str | None
     cors: object  # serving.access.Cors: the web stack is imported when the command runs (start-up time)
+    gcp: object = None  # serving.gcp.Gcp: Vertex AI's prediction contract, when its environment asks for it
 
     @property
     def loopback(self) -> bool:
@@ -107,8 +108,10 @@ class Access:
 def access_settings(host: str = "127.0.0.1", port: int = 8080, api_key: Optional[str] = None,
                     cors_origins: Optional[str] = None, cors_methods: str = "GET, POST, DELETE, OPTIONS",
                     cors_headers: str = "*", cors_credentials: bool = True) -> Access:
-    """The listening and access flags, checked before anything loads."""
+    """The listening and access flags, checked before anything loads; with Vertex AI's AIP_MODE=PREDICTION
+    in the environment, its AIP_HTTP_PORT overrides --port, as in llama-server."""
     from speculative.serving.access import Cors
+    from speculative.serving.gcp import Gcp
 
     hosts, key = tuple(listen_addresses(host)), api_key or None  # an empty SPECULATE_API_KEY is no key
     exposed = [h.host for h in hosts if not h.local]
@@ -124,7 +127,15 @@ def access_settings(host: str = "127.0.0.1", port: int = 8080, api_key: Optional
         if not value.isascii() or not value.isprintable():
             raise UsageError(f"{flag} must be printable ASCII (it goes into a response header), got {value!r}")
     cors = Cors(cors_origins, cors_methods, cors_headers, cors_credentials).for_key(key is not None)
-    return Access(hosts, port, key, cors)
+    try:
+        gcp = Gcp.from_environ()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if gcp is not None and gcp.port != port:
+        print(f"speculate serve: warning: Google Cloud Platform compat: overriding server port {port} with "
+              f"AIP_HTTP_PORT {gcp.port}", file=sys.stderr)
+        port = gcp.port
+    return Access(hosts, port, key, cors, gcp)
 
 
 ACCESS = options.Group("access", (
@@ -232,7 +243,7 @@ def serve_command(
             app = server.create_app(worker, model_info, access.api_key, loopback_only=access.loopback,
                                     metrics=metrics, build_info=build_info(), slots=slots_endpoint,
                                     defaults=Defaults(sampling, spec.n_predict, spec.ignore_eos, *chat, verbose=models.verbose),
-                                    cors=access.cors)
+                                    cors=access.cors, gcp=access.gcp)
             if access.cors.origins == "*" and access.api_key is None:  # llama-server's warning
                 print("speculate serve: warning: no API key is set and --cors-origins * lets any web page use "
                       "this server", file=sys.stderr)

@@ -3,7 +3,7 @@
 Without a model: how the wrapper makes a test's model local (and leaves every other flag
 alone), that the stand-ins cover the suite's presets, how results are read and compared, and a
 whole run against a fake server (the suite copied from the sdist, the plugin, the wrapper).
-With models: issue 44's three tests against `speculate serve`."""
+With models: the tests NAMED against `speculate serve`."""
 
 from __future__ import annotations
 
@@ -20,10 +20,15 @@ from tests.conftest import QWEN, SMOL, SPECULATE, vendored_tree
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "peer_tests.py"
 CONFIG = {"server": ["/bin/server", "serve"], "paths": {SMOL: "/m/smol.gguf", QWEN: "/m/qwen.gguf"}}
-# issue 44: what llama.cpp checks of seeds, batch sizes and a draft model
+# what llama.cpp checks of seeds, batch sizes and a draft model (issue 44), and of what agents and
+# hosts read of an answer (issue 46): __verbose, the usage chunk, the context's error, Vertex AI's /predict
 NAMED = ["unit/test_completion.py::test_consistent_result_same_seed",
          "unit/test_completion.py::test_consistent_result_different_batch_size",
-         "unit/test_speculative.py::test_with_and_without_draft"]
+         "unit/test_speculative.py::test_with_and_without_draft",
+         "unit/test_chat_completion.py::test_verbose_debug",
+         "unit/test_chat_completion.py::test_chat_completion_with_timings_per_token",
+         "unit/test_chat_completion.py::test_context_size_exceeded_stream",
+         "unit/test_compat_gcp.py"]
 
 
 def test_the_model_location_becomes_a_stand_in_where_it_stood_and_every_other_flag_stays():
@@ -140,9 +145,9 @@ def test_a_run_against_a_fake_server_shows_what_it_was_given_and_why_each_test_e
 
 
 @pytest.mark.real
-def test_llama_cpps_own_seed_batch_size_and_draft_tests_pass_against_speculate(tmp_path):
-    """Issue 44's three tests of the pinned llama.cpp's server suite, through scripts/peer_tests.py
-    against `speculate serve` on the stand-ins, in this Python (the packages scripts/test.sh installs)."""
+def test_llama_cpps_own_tests_named_here_pass_against_speculate(tmp_path):
+    """NAMED, tests of the pinned llama.cpp's server suite, through scripts/peer_tests.py against
+    `speculate serve` on the stand-ins, in this Python (the packages scripts/test.sh installs)."""
     proc = subprocess.run([sys.executable, str(SCRIPT), "run", "--server", "speculate", "--speculate", SPECULATE,
                            "--python", sys.executable, "--out", str(tmp_path), *NAMED],
                           capture_output=True, text=True)
@@ -150,7 +155,8 @@ def test_llama_cpps_own_seed_batch_size_and_draft_tests_pass_against_speculate(t
     outcomes = {f"{file}::{name}": test for file, result in summary["files"].items()
                 for name, test in result["tests"].items()}
     for named in NAMED:
-        assert any(node == named or node.startswith(named + "[") for node in outcomes), (named, proc.stdout)
+        assert any(node == named or node.startswith((named + "[", named + "::")) for node in outcomes), (
+            named, proc.stdout)
     failed = {node: test for node, test in outcomes.items() if test["outcome"] != "passed"}
     assert not failed
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

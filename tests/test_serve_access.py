@@ -14,6 +14,7 @@ import pytest
 from speculative.cli.serve import listen_addresses
 from speculative.serving.access import Cors
 from speculative.serving.app import create_app
+from speculative.serving.gcp import Gcp, camel_case
 from tests.conftest import assert_refused, speculate_here
 
 KEY = "sk-access-test"
@@ -37,10 +38,10 @@ class StandInEngine:
         return list(self.chat_text(messages).encode())
 
 
-def app(api_key: str | None = KEY, loopback_only: bool = True, cors: Cors = Cors()):
+def app(api_key: str | None = KEY, loopback_only: bool = True, cors: Cors = Cors(), gcp: Gcp | None = None):
     worker = SimpleNamespace(engine=StandInEngine())
     model = {"id": "stand-in", "aliases": [], "tags": [], "created": 0, "meta": {"spec_type": "none"}}
-    return create_app(worker, model, api_key, loopback_only, cors=cors)
+    return create_app(worker, model, api_key, loopback_only, cors=cors, gcp=gcp)
 
 
 def call(asgi, method: str, path: str, headers: dict | None = None, body: object = None,
@@ -201,6 +202,53 @@ def test_apply_template_errors_are_llama_servers_and_post_props_is_not_supported
     assert status == 400 and body["error"]["code"] == 400 and body["error"]["type"] == "invalid_request_error"
     status, _, body = call(asgi, "POST", "/props", body={})
     assert status == 501 and body["error"]["type"] == "not_supported_error"
+
+
+# -- Vertex AI's prediction contract (llama.cpp's test_compat_gcp.py has the real model) ------
+
+
+@pytest.mark.parametrize("path, name", [("/v1/chat/completions", "chatCompletions"), ("/completion", "completion"),
+                                        ("/chat/completions/input_tokens", "chatCompletionsInputTokens"),
+                                        ("/apply-template", "applyTemplate"), ("/slots/:id_slot", "slots")])
+def test_request_formats_are_llama_servers_camel_case_names_of_the_paths(path, name):
+    assert camel_case(path) == name
+
+
+def test_predict_runs_each_instance_on_the_endpoint_its_format_names_with_the_requests_key():
+    asgi = app(gcp=Gcp(8080, "/predict", "/ready"))
+    prompt = StandInEngine().chat_text(CHAT["messages"])
+    instances = [{"@requestFormat": "applyTemplate", **CHAT},
+                 {"@requestFormat": "/v1/chat/completions/input_tokens", **CHAT, "stream": True},
+                 {"@requestFormat": "chatCompletionsInputTokens", "messages": []},  # the endpoint's own error
+                 {"@requestFormat": "embeddings", **CHAT}, {"messages": []}, "text"]
+    status, _, body = call(asgi, "POST", "/predict", {"Authorization": f"Bearer {KEY}"}, {"instances": instances})
+    assert status == 200
+    first, second, bad, *errors = body["predictions"]
+    assert first == {"prompt": prompt}
+    assert second == {"input_tokens": len(prompt.encode()), "object": "response.input_tokens"}
+    assert bad["error"]["type"] == "invalid_request_error" and "messages" in bad["error"]["message"]
+    assert [e["error"]["message"] for e in errors] == [
+        "no handler registered for @requestFormat: embeddings", "each instance must include a string @requestFormat",
+        "each instance must be a JSON object"]
+    assert call(asgi, "POST", "/predict", body={"instances": instances})[0] == 401  # the key as anywhere
+    assert call(asgi, "GET", "/ready", {"Authorization": f"Bearer {KEY}"})[2] == {"status": "ok"}
+
+
+@pytest.mark.parametrize("body, message", [([], "request body must be a JSON object"),
+                                           ({"instances": {}}, "an array field named instances"),
+                                           ({"instances": [{}] * 129}, "exceeds maximum size of 128")])
+def test_a_bad_predict_body_is_llama_servers_400(body, message):
+    status, _, answer = call(app(api_key=None, gcp=Gcp(8080)), "POST", "/predict", body=body)
+    assert status == 400 and message in answer["error"]["message"] and answer["error"]["code"] == 400
+
+
+def test_the_contract_is_read_from_the_environment_as_llama_server_reads_it():
+    assert Gcp.from_environ({"AIP_HTTP_PORT": "9000"}) is None  # AIP_MODE not PREDICTION
+    assert Gcp.from_environ({"AIP_MODE": "PREDICTION"}) == Gcp(8080, "/predict", "")
+    assert Gcp.from_environ({"AIP_MODE": "PREDICTION", "AIP_HTTP_PORT": "9000", "AIP_PREDICT_ROUTE": "v1/p",
+                             "AIP_HEALTH_ROUTE": "/h"}) == Gcp(9000, "/v1/p", "/h")
+    with pytest.raises(ValueError, match="AIP_HTTP_PORT=x"):
+        Gcp.from_environ({"AIP_MODE": "PREDICTION", "AIP_HTTP_PORT": "x"})
 
 
 # -- the flags -----------------------------------------------------------------------------

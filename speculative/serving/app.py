@@ -36,6 +36,8 @@ from starlette.types import Receive, Scope, Send
 from speculative.engine.stream import Final, Piece
 from speculative.serving import llama_api, openai_api
 from speculative.serving.access import OPEN_PATHS, Cors, Guard
+from speculative.serving.gcp import Gcp
+from speculative.serving.gcp import add_routes as gcp_routes
 from speculative.serving.generation import ApiError, Busy, Defaults, Generation
 from speculative.serving.openai_api import Reply
 from speculative.serving.worker import Failed, Job, Started, Worker, chat_prompt, request_tokens
@@ -49,11 +51,12 @@ LLAMA_PATHS = ("/completion", "/completions", "/infill", "/tokenize", "/detokeni
 
 def create_app(worker: Worker, model: dict, api_key: str | None, loopback_only: bool,
                metrics: bool = False, build_info: str = "", slots: bool = True,
-               defaults: Defaults = Defaults(), cors: Cors = Cors()) -> FastAPI:
+               defaults: Defaults = Defaults(), cors: Cors = Cors(), gcp: Gcp | None = None) -> FastAPI:
     """`model`: what /v1/models says about the one model served (`id` is its name, or -a's; `path`,
     `bos_token` and `eos_token` for /props). `metrics`: serve /metrics (llama-server's --metrics);
     `slots`: serve /slots (llama-server's --slots); `defaults`: what a request gets for a field it
-    leaves out (the server's sampling flags, -n, --ignore-eos); `cors`: the --cors-* flags."""
+    leaves out (the server's sampling flags, -n, --ignore-eos); `cors`: the --cors-* flags; `gcp`: Vertex
+    AI's prediction routes (gcp.py)."""
     app = FastAPI(title="speculate", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(Guard, api_key=api_key, loopback_only=loopback_only, cors=cors,
                        refuse=lambda e, path: error_response(e, path in LLAMA_PATHS))
@@ -61,6 +64,8 @@ def create_app(worker: Worker, model: dict, api_key: str | None, loopback_only: 
     _add_llama_routes(app, worker, model, metrics, build_info, slots, defaults)
     _add_openai_routes(app, worker, model, defaults)
     _add_template_routes(app, worker, defaults)
+    if gcp is not None:
+        gcp_routes(app, gcp)
     return app
 
 
