@@ -90,3 +90,14 @@ def test_omitted_fields_take_the_servers_command_line():
     params = props["default_generation_settings"]["params"]
     assert (params["temperature"], params["seed"], params["n_predict"], params["ignore_eos"]) == (0.2, 42, 16, True)
     assert params["logit_bias"] == [{"bias": None, "token": 2}]  # --ignore-eos, as llama-server shows it
+
+
+def test_text_parts_are_joined_as_llama_cpp_joins_them():
+    """A message's parts by newlines (concat_content_parts); a final assistant message, which the
+    answer continues, by blank lines (common_chat_msg::render_content)."""
+    parts = [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]
+    body = {"messages": [{"role": "user", "content": parts}, {"role": "assistant", "content": parts}]}
+    user, prefill = openai_api.parse(body, chat=True).messages
+    assert user["content"] == "Wh\nill" and prefill["content"] == "Wh\n\nill"
+    answered = openai_api.parse({"messages": [*body["messages"], {"role": "user", "content": "more"}]}, chat=True)
+    assert answered.messages[1]["content"] == "Wh\nill"  # a turn of the history, not continued

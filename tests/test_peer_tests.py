@@ -21,13 +21,16 @@ from tests.conftest import QWEN, SMOL, SPECULATE, vendored_tree
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "peer_tests.py"
 CONFIG = {"server": ["/bin/server", "serve"], "paths": {SMOL: "/m/smol.gguf", QWEN: "/m/qwen.gguf"}}
 # what llama.cpp checks of seeds, batch sizes and a draft model (issue 44), and of what agents and
-# hosts read of an answer (issue 46): __verbose, the usage chunk, the context's error, Vertex AI's /predict
+# hosts read of an answer (issue 46): __verbose, the usage chunk, the context's error, a prefill in parts,
+# the decode rate's steps, Vertex AI's /predict
 NAMED = ["unit/test_completion.py::test_consistent_result_same_seed",
          "unit/test_completion.py::test_consistent_result_different_batch_size",
          "unit/test_speculative.py::test_with_and_without_draft",
          "unit/test_chat_completion.py::test_verbose_debug",
          "unit/test_chat_completion.py::test_chat_completion_with_timings_per_token",
          "unit/test_chat_completion.py::test_context_size_exceeded_stream",
+         "unit/test_chat_completion.py::test_chat_template_assistant_prefill",
+         "unit/test_metrics.py::test_metrics_generation_rate_excludes_first_token",
          "unit/test_compat_gcp.py"]
 
 

@@ -89,12 +89,13 @@ class CompletionRequest(_Request):
 
 
 def _text(value):
-    """Message content: text, or OpenAI's list of text parts, joined; None stays None."""
+    """Message content: text, or OpenAI's list of text parts joined by newlines (llama.cpp's
+    concat_content_parts, for templates that read text); None stays None."""
     if isinstance(value, list):
         if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                    for p in value):
             raise PydanticCustomError("text_parts", 'only text parts are served: {"type": "text", "text": ...}')
-        return "".join(p["text"] for p in value)
+        return "\n".join(p["text"] for p in value)
     return value
 
 
@@ -246,7 +247,11 @@ def _chat(request: ChatRequest, data: dict, defaults: Defaults, template: str, g
         sampling = replace(sampling, grammar=plan.grammar.gbnf, grammar_triggers=plan.grammar.triggers)
     budget = next((b for b in (request.reasoning_budget_tokens, request.thinking_budget_tokens) if b is not None),
                   defaults.reasoning_budget)
-    return replace(generation, messages=[m.rendered() for m in request.messages], sampling=sampling,
+    messages = [m.rendered() for m in request.messages]
+    last = data["messages"][-1].get("content")
+    if messages[-1]["role"] == "assistant" and isinstance(last, list):  # the message continued: its parts
+        messages[-1]["content"] = "\n\n".join(p["text"] for p in last)  # as render_content joins them
+    return replace(generation, messages=messages, sampling=sampling,
                    tools=tools or None, template_kwargs=kwargs, plan=plan, reasoning_budget=budget)
 
 
@@ -295,8 +300,9 @@ def timings(stats: Stats) -> dict:
         "prompt_per_second": stats.encode_tps,  # 0 when the cache left nothing to process
         "predicted_n": stats.n_predict,
         "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": predicted_ms / stats.n_predict if stats.n_predict else 0.0,
-        "predicted_per_second": stats.decode_tps,
+        # llama-server's: over the decode steps, n - 1 (the first token comes from the prompt's logits)
+        "predicted_per_token_ms": predicted_ms / (stats.n_predict - 1) if stats.n_predict > 1 else 0.0,
+        "predicted_per_second": 1000 * (stats.n_predict - 1) / predicted_ms if stats.n_predict > 1 and predicted_ms else 0.0,
         "draft_n": stats.n_drafted,
         "draft_n_accepted": stats.n_accept,
         "draft_accept_rate": stats.accept_rate,
