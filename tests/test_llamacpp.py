@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -117,3 +120,21 @@ def test_every_decode_runs_on_one_thread_whichever_thread_asks(model_path, monke
             thread.join()
         assert len(model.decode([9], 5, "last")[0]) == model.n_vocab
     assert len(ran_on) == 1 and threading.get_ident() not in ran_on and all(t.ident not in ran_on for t in asked)
+
+
+def test_the_build_line_is_read_safely_from_many_threads():
+    """llama_print_system_info writes a static string: read from two requests' threads at once (their
+    models' identities, in auto's costs) it came back garbled, a costs entry of nothing (a 400), or
+    corrupted the heap. In a process of its own, so that a crash fails this test only."""
+    code = ("import threading\n"
+            "from speculative.llamacpp.devices import system_info\n"
+            "seen = set()\n"
+            "def read():\n"
+            "    for _ in range(500):\n"
+            "        seen.add(system_info())\n"
+            "threads = [threading.Thread(target=read) for _ in range(4)]\n"
+            "[t.start() for t in threads]\n"
+            "[t.join() for t in threads]\n"
+            "print(len(seen), 'CPU' in next(iter(seen)))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["1", "True"], proc.stdout + proc.stderr

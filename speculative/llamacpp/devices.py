@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import os
 import threading
 from typing import Sequence
@@ -59,10 +60,17 @@ def init_once() -> None:
         _initialised = True
 
 
+_SYSTEM_INFO = threading.Lock()
+
+
+@functools.lru_cache(maxsize=1)
 def system_info() -> str:
-    """llama.cpp's build and CPU feature line (e.g. 'CPU : AVX2 = 1 | LLAMAFILE = 1 | ...')."""
+    """llama.cpp's build and CPU feature line (e.g. 'CPU : AVX2 = 1 | LLAMAFILE = 1 | ...'), read
+    once: llama_print_system_info writes a static string, so two threads calling it at once (two
+    requests' models' identities) garble it or corrupt the heap."""
     init_once()
-    return ll.llama_print_system_info().decode(errors="replace")
+    with _SYSTEM_INFO:
+        return ll.llama_print_system_info().decode(errors="replace")
 
 
 def bindings_version() -> str:
