@@ -414,7 +414,6 @@ REFUSED = {
     "--ui-mcp-proxy": _TOOLS,
     "--ui": "llama-server's web UI, which speculate serve does not have",
     "-gan": _SELF_EXTEND, "-gaw": _SELF_EXTEND,
-    "--sleep-idle-seconds": "llama-server's sleep, which speculate serve does not have: the models stay loaded",
     "--no-cache-idle-slots": "for llama-server's idle slots, which speculate serve always saves to -cram/--cache-ram "
                              "when another conversation takes their place",
     "-bs": "llama.cpp's sampling on the device, which speculate does not have: it samples on the CPU",

@@ -216,6 +216,11 @@ def serve_command(
              "does not continue the cached one saves it there, and restores the saved one sharing the "
              "longest prefix with it; least recently used go first. 0: off; -1: no limit."),
     metrics: bool = METRICS,
+    sleep_idle: int = typer.Option(
+        -1, "--sleep-idle-seconds", rich_help_panel=N, metavar="SECONDS",
+        help="Free the models once no request has needed them for this long, and load them again for the "
+             "next that does (llama-server's sleep; /health, /props, /models, /slots and /metrics do not wake "
+             "them). -1: never."),
 ) -> None:
     """Serve the models over OpenAI's HTTP API (/v1/completions, /v1/chat/completions with tools and reasoning,
     /v1/models) and llama-server's endpoints (/completion, /infill, /tokenize, /detokenize, /apply-template,
@@ -227,19 +232,28 @@ def serve_command(
     from speculative.serving.generation import Defaults
     from speculative.serving.worker import Worker
 
-    _check(max_waiting, timeout, cache_ram)
+    _check(max_waiting, timeout, cache_ram, sleep_idle)
     slots = slots.for_spec(spec)
     target, draft = models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft, spec.mtp, spec.features)
     status = StatusLine()  # while the models load and auto measures; then notices only
+
+    def load() -> Parallel:
+        """The models loaded and auto's costs known (measured now rather than in the first request):
+        at start, and again after each sleep."""
+        engine = Engine(slots.apply(target), slots.apply(draft), notify=status.say, progress=status.update,
+                        cache_ram_mib=cache_ram, **pool.engine_args())
+        try:
+            engine.factory.make(spec)
+            return Parallel(engine, slots.n_slots, **slots.parallel_args())
+        except BaseException:
+            engine.close()
+            raise
+
     # listening before loading: a taken port fails at once, not after the models load
-    with _listening(access.hosts, access.port) as socks, status, Engine(
-            slots.apply(target), slots.apply(draft), notify=status.say, progress=status.update,
-            cache_ram_mib=cache_ram, **pool.engine_args()) as engine:
-        engine.factory.make(spec)  # auto measures its costs now rather than in the first request
-        status.clear()
-        model_info = _model_info(engine, target, draft, spec, *names)
-        parallel = Parallel(engine, slots.n_slots, **slots.parallel_args())
-        with Worker(parallel, spec, waiting=max_waiting, timeout=timeout) as worker:
+    with _listening(access.hosts, access.port) as socks, status:
+        with Worker(load, spec, waiting=max_waiting, timeout=timeout, sleep_after=sleep_idle) as worker:
+            status.clear()
+            model_info = _model_info(worker.engine, target, draft, spec, *names)
             app = server.create_app(worker, model_info, access.api_key, loopback_only=access.loopback,
                                     metrics=metrics, build_info=build_info(), slots=slots_endpoint,
                                     defaults=Defaults(sampling, spec.n_predict, spec.ignore_eos, *chat, verbose=models.verbose),
@@ -252,10 +266,12 @@ def serve_command(
             server.run(app, worker, socks)
 
 
-def _check(max_waiting: int, timeout: float, cache_ram: int) -> None:
+def _check(max_waiting: int, timeout: float, cache_ram: int, sleep_idle: int) -> None:
     """The server's own flags, refused before anything loads."""
     if max_waiting < 0 or not timeout > 0:
         raise UsageError("--max-waiting must be >= 0 and --timeout > 0")
+    if sleep_idle == 0 or sleep_idle < -1:  # llama.cpp's rule
+        raise UsageError(f"--sleep-idle-seconds must be a number of seconds, or -1 (never), got {sleep_idle}")
     if cache_ram < -1:
         raise UsageError(f"--cache-ram must be a size in MiB, 0 (off) or -1 (no limit), got {cache_ram}")
 

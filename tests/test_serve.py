@@ -781,6 +781,41 @@ def test_verbose_answers_carry_llama_servers_object_with_the_prompt(as_llama_tes
     assert "timings" in chunks[-1] and marked[0] >= len(chunks) - 2
 
 
+def test_idle_models_sleep_and_the_next_request_that_needs_them_wakes_them(model_path, tmp_path):
+    """--sleep-idle-seconds, as llama-server's: once no request has needed the models for that
+    long they are freed (/props' is_sleeping says so); what only reads the server's state does not
+    wake them; the next request that needs them loads them again, and answers as before."""
+    server = start_server(model_path, tmp_path, "--spec-type", "none", "-np", "1", "--metrics",
+                          "--sleep-idle-seconds", "1")
+
+    def asleep() -> bool:
+        return server.request("GET", "/props")[2]["is_sleeping"]
+
+    def fall_asleep() -> None:
+        deadline = time.monotonic() + 120  # a hang's guard: the server reports when it sleeps
+        while not asleep():
+            assert time.monotonic() < deadline, server.log_text()[-2000:]
+            time.sleep(0.2)
+
+    try:
+        body = {"prompt": "Once upon a time", "max_tokens": 12, "ignore_eos": True}
+        first = completion(server, **body)["choices"][0]["text"]
+        fall_asleep()
+        metrics(server)  # a scrape starts the speed window again (llama-server's buckets)
+        before = metrics(server)
+        for path in ("/health", "/v1/models", "/props", "/slots"):
+            assert server.request("GET", path)[0] == 200, path
+        assert metrics(server) == before and asleep()  # none of them woke the models
+        assert completion(server, **body)["choices"][0]["text"] == first and not asleep()
+        fall_asleep()
+        status, _, tokens = server.request("POST", "/tokenize", {"content": "Hello"})
+        assert status == 200 and tokens["tokens"] and not asleep()
+        log = server.log_text()
+        assert log.count("sleeping: no request for 1 s") == 2 and log.count("waking up") == 2
+    finally:
+        stop_server(server)
+
+
 # -- load, disconnects, time -----------------------------------------------------------
 # Each of these holds a request (PROBE_SERVE) where the test needs it: a queue seen full stays
 # full, a disconnect lands mid-stream or mid-prompt, a deadline or the drain's grace comes

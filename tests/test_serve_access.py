@@ -29,7 +29,8 @@ class StandInEngine:
     jinja = True
 
     def __init__(self):
-        self.target = SimpleNamespace(name="stand-in", n_ctx=64, chat_template=lambda: "{{ messages }}")
+        self.target = SimpleNamespace(name="stand-in", n_ctx=64, chat_template=lambda: "{{ messages }}",
+                                      eog_tokens=lambda: [0])
 
     def chat_text(self, messages: list[dict], tools=None, extra=None) -> str:
         return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
@@ -39,8 +40,9 @@ class StandInEngine:
 
 
 def app(api_key: str | None = KEY, loopback_only: bool = True, cors: Cors = Cors(), gcp: Gcp | None = None):
-    worker = SimpleNamespace(engine=StandInEngine())
-    model = {"id": "stand-in", "aliases": [], "tags": [], "created": 0, "meta": {"spec_type": "none"}}
+    engine = StandInEngine()
+    worker = SimpleNamespace(engine=engine, n_slots=1, sleeping=False, awake=lambda: engine)
+    model = {"id": "stand-in", "aliases": [], "tags": [], "created": 0, "meta": {"spec_type": "none", "draft": None}}
     return create_app(worker, model, api_key, loopback_only, cors=cors, gcp=gcp)
 
 

@@ -33,6 +33,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
+from speculative.engine.engine import Engine
 from speculative.engine.stream import Final, Piece
 from speculative.serving import llama_api, openai_api
 from speculative.serving.access import OPEN_PATHS, Cors, Guard
@@ -88,7 +89,9 @@ def _add_error_handlers(app: FastAPI) -> None:
 def _add_llama_routes(app: FastAPI, worker: Worker, model: dict, metrics: bool, build_info: str,
                       slots: bool, defaults: Defaults) -> None:
     """llama-server's own endpoints (llama_api.py), /health among them."""
-    vocab = worker.engine.target  # read-only: tokenizing beside a generation is safe (llama-server does it too)
+    # read-only: tokenizing beside a generation is safe (llama-server does it too)
+    facts = llama_api.props(worker.engine.target, model, worker.engine.target.chat_template() or "", build_info,
+                            metrics, worker.n_slots, slots, defaults)  # what /props says, also while asleep
 
     @app.get("/health")
     @app.get("/v1/health")
@@ -106,16 +109,15 @@ def _add_llama_routes(app: FastAPI, worker: Worker, model: dict, metrics: bool, 
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict:
-        return await asyncio.to_thread(llama_api.tokenize, vocab, await read_json(request))
+        return await asyncio.to_thread(llama_api.tokenize, (await awake(worker)).target, await read_json(request))
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict:
-        return await asyncio.to_thread(llama_api.detokenize, vocab, await read_json(request))
+        return await asyncio.to_thread(llama_api.detokenize, (await awake(worker)).target, await read_json(request))
 
     @app.get("/props")
     async def props() -> dict:
-        return llama_api.props(vocab, model, vocab.chat_template() or "", build_info, metrics,
-                               worker.parallel.n_slots, slots, defaults)
+        return {**facts, "is_sleeping": worker.sleeping}
 
     @app.post("/props")
     async def change_props() -> dict:
@@ -126,7 +128,7 @@ def _add_llama_routes(app: FastAPI, worker: Worker, model: dict, metrics: bool, 
         if not slots:
             raise ApiError(501, "This server does not support slots endpoint. Start it with `--slots`")
         speculative = model["meta"]["spec_type"] != "none"
-        return [{**slot, "speculative": speculative} for slot in worker.parallel.slots()]
+        return [{**slot, "speculative": speculative} for slot in worker.slots()]
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -161,14 +163,16 @@ def _add_template_routes(app: FastAPI, worker: Worker, defaults: Defaults) -> No
 
     @app.post("/apply-template")
     async def apply_template(request: Request) -> dict:
-        generation = openai_api.parse(await read_json(request), True, defaults, _jinja_template(worker))
-        return {"prompt": await asyncio.to_thread(chat_prompt, worker.engine, generation, worker.engine.chat_text)}
+        engine = await awake(worker)
+        generation = openai_api.parse(await read_json(request), True, defaults, _jinja_template(engine))
+        return {"prompt": await asyncio.to_thread(chat_prompt, engine, generation, engine.chat_text)}
 
     @app.post("/v1/chat/completions/input_tokens")
     @app.post("/chat/completions/input_tokens")
     async def input_tokens(request: Request) -> dict:
-        generation = openai_api.parse(await read_json(request), True, defaults, _jinja_template(worker))
-        tokens = await asyncio.to_thread(request_tokens, worker.engine, generation)
+        engine = await awake(worker)
+        generation = openai_api.parse(await read_json(request), True, defaults, _jinja_template(engine))
+        tokens = await asyncio.to_thread(request_tokens, engine, generation)
         return {"input_tokens": len(tokens), "object": "response.input_tokens"}
 
 
@@ -182,14 +186,19 @@ def error_response(e: ApiError, llama: bool = False) -> JSONResponse:
     return JSONResponse(e.llama_body() if llama else e.body(), status_code=e.status, headers=headers)
 
 
-def _jinja_template(worker: Worker) -> str:
+async def awake(worker: Worker) -> Engine:
+    """The engine, its models loaded again first if they sleep (--sleep-idle-seconds)."""
+    return await asyncio.to_thread(worker.awake)
+
+
+def _jinja_template(engine: Engine) -> str:
     """The target's Jinja chat template, for a chat request's tools and reasoning ('' with --no-jinja)."""
-    engine = worker.engine
     return (engine.target.chat_template() or "") if engine.jinja else ""
 
 
 async def _generate(request: Request, worker: Worker, model: dict, defaults: Defaults, chat: bool):
-    generation = openai_api.parse(await read_json(request), chat, defaults, _jinja_template(worker) if chat else "")
+    engine = await awake(worker)
+    generation = openai_api.parse(await read_json(request), chat, defaults, _jinja_template(engine) if chat else "")
     reply = Reply(model["id"], generation)
     prompt: tuple[int, ...] = ()
 
@@ -202,7 +211,7 @@ async def _generate(request: Request, worker: Worker, model: dict, defaults: Def
         """llama-server's __verbose object, when the request asks for it."""
         if not generation.verbose:
             return None
-        return llama_api.verbose(model["id"], generation, prompt, worker.engine.target, model["meta"]["spec_type"], final)
+        return llama_api.verbose(model["id"], generation, prompt, engine.target, model["meta"]["spec_type"], final)
 
     return await _answer(request, worker, generation,
                          lambda final: reply.full(final.text, final.reason, final.stats, verbose(final)),
@@ -211,7 +220,7 @@ async def _generate(request: Request, worker: Worker, model: dict, defaults: Def
 
 async def _llama_generate(request: Request, worker: Worker, model: dict, prompt_of, defaults: Defaults):
     """/completion or /infill: `prompt_of(vocab, body)` gives the prompt's tokens."""
-    vocab = worker.engine.target
+    vocab = (await awake(worker)).target
     data = await read_json(request)
     tokens = await asyncio.to_thread(prompt_of, vocab, data)
     generation, options = llama_api.parse(data, tokens, model["meta"]["spec_type"], defaults, vocab.eog_tokens())

@@ -308,22 +308,81 @@ class Metrics:
 
 
 class Worker:
-    """The engine's only user: generations run on the slots' threads, in order of arrival."""
+    """The engine's only user: generations run on the slots' threads, in order of arrival.
+    With `sleep_after` seconds (llama-server's --sleep-idle-seconds), the models are freed once
+    no request has come for that long, and `load()` loads them again for the next that needs
+    them (awake())."""
 
-    def __init__(self, parallel: Parallel, spec: SpecSettings, waiting: int, timeout: float):
-        self.parallel = parallel
-        self.engine = parallel.engine  # its tokenizer and facts; the slots' engines generate
+    def __init__(self, load: Callable[[], Parallel], spec: SpecSettings, waiting: int, timeout: float,
+                 sleep_after: float = -1):
+        self._load = load
+        self.parallel: Parallel | None = load()  # None while the models sleep; the Worker closes its engine
+        self.engine: Engine | None = self.parallel.engine  # its tokenizer and facts; the slots' engines generate
+        self.n_slots = self.parallel.n_slots
         self.spec = spec
         self.timeout = timeout
-        self._slots = threading.BoundedSemaphore(parallel.n_slots + waiting)
-        self._pool = ThreadPoolExecutor(max_workers=parallel.n_slots, thread_name_prefix="speculate-slot")
-        self._abort = interrupt.cancel_when(parallel.gate.abort_wanted)  # held while the worker runs
+        self._slots = threading.BoundedSemaphore(self.n_slots + waiting)
+        self._pool = ThreadPoolExecutor(max_workers=self.n_slots, thread_name_prefix="speculate-slot")
+        self._abort = interrupt.cancel_when(self._abort_wanted)  # held while the worker runs
         self._jobs: set[Job] = set()
         self._lock = threading.Lock()
         self._draining = threading.Event()
         self._metrics = Metrics()
         self.started_at = time.time()
         self._decodes_before = self.engine.target.decodes  # before serving (warm-up, auto's measures): not counted
+        self._decodes_slept = (0, 0)  # the decodes of the models put to sleep since
+        self._slept_slots: list[dict] = []  # /slots while they sleep
+        self._waking = threading.Lock()  # one sleeps or wakes the models at a time
+        self._active = time.monotonic()  # when a request last needed the models
+        self._sleep_after = sleep_after
+        if sleep_after > 0:
+            threading.Thread(target=self._sleeper, name="speculate-sleep", daemon=True).start()
+
+    @property
+    def sleeping(self) -> bool:
+        return self.parallel is None
+
+    def awake(self) -> Engine:
+        """The engine, its models loaded again if they slept (from a request's thread: a wake takes
+        as long as loading did at start)."""
+        with self._waking:
+            self._active = time.monotonic()
+            if self.parallel is None:
+                log.info("waking up: loading the models")
+                self.parallel = self._load()
+                self.engine = self.parallel.engine
+                self._decodes_before = self.engine.target.decodes
+            return self.engine
+
+    def _sleeper(self) -> None:
+        """Frees the models once no request has needed them for sleep_after seconds."""
+        while not self._draining.wait(min(1.0, self._sleep_after / 4)):
+            with self._waking:
+                with self._lock:
+                    idle = not self._jobs and time.monotonic() - self._active >= self._sleep_after
+                if idle and self.parallel is not None:
+                    log.info("sleeping: no request for %g s, the models are freed", self._sleep_after)
+                    self._slept_slots = [{**slot, "n_cached_tokens": 0} for slot in self.parallel.slots()]
+                    self._decodes_slept = self._decodes()
+                    parallel, self.parallel, self.engine = self.parallel, None, None
+                    parallel.close()
+                    parallel.engine.close()
+
+    def _abort_wanted(self) -> bool:
+        parallel = self.parallel
+        return parallel is not None and parallel.gate.abort_wanted()
+
+    def _decodes(self) -> tuple[int, int]:
+        """The target's decodes while serving (llama_decode calls, and the slots each served)."""
+        if self.parallel is None:
+            return self._decodes_slept
+        (decodes, slots), (before_d, before_s) = self.engine.target.decodes, self._decodes_before
+        return self._decodes_slept[0] + decodes - before_d, self._decodes_slept[1] + slots - before_s
+
+    def slots(self) -> list[dict]:
+        """/slots: each slot (while the models sleep, as they were, emptied)."""
+        parallel = self.parallel
+        return self._slept_slots if parallel is None else parallel.slots()
 
     def submit(self, generation: Generation) -> Job:
         """Queue a request (from the event loop), or refuse it with Busy when the queue is full."""
@@ -347,7 +406,7 @@ class Worker:
             if job.cancelled or self._draining.is_set():  # its client gave up while it waited, or we stop
                 job.post(Failed(Busy("the server is shutting down" if self._draining.is_set() else "cancelled")))
                 return
-            tokens = prompt_tokens(self.engine, job.generation)
+            tokens = prompt_tokens(self.awake(), job.generation)
             with self.parallel.slot(tokens, lambda: job.should_stop() is not None,
                                     streaming=job.generation.stream) as engine:
                 for output in generate(engine, job.generation, tokens, self.spec, job.should_stop):
@@ -370,6 +429,7 @@ class Worker:
         finally:
             with self._lock:
                 self._jobs.discard(job)
+                self._active = time.monotonic()
             self._slots.release()
             if final is not None:
                 job.post(final)
@@ -377,10 +437,11 @@ class Worker:
     def metrics(self) -> tuple[Metrics, int, int]:
         """A copy of the metrics, and the requests generating and waiting now; the speed
         window starts again."""
-        (decodes, slots), (decodes_before, slots_before) = self.engine.target.decodes, self._decodes_before
+        with self._waking:  # not while the models go to sleep or wake
+            decodes, slots = self._decodes()
         with self._lock:
             copy = dataclasses.replace(self._metrics, window=list(self._metrics.window),
-                                       n_decode=decodes - decodes_before, n_busy_slots=slots - slots_before)
+                                       n_decode=decodes, n_busy_slots=slots)
             self._metrics.window = [0, 0.0, 0, 0.0]
             running = sum(job.started for job in self._jobs)
             return copy, running, len(self._jobs) - running
@@ -408,6 +469,10 @@ class Worker:
             for job in self._jobs:
                 job.cancel()
         self._pool.shutdown(wait=True)
+        with self._waking:
+            if self.parallel is not None:
+                self.parallel.engine.close()
+                self.parallel = self.engine = None
 
     def __enter__(self) -> "Worker":
         self._abort.__enter__()
