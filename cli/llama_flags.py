@@ -399,7 +399,7 @@ REFUSED = {
     "--in-prefix-bos": f"for llama-completion's interactive mode, {_CONVERSATION}",
     "--context-shift": "llama.cpp's context shift within a request, which this command does not have: a generation "
                        "stops at the context's end (finish_reason length); raise -c/--ctx-size for longer ones "
-                       "(a conversation's --context-shift drops its oldest turns)",
+                       "(`speculate serve` has it; a conversation's --context-shift drops its oldest turns)",
     "-nocb": "no continuous batching, which speculate serve does not have: it always decodes the requests of "
              "its -np slots together",
     "--slot-save-path": "for llama-server's slot files (/slots?action=save), which speculate serve does not have: "

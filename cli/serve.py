@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import os
 import socket
 import sys
 import time
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
-from typing import Iterator, Optional
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import typer
 
@@ -21,8 +22,21 @@ from speculative.errors import UsageError
 from . import options
 from .progress import StatusLine
 
+if TYPE_CHECKING:  # annotations only: the engine loads llama.cpp
+    from speculative.engine.parallel import Parallel
+
 N = "Server"
 
+SLEEP_IDLE = typer.Option(
+    -1, "--sleep-idle-seconds", rich_help_panel=N, metavar="SECONDS",
+    help="Free the models once no request has needed them for this long, and load them again for the next "
+         "that does (llama-server's sleep; /health, /props, /models, /slots and /metrics do not wake them). "
+         "-1: never.")
+CONTEXT_SHIFT = typer.Option(
+    False, "--context-shift/--no-context-shift", rich_help_panel=N,
+    help="At a full context, drop the older half of what follows a request's n_keep tokens and go on "
+         "generating (llama-server's context shift; what is left is decoded again at its new positions, and "
+         "the drafters start again from it). Without it a generation stops at the context's end.")
 METRICS = typer.Option(False, "--metrics", rich_help_panel=N,
                        help="Serve GET /metrics (Prometheus text), as llama-server's --metrics does.")
 ALIAS = typer.Option(
@@ -216,39 +230,24 @@ def serve_command(
              "does not continue the cached one saves it there, and restores the saved one sharing the "
              "longest prefix with it; least recently used go first. 0: off; -1: no limit."),
     metrics: bool = METRICS,
-    sleep_idle: int = typer.Option(
-        -1, "--sleep-idle-seconds", rich_help_panel=N, metavar="SECONDS",
-        help="Free the models once no request has needed them for this long, and load them again for the "
-             "next that does (llama-server's sleep; /health, /props, /models, /slots and /metrics do not wake "
-             "them). -1: never."),
+    sleep_idle: int = SLEEP_IDLE,
+    context_shift: bool = CONTEXT_SHIFT,
 ) -> None:
     """Serve the models over OpenAI's HTTP API (/v1/completions, /v1/chat/completions with tools and reasoning,
     /v1/models) and llama-server's endpoints (/completion, /infill, /tokenize, /detokenize, /apply-template,
     /props, /slots, /health, /metrics with --metrics), under llama-server's paths too: -np generations
     decoded together; the sampling flags, -n and --ignore-eos are requests' defaults. Ctrl-C or SIGTERM: exit 0."""
     from speculative.serving import app as server  # the web stack: imported by this command only (start-up time)
-    from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
-    from speculative.engine.parallel import Parallel
     from speculative.serving.generation import Defaults
     from speculative.serving.worker import Worker
 
     _check(max_waiting, timeout, cache_ram, sleep_idle)
+    spec = replace(spec, context_shift=context_shift)
     slots = slots.for_spec(spec)
     target, draft = models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft, spec.mtp, spec.features)
     status = StatusLine()  # while the models load and auto measures; then notices only
-
-    def load() -> Parallel:
-        """The models loaded and auto's costs known (measured now rather than in the first request):
-        at start, and again after each sleep."""
-        engine = Engine(slots.apply(target), slots.apply(draft), notify=status.say, progress=status.update,
-                        cache_ram_mib=cache_ram, **pool.engine_args())
-        try:
-            engine.factory.make(spec)
-            return Parallel(engine, slots.n_slots, **slots.parallel_args())
-        except BaseException:
-            engine.close()
-            raise
-
+    load = functools.partial(_load, slots.apply(target), slots.apply(draft), spec, slots, status,
+                             cache_ram_mib=cache_ram, **pool.engine_args())
     # listening before loading: a taken port fails at once, not after the models load
     with _listening(access.hosts, access.port) as socks, status:
         with Worker(load, spec, waiting=max_waiting, timeout=timeout, sleep_after=sleep_idle) as worker:
@@ -264,6 +263,22 @@ def serve_command(
             print(_banner(target, draft, spec, slots.n_slots, [_url(s) for s in socks], access.api_key),
                   file=sys.stderr, flush=True)
             server.run(app, worker, socks)
+
+
+def _load(target: ModelSpec, draft: ModelSpec | None, spec: SpecSettings, slots: options.SlotOptions,
+          status: StatusLine, **engine_args) -> Parallel:
+    """The models loaded and auto's costs known (measured now rather than in the first request),
+    in the slots: at start, and again after each sleep."""
+    from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
+    from speculative.engine.parallel import Parallel
+
+    engine = Engine(target, draft, notify=status.say, progress=status.update, **engine_args)
+    try:
+        engine.factory.make(spec)
+        return Parallel(engine, slots.n_slots, **slots.parallel_args())
+    except BaseException:
+        engine.close()
+        raise
 
 
 def _check(max_waiting: int, timeout: float, cache_ram: int, sleep_idle: int) -> None:

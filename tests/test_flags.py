@@ -206,8 +206,8 @@ def test_long_flags_may_be_spelt_with_underscores_as_in_llama_cpp(spelling):
     (("-p", "x", "-lv", "3"), "-lv is a llama.cpp flag that `speculate` does not have"),
     (("models", "list", "-ngl", "3"), "-ngl is a flag of `speculate`"),
     (("serve", "-sys", "be brief"), "-sys is a flag of `speculate`, not of `speculate serve`"),
-    (("serve", "--context-shift"), "--context-shift is llama.cpp's context shift within a request, which this "
-                                   "command does not have"),
+    (("batch", "--context-shift", "x.jsonl"), "--context-shift is llama.cpp's context shift within a request, "
+                                              "which this command does not have"),
     (("serve", "-nocb"), "-nocb is"),
     (("serve", "--no-cont-batching"), "--no-cont-batching is"),
     (("serve", "--slot-save-path", "/tmp"), "--slot-save-path is for llama-server's slot files"),
@@ -225,7 +225,7 @@ def test_flags_a_command_lacks_are_refused_by_name_in_one_line(args, message):
 
 def test_every_refusal_is_of_a_llama_cpp_flag_some_command_lacks():
     """A refusal that names a flag llama.cpp does not have, or one every command takes, is dead text
-    (--context-shift is the conversation's, and refused by the commands without one)."""
+    (--context-shift is the conversation's and serve's, and refused by the commands without one)."""
     taken = [{name for p in options(command, ctx) for name in (*p.opts, *p.secondary_opts)} for _, command, ctx in ALL]
     for flag in llama_flags.REFUSED:
         names = llama_flags.llama_names(flag)

@@ -274,6 +274,7 @@ def test_only_loopback_addresses_and_unix_sockets_are_local():
     (("--host", "127.0.0.1,0.0.0.0"), "--host 0.0.0.0 is reachable from other machines: set an API key"),
     (("--cors-origins", "https://a.example\r\nSet-Cookie: x"), "--cors-origins must be printable ASCII"),
     (("--cors-headers", "Authorization\n"), "--cors-headers must be printable ASCII"),
+    (("--sleep-idle-seconds", "0"), "--sleep-idle-seconds must be a number of seconds, or -1 (never), got 0"),
 ])
 def test_bad_listen_and_cors_flags_are_refused_before_anything_loads(args, message):
     assert_refused(speculate_here("serve", "-m", "/nonexistent/model.gguf", *args, env={"SPECULATE_API_KEY": ""}),

@@ -318,6 +318,28 @@ def chain(model_path, tmp_path_factory):
     stop_server(s)
 
 
+def test_context_shift_drops_older_tokens_and_the_answer_goes_on_past_the_context(model_path, tmp_path):
+    """--context-shift, as llama-server's: at a full context of 64 tokens, what follows n_keep loses its
+    older half and generation goes on, the drafters starting again from what is left; the chain
+    model's next token depends on the last one only, so its 300 tokens are the chain's, drafted
+    (its text repeats) or not, and the answer says it was truncated."""
+    server = start_server(model_path, tmp_path, "--spec-type", "ngram-simple", "-t", "1", "-c", "64",
+                          "--context-shift", model=str(write_chain_llama(tmp_path / "chain.gguf", CHAIN)))
+    try:
+        body = {"prompt": CHAIN_PROMPT, "n_predict": 300, "temperature": 0, "ignore_eos": True}
+        for extra in ({}, {"n_keep": -1}, {"n_keep": 1, "n_discard": 8}, {"speculative.type": "none"}):
+            answer = post(server, "/completion", {**body, **extra})
+            assert answer["content"] == CHAIN_TEXT[:300] and answer["tokens_predicted"] == 300, extra
+            assert answer["truncated"] is True and answer["stop_type"] == "limit", extra
+            assert answer["generation_settings"]["n_keep"] == extra.get("n_keep", 0)
+            drafted = answer["timings"].get("draft_n", 0)
+            assert drafted == 0 if "speculative.type" in extra else drafted > 100, (extra, answer["timings"])
+        within = post(server, "/completion", {**body, "n_predict": 20})
+        assert within["truncated"] is False and within["content"] == CHAIN_TEXT[:20]  # no shift
+    finally:
+        stop_server(server)
+
+
 def test_n_indent_ends_the_answer_at_a_line_indented_less(chain):
     """Lines of one blank: n_indent 1 lets them all through, n_indent 2 ends the answer where the
     first line after the first has its blank (kept) and then "i"."""

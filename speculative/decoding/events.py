@@ -45,6 +45,7 @@ class Done:
     t_decode: float       # wall time from the end of prefill to here
     incomplete: bool = False  # "length" before the run's grammar was complete (its JSON unfinished)
     t_grammar: float = 0.0    # of t_decode, the grammar's own checks (constraint.py)
+    n_shifted: int = 0        # tokens context shifts dropped (SpecSettings.context_shift)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ target-only decoding, so baseline and speculation share every line of code.
 
 Requests that run at once each run this loop, their decodes batched together
 (gate.py); when their shared cache has no cell left for one, it ends there
-(ContextFull), as at the end of its context.
+(ContextFull), as at the end of its context. With context shift (shift), a run at the end
+of its context drops older tokens and goes on.
 """
 
 from __future__ import annotations
@@ -41,10 +42,12 @@ from speculative.errors import ContextFull
 
 
 def generate(target: Cache, prompt: Sequence[int], sampler: Sampler, settings: SpecSettings,
-             drafter: Drafter | None = None, constraint: Constraint | None = None) -> Iterator[Event]:
+             drafter: Drafter | None = None, constraint: Constraint | None = None,
+             renew: Callable[[Drafter | None], Drafter | None] = lambda drafter: drafter) -> Iterator[Event]:
     """Generate after `prompt` (settings.check_prompt has passed it). The target cache keeps
     the longest prefix of the prompt it already holds, from an earlier run, and only
-    processes the rest. With `constraint`, only what its grammar admits (constraint.py)."""
+    processes the rest. With `constraint`, only what its grammar admits (constraint.py).
+    `renew(drafter)`: a drafter for a context that lost tokens (shift), from the old one."""
     rule = acceptance(sampler.settings, settings)
     keep = synthetic_keep(settings.synthetic_probs(), sampler.seed, target.model.is_eog) if rule == "synthetic" else None
     t0 = time.perf_counter()
@@ -56,11 +59,18 @@ def generate(target: Cache, prompt: Sequence[int], sampler: Sampler, settings: S
         return
     yield Prefilled(len(context), time.perf_counter() - t0, n_cached)
     t_start = time.perf_counter()  # what the consumer does on Prefilled (save a cache) is not generation
-    n_generated = 0
+    n_generated = n_shifted = 0
     for index in itertools.count():
         k = room(target, settings, len(context), n_generated) - 1  # a step emits up to k + 1 tokens
+        if k < 0 and settings.context_shift and len(context) >= target.model.n_ctx:
+            dropped = shift(settings, context, len(prompt))
+            if dropped:  # the drafters index a history that only grew: they start again from this one
+                drafter = renew(drafter)
+                prefill(target, drafter, context)
+                n_shifted += dropped
+                k = room(target, settings, len(context), n_generated) - 1
         if k < 0:
-            yield Done("length", time.perf_counter() - t_start, _cut(constraint), _spent(constraint))
+            yield Done("length", time.perf_counter() - t_start, _cut(constraint), _spent(constraint), n_shifted)
             return
         t_draft = time.perf_counter()
         try:
@@ -73,7 +83,7 @@ def generate(target: Cache, prompt: Sequence[int], sampler: Sampler, settings: S
             path, bonus = verify(rule, sampler, context, draft, tree, rows, constraint, keep)
             branch = roll_back(target, tree, path, len(context))
         except ContextFull:
-            yield Done("length", time.perf_counter() - t_start, _cut(constraint), _spent(constraint))
+            yield Done("length", time.perf_counter() - t_start, _cut(constraint), _spent(constraint), n_shifted)
             return
         t_done = time.perf_counter()
         if drafter is not None:
@@ -86,7 +96,7 @@ def generate(target: Cache, prompt: Sequence[int], sampler: Sampler, settings: S
         if constraint is not None:
             constraint.advance(emitted)
         if (yield from emit(target, settings, context, emitted, len(path), index)):
-            yield Done("stop", time.perf_counter() - t_start, False, _spent(constraint))
+            yield Done("stop", time.perf_counter() - t_start, False, _spent(constraint), n_shifted)
             return
         n_generated += len(emitted)
 
@@ -100,6 +110,19 @@ def prefill(target: Cache, drafter: Drafter | None, context: list[int]) -> int:
     if drafter is not None:
         drafter.prefill(context)
     return n_cached
+
+
+def shift(settings: SpecSettings, context: list[int], n_prompt: int) -> int:
+    """llama.cpp's context shift, at a full context: the first n_keep tokens stay (-1: the
+    prompt's), the n_discard after them (0: half of the rest) leave the context. Returns how many
+    left (0: none could). The caches then hold what is left as after a prompt: what follows the
+    kept tokens is decoded again at its new positions, where llama.cpp moves its cached keys."""
+    n_keep = min(n_prompt if settings.n_keep < 0 else settings.n_keep, len(context) - 2)
+    n_discard = min(settings.n_discard or (len(context) - n_keep) // 2, len(context) - n_keep - 1)
+    if n_discard <= 0:
+        return 0
+    del context[n_keep:n_keep + n_discard]
+    return n_discard
 
 
 def room(target: Cache, settings: SpecSettings, n_context: int, n_generated: int) -> int:

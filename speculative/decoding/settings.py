@@ -168,6 +168,11 @@ class SpecSettings:
     draft_p_min: float = 0.0  # the draft stops when its top candidate is less likely than this
     n_predict: int = -1     # hard cap on generated tokens; -1: until EOS or context full
     ignore_eos: bool = False
+    # llama.cpp's context shift: at a full context, the first n_keep tokens stay (-1: the prompt),
+    # n_discard after them (0: half of the rest) are dropped, and generation goes on (loop.shift)
+    context_shift: bool = False
+    n_keep: int = 0
+    n_discard: int = 0
     accept: str = "match"  # --spec-accept: how sampled drafts are verified (SPEC_ACCEPT)
     branches: int = 1       # -np: the draft model's most branches per step (1: a chain)
     p_split: float = 0.1    # --draft-p-split: a candidate this likely to the draft starts a branch

@@ -40,6 +40,7 @@ class Stats:
     finish_reason: str | None = None
     incomplete: bool = False    # cut by -n or the context before its grammar was complete
     t_grammar: float = 0.0      # of t_decode, the grammar's own checks
+    n_shifted: int = 0          # tokens context shifts dropped
     n_certain: int = 0          # tokens a grammar admitted alone (forced, kind a): no row sampled
     n_forced_drafted: int = 0   # forced text drafted as the model spells it (kind b) ...
     n_forced_accept: int = 0    # ... and accepted
@@ -79,6 +80,7 @@ class Stats:
             self.t_decode = event.t_decode
             self.incomplete = event.incomplete
             self.t_grammar = event.t_grammar
+            self.n_shifted = event.n_shifted
 
     def merge(self, other: "Stats") -> None:
         """Add another run's statistics (a conversation's turns summed): counts, times and

@@ -158,15 +158,15 @@ class Engine:
                       if sampling.grammar else None)
         if constraint is None and "forced" in spec.drafters:
             raise UsageError("--spec-type forced drafts what a grammar forces: give --grammar or --json-schema")
-        self.drafter = self.factory.make(spec, self._draft_sampler(sampling, spec, seed, rule), constraint,
-                                         self.drafter if carry else None)  # may calibrate
+        make = functools.partial(self.factory.make, spec, self._draft_sampler(sampling, spec, seed, rule), constraint)
+        self.drafter = make(self.drafter if carry else None)  # may calibrate; make(old) after a context shift
         restored = self.persist.restore_pending
         t_restore = self.persist.restore_file() if restored else 0.0
         t_swap = self.persist.swap_ram(prompt) if not whole_prompt else 0.0
         context = list(prompt)
         try:
             for event in generate(self.caches["target"], prompt, Sampler(sampling, seed, banned, self.target), spec,
-                                  self.drafter, constraint):
+                                  self.drafter, constraint, make):
                 if isinstance(event, Token):
                     context.append(event.id)
                 elif isinstance(event, Prefilled) and t_swap:  # part of processing this prompt

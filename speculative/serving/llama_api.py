@@ -46,8 +46,6 @@ IGNORED = {
     "n_cmpl": "one completion per request (llama-server's array of n answers: one answer)",
     "n": "as n_cmpl",
     "model": "one model",
-    "n_keep": "no context shift: a generation stops at a full context",
-    "n_discard": "no context shift",
     "n_cache_reuse": "the cache keeps the longest shared prefix; no KV shifting",
     "timings_per_token": "timings come with the final answer",
     "return_progress": "no prompt progress events",
@@ -195,7 +193,7 @@ def parse(data: object, prompt: list[int], spec_types: str = "", defaults: Defau
         # n_predict 0 (the editors' cache warm-up) generates one token: llama-server checks its budget after a token
         max_tokens=None if n_predict < 0 else max(n_predict, 1),
         stops=_stops(data), ignore_eos=_bool(data, "ignore_eos", defaults.ignore_eos), stream=stream,
-        tokens=tuple(prompt), speculation=speculation(data),
+        tokens=tuple(prompt), speculation={**speculation(data), **_shift(data)},
         n_indent=int(_number(data, ("n_indent",), 0, 0, INT32_MAX, hard=True, integer=True)),
         # -1: llama-server's default (task_params); Generation's 0 means the same, no limit
         t_max_predict_ms=int(_number(data, ("t_max_predict_ms",), -1, -1, 2**63 - 1, hard=True, integer=True)),
@@ -204,6 +202,13 @@ def parse(data: object, prompt: list[int], spec_types: str = "", defaults: Defau
         _bool(data, name, False)  # checked as llama-server does, then ignored
     return generation, Options(stream, _bool(data, "return_tokens", False), fields,
                                generation_settings(generation, n_predict, spec_types, eog))
+
+
+def _shift(data: dict) -> dict:
+    """The context shift's n_keep (-1: the prompt) and n_discard (0: half), when the body gives them
+    (SpecSettings' fields: with --context-shift, what a full context keeps and drops)."""
+    return {name: int(_number(data, (name,), 0, lo, INT32_MAX, hard=True, integer=True))
+            for name, lo in (("n_keep", -1), ("n_discard", 0)) if _present(data, name)}
 
 
 def generation_settings(generation: Generation, n_predict: int, spec_types: str = "", eog: Sequence[int] = ()) -> dict:
@@ -218,8 +223,8 @@ def generation_settings(generation: Generation, n_predict: int, spec_types: str 
         "repeat_penalty": s.repeat_penalty, "presence_penalty": s.presence_penalty,
         "frequency_penalty": s.frequency_penalty, "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2,
         "dry_penalty_last_n": -1, "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
-        "stop": list(generation.stops), "max_tokens": n_predict, "n_predict": n_predict, "n_keep": 0,
-        "n_discard": 0, "ignore_eos": generation.ignore_eos, "stream": generation.stream, "logit_bias": bias,
+        "stop": list(generation.stops), "max_tokens": n_predict, "n_predict": n_predict, "n_keep": generation.speculation.get("n_keep", 0),
+        "n_discard": generation.speculation.get("n_discard", 0), "ignore_eos": generation.ignore_eos, "stream": generation.stream, "logit_bias": bias,
         "n_probs": 0, "min_keep": 0, "grammar": s.grammar, "samplers": [SAMPLER_NAMES[c] for c in s.sequence],
         "speculative.types": spec_types, "timings_per_token": False, "post_sampling_probs": False, "lora": [],
     }
@@ -380,7 +385,7 @@ class Reply:
             "generation_settings": {**self.options.settings, "n_ctx": self.n_ctx},
             "prompt": self.prompt_text(),
             "has_new_line": "\n" in final.text,
-            "truncated": final.reason == "length" and final.n_kept + 1 >= self.n_ctx,
+            "truncated": final.stats.n_shifted > 0 or final.reason == "length" and final.n_kept + 1 >= self.n_ctx,
             "stop_type": stop_type,
             "stopping_word": final.stop_word,
             "tokens_cached": final.n_kept,
