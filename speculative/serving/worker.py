@@ -349,9 +349,10 @@ class Worker:
             self._active = time.monotonic()
             if self.parallel is None:
                 log.info("waking up: loading the models")
-                self.parallel = self._load()
-                self.engine = self.parallel.engine
-                self._decodes_before = self.engine.target.decodes
+                parallel = self._load()  # the event loop goes on meanwhile: /metrics, /props, /health
+                with self._lock:
+                    self._decodes_before = parallel.engine.target.decodes
+                    self.parallel, self.engine = parallel, parallel.engine
             return self.engine
 
     def _sleeper(self) -> None:
@@ -362,9 +363,10 @@ class Worker:
                     idle = not self._jobs and time.monotonic() - self._active >= self._sleep_after
                 if idle and self.parallel is not None:
                     log.info("sleeping: no request for %g s, the models are freed", self._sleep_after)
-                    self._slept_slots = [{**slot, "n_cached_tokens": 0} for slot in self.parallel.slots()]
-                    self._decodes_slept = self._decodes()
-                    parallel, self.parallel, self.engine = self.parallel, None, None
+                    with self._lock:
+                        self._slept_slots = [{**slot, "n_cached_tokens": 0} for slot in self.parallel.slots()]
+                        self._decodes_slept = self._decodes()
+                        parallel, self.parallel, self.engine = self.parallel, None, None
                     parallel.close()
                     parallel.engine.close()
 
@@ -373,7 +375,8 @@ class Worker:
         return parallel is not None and parallel.gate.abort_wanted()
 
     def _decodes(self) -> tuple[int, int]:
-        """The target's decodes while serving (llama_decode calls, and the slots each served)."""
+        """The target's decodes while serving (llama_decode calls, and the slots each served); under
+        _lock, which the models' sleep and wake take to swap them."""
         if self.parallel is None:
             return self._decodes_slept
         (decodes, slots), (before_d, before_s) = self.engine.target.decodes, self._decodes_before
@@ -437,9 +440,8 @@ class Worker:
     def metrics(self) -> tuple[Metrics, int, int]:
         """A copy of the metrics, and the requests generating and waiting now; the speed
         window starts again."""
-        with self._waking:  # not while the models go to sleep or wake
-            decodes, slots = self._decodes()
         with self._lock:
+            decodes, slots = self._decodes()
             copy = dataclasses.replace(self._metrics, window=list(self._metrics.window),
                                        n_decode=decodes, n_busy_slots=slots)
             self._metrics.window = [0, 0.0, 0, 0.0]
