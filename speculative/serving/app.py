@@ -89,9 +89,9 @@ def _add_error_handlers(app: FastAPI) -> None:
 def _add_llama_routes(app: FastAPI, worker: Worker, model: dict, metrics: bool, build_info: str,
                       slots: bool, defaults: Defaults) -> None:
     """llama-server's own endpoints (llama_api.py), /health among them."""
-    # read-only: tokenizing beside a generation is safe (llama-server does it too)
+    # what /props says, read once: it holds while the models sleep too
     facts = llama_api.props(worker.engine.target, model, worker.engine.target.chat_template() or "", build_info,
-                            metrics, worker.n_slots, slots, defaults)  # what /props says, also while asleep
+                            metrics, worker.n_slots, slots, defaults)
 
     @app.get("/health")
     @app.get("/v1/health")
@@ -107,7 +107,7 @@ def _add_llama_routes(app: FastAPI, worker: Worker, model: dict, metrics: bool, 
     async def infill(request: Request):
         return await _llama_generate(request, worker, model, llama_api.infill_prompt, defaults)
 
-    @app.post("/tokenize")
+    @app.post("/tokenize")  # read-only: tokenizing beside a generation is safe (llama-server does it too)
     async def tokenize(request: Request) -> dict:
         return await asyncio.to_thread(llama_api.tokenize, (await awake(worker)).target, await read_json(request))
 
