@@ -229,6 +229,22 @@ def test_drafts_are_clipped_to_the_context(model):
     assert out == plain_decode(model, PROMPT, 100, Sampler(GREEDY, 1), n_ctx=n_ctx)
 
 
+@pytest.mark.parametrize("n_keep", [0, 2, -1])
+def test_context_shift_goes_on_past_the_context_as_target_only_does(model, n_keep):
+    """At a full context, n_keep tokens stay and half the rest goes; the caches hold what is left
+    and generation goes on, drafted tokens or not: the same tokens as target-only, and no cache
+    position past the context."""
+    n_ctx, spec = 24, {"context_shift": True, "n_keep": n_keep, "draft_max": 4}
+    events, target, draft = run(model, model.perturbed(0.4, seed=7), n=60, n_ctx=n_ctx, **spec)
+    alone, plain, _ = run(model, n=60, n_ctx=n_ctx, **spec)
+    assert tokens_of(events) == tokens_of(alone) and len(tokens_of(events)) == 60
+    assert events[-1].reason == "length" and events[-1].n_shifted == alone[-1].n_shifted > 0
+    assert max(target.max_pos, draft.max_pos, plain.max_pos) < n_ctx
+    assert sum(s.n_accepted for s in steps_of(events)) > 0
+    kept = PROMPT if n_keep < 0 else PROMPT[:n_keep]
+    assert target.cache[:len(kept)] == kept  # what n_keep keeps stays at the front
+
+
 def test_a_smaller_draft_context_stops_drafting_not_generation(model):
     n_ctx_draft = len(PROMPT) + 9
     events, _, draft = run(model, model, draft_max=4, n=30, n_ctx_draft=n_ctx_draft)
