@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 
 from tests.conftest import QWEN
