@@ -11,6 +11,7 @@ import json
 import os
 import pty
 import select
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -271,6 +272,9 @@ class Terminal:
     def __init__(self, argv: list[str], cwd: Path, env: dict | None = None):
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # pragma: no cover (the child)
+            # a terminal's Ctrl-C, whatever started the tests: a shell's background job ignores
+            # SIGINT, and the program would inherit that
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.chdir(cwd)
             os.environ.update(env or {})
             os.environ["COLUMNS"] = "200"
