@@ -238,8 +238,10 @@ def test_predict_runs_each_instance_on_the_endpoint_its_format_names_with_the_re
 
 @pytest.mark.parametrize("body, message", [([], "request body must be a JSON object"),
                                            ({"instances": {}}, "an array field named instances"),
-                                           ({"instances": [{}] * 129}, "exceeds maximum size of 128")])
+                                           ({"instances": [{}] * 129}, "exceeds maximum size of 128"),
+                                           ({"instances": [float("nan")]}, "invalid JSON: NaN is not JSON")])
 def test_a_bad_predict_body_is_llama_servers_400(body, message):
+    """Read as every endpoint's body is (read_json), then checked as llama-server checks it."""
     status, _, answer = call(app(api_key=None, gcp=Gcp(8080)), "POST", "/predict", body=body)
     assert status == 400 and message in answer["error"]["message"] and answer["error"]["code"] == 400
 

@@ -66,7 +66,7 @@ def create_app(worker: Worker, model: dict, api_key: str | None, loopback_only: 
     _add_openai_routes(app, worker, model, defaults)
     _add_template_routes(app, worker, defaults)
     if gcp is not None:
-        gcp_routes(app, gcp)
+        gcp_routes(app, gcp, read_json)
     return app
 
 

@@ -17,7 +17,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Awaitable, Callable, Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -59,8 +59,9 @@ def camel_case(path: str) -> str:
     return re.sub(r"[/_-]+(.?)", lambda m: m.group(1).upper(), name)
 
 
-def add_routes(app: FastAPI, gcp: Gcp) -> None:
-    """The health alias and the predict route, dispatching to `app`'s own POST endpoints."""
+def add_routes(app: FastAPI, gcp: Gcp, read_json: Callable[[Request], Awaitable[object]]) -> None:
+    """The health alias and the predict route, dispatching to `app`'s own POST endpoints;
+    `read_json`: the app's reader of a body (its type, size and JSON checked as every endpoint's)."""
     if gcp.health:
         health = next(r for r in app.routes if isinstance(r, Route) and r.path == "/health")
         app.add_api_route(gcp.health, health.endpoint, methods=["GET"])
@@ -73,7 +74,7 @@ def add_routes(app: FastAPI, gcp: Gcp) -> None:
     @app.post(gcp.predict)
     async def predict(request: Request) -> JSONResponse:
         try:
-            instances = _instances(await request.body())
+            instances = _instances(await read_json(request))
         except ApiError as e:  # llama-server's error object
             return JSONResponse(e.llama_body(), status_code=e.status)
         scope = request.scope
@@ -83,11 +84,7 @@ def add_routes(app: FastAPI, gcp: Gcp) -> None:
         return JSONResponse({"predictions": answers})
 
 
-def _instances(body: bytes) -> list:
-    try:
-        data = json.loads(body)
-    except ValueError as e:
-        raise ApiError(400, f"invalid JSON: {e}") from None
+def _instances(data: object) -> list:
     if not isinstance(data, dict):
         raise ApiError(400, "request body must be a JSON object")
     instances = data.get("instances")
