@@ -409,3 +409,12 @@ def test_one_branch_per_sequence_the_backend_has(model):
     """-np sizes both caches: a drafter never forks into a sequence that does not exist."""
     events, _, _ = run(model, model.perturbed(0.5, seed=7), draft_max=8, n=40, branches=2, p_split=0.0)
     assert {s.n_branches for s in steps_of(events)} <= {1, 2}
+
+
+def test_no_context_shift_when_n_predict_ends_the_run_as_the_context_fills(model):
+    """The -n cap, not the context, is what ends it: the caches are not processed again for
+    nothing."""
+    n_ctx = 24
+    events, target, _ = run(model, n=n_ctx - len(PROMPT), n_ctx=n_ctx, context_shift=True)
+    assert len(tokens_of(events)) == n_ctx - len(PROMPT) and events[-1].n_shifted == 0
+    assert target.cache == (PROMPT + tokens_of(events))[:-1]

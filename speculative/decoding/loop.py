@@ -62,7 +62,8 @@ def generate(target: Cache, prompt: Sequence[int], sampler: Sampler, settings: S
     n_generated = n_shifted = 0
     for index in itertools.count():
         k = room(target, settings, len(context), n_generated) - 1  # a step emits up to k + 1 tokens
-        if k < 0 and settings.context_shift and len(context) >= target.model.n_ctx:
+        if k < 0 and settings.context_shift and len(context) >= target.model.n_ctx and (
+                settings.n_predict < 0 or n_generated < settings.n_predict):  # the context is what is full, not -n
             dropped = shift(settings, context, len(prompt))
             if dropped:  # the drafters index a history that only grew: they start again from this one
                 drafter = renew(drafter)
