@@ -223,8 +223,9 @@ def generation_settings(generation: Generation, n_predict: int, spec_types: str 
         "repeat_penalty": s.repeat_penalty, "presence_penalty": s.presence_penalty,
         "frequency_penalty": s.frequency_penalty, "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2,
         "dry_penalty_last_n": -1, "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
-        "stop": list(generation.stops), "max_tokens": n_predict, "n_predict": n_predict, "n_keep": generation.speculation.get("n_keep", 0),
-        "n_discard": generation.speculation.get("n_discard", 0), "ignore_eos": generation.ignore_eos, "stream": generation.stream, "logit_bias": bias,
+        "stop": list(generation.stops), "max_tokens": n_predict, "n_predict": n_predict,
+        "n_keep": generation.speculation.get("n_keep", 0), "n_discard": generation.speculation.get("n_discard", 0),
+        "ignore_eos": generation.ignore_eos, "stream": generation.stream, "logit_bias": bias,
         "n_probs": 0, "min_keep": 0, "grammar": s.grammar, "samplers": [SAMPLER_NAMES[c] for c in s.sequence],
         "speculative.types": spec_types, "timings_per_token": False, "post_sampling_probs": False, "lora": [],
     }

@@ -292,6 +292,8 @@ def timings(stats: Stats) -> dict:
     """llama-server's `timings` (its names), and the acceptance rate and tokens per target pass."""
     prompt_n = stats.n_prompt - stats.n_cached  # tokens processed; the rest the cache held from the last run
     prompt_ms, predicted_ms = 1000 * stats.t_encode, 1000 * stats.t_decode
+    # llama-server's rates are over the decode steps: the first token comes from the prompt's logits
+    steps = max(stats.n_predict - 1, 0)
     return {
         "cache_n": stats.n_cached,
         "prompt_n": prompt_n,
@@ -300,9 +302,8 @@ def timings(stats: Stats) -> dict:
         "prompt_per_second": stats.encode_tps,  # 0 when the cache left nothing to process
         "predicted_n": stats.n_predict,
         "predicted_ms": predicted_ms,
-        # llama-server's: over the decode steps, n - 1 (the first token comes from the prompt's logits)
-        "predicted_per_token_ms": predicted_ms / (stats.n_predict - 1) if stats.n_predict > 1 else 0.0,
-        "predicted_per_second": 1000 * (stats.n_predict - 1) / predicted_ms if stats.n_predict > 1 and predicted_ms else 0.0,
+        "predicted_per_token_ms": predicted_ms / steps if steps else 0.0,
+        "predicted_per_second": 1000 * steps / predicted_ms if steps and predicted_ms else 0.0,
         "draft_n": stats.n_drafted,
         "draft_n_accepted": stats.n_accept,
         "draft_accept_rate": stats.accept_rate,
