@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from speculative.decoding.cache import Cache
-from speculative.decoding.events import Done, Prefilled, Step, Token
+from speculative.decoding.events import Done, Prefilled, Prefilling, Step, Token
 from speculative.decoding.loop import generate
-from speculative.decoding.sampling import Sampler
+from speculative.decoding.sampling import Sampler, softmax
 from speculative.decoding.settings import SamplerSettings, SpecSettings, check_prompt
 from speculative.drafters import ModelDrafter, top_probability
 from speculative.errors import GenerationError
@@ -293,10 +294,27 @@ def test_top_probability_matches_llama_cpp_top10_rule():
     assert top_probability(row, 0) == pytest.approx(0.5 / top10.sum(), rel=1e-6)
 
 
-def test_prefilled_event_comes_first(model):
+def test_the_prompts_progress_and_prefilled_come_first(model):
     events, _, _ = run(model, model, n=5)
-    assert isinstance(events[0], Prefilled) and events[0].n_prompt == len(PROMPT)
+    progress = list(itertools.takewhile(lambda e: isinstance(e, Prefilling), events))
+    assert progress == [Prefilling(len(PROMPT), 0, 0), Prefilling(len(PROMPT), 0, len(PROMPT))]
+    assert isinstance(events[2], Prefilled) and events[2].n_prompt == len(PROMPT)
     assert isinstance(events[-1], Done)
+
+
+@pytest.mark.parametrize("n_cached, reports", [(0, [0, 4, 8, 11]), (3, [3, 7, 11]), (10, [10, 11])])
+def test_the_prompts_progress_is_reported_after_each_batch(model, n_cached, reports):
+    """llama-server's prompt_progress: before the first batch (-b 4 here) and after each, the
+    last token (scored by the first step) counted with the last batch; a prompt the cache holds
+    but its last token reports at once that it is done."""
+    prompt = [*PROMPT, *PROMPT, *PROMPT][:11]
+    cache = Cache(FakeBackend(model, n_batch=4))
+    cache.extend(prompt[:n_cached])
+    events = list(generate(cache, prompt, Sampler(GREEDY, 1), SpecSettings(n_predict=3)))
+    progress = [e for e in events if isinstance(e, Prefilling)]
+    assert [p.n_done for p in progress] == reports
+    assert all(p.n_prompt == len(prompt) and p.n_cached == n_cached for p in progress)
+    assert events.index(progress[-1]) < next(i for i, e in enumerate(events) if isinstance(e, Prefilled))
 
 
 def test_a_prefix_kept_in_the_caches_is_not_processed_again(model):
@@ -311,7 +329,8 @@ def test_a_prefix_kept_in_the_caches_is_not_processed_again(model):
     draft_cache.extend([*PROMPT[:2], 9, 9, 9])
     events = list(generate(target_cache, PROMPT, Sampler(GREEDY, 1), SpecSettings(n_predict=30, draft_max=4),
                            ModelDrafter(draft_cache)))
-    assert events[0] == Prefilled(len(PROMPT), events[0].seconds, n_cached=3)
+    prefilled = next(e for e in events if isinstance(e, Prefilled))
+    assert prefilled == Prefilled(len(PROMPT), prefilled.seconds, n_cached=3)
     out = tokens_of(events)
     assert out == plain_decode(model, PROMPT, 30, Sampler(GREEDY, 1))
     assert draft.cache == list(draft_cache.tokens()) == (PROMPT + out)[: len(draft.cache)]
@@ -418,3 +437,46 @@ def test_no_context_shift_when_n_predict_ends_the_run_as_the_context_fills(model
     events, target, _ = run(model, n=n_ctx - len(PROMPT), n_ctx=n_ctx, context_shift=True)
     assert len(tokens_of(events)) == n_ctx - len(PROMPT) and events[-1].n_shifted == 0
     assert target.cache == (PROMPT + tokens_of(events))[:-1]
+
+
+@pytest.mark.parametrize("post", [False, True])
+@pytest.mark.parametrize("sampling", [GREEDY, SamplerSettings(temp=0.9, top_k=8, top_p=0.9, min_p=0.0)])
+def test_each_token_carries_the_targets_probabilities_drafted_or_not(model, sampling, post):
+    """n_probs: every generated token, accepted drafted ones included, gets the probabilities of
+    the target's row that chose it: the same as target-only decoding's, which is computed here
+    from the model without the loop (softmax of the row, or the chain's distribution)."""
+    reported = replace(sampling, n_probs=5, post_sampling_probs=post)
+    events, _, _ = run(model, model.perturbed(0.3, seed=5), n=30, sampling=reported, draft_max=4)
+    tokens = [e for e in events if isinstance(e, Token)]
+    assert any(t.from_draft for t in tokens) and any(not t.from_draft for t in tokens)
+    reference = Sampler(reported, 1)
+    context = list(PROMPT)
+    for token in tokens:
+        row = model.logits(context).astype(np.float32)
+        ids, probs = reference.distribution(row.copy(), context) if post else (np.arange(len(row)), softmax(row))
+        order = np.argsort(-probs, kind="stable")[:5]
+        expected = [(int(ids[i]), float(probs[i])) for i in order if probs[i] > 0]
+        assert [i for i, _ in token.probs.top] == [i for i, _ in expected]
+        assert [p for _, p in token.probs.top] == pytest.approx([p for _, p in expected], rel=1e-5)
+        assert token.probs.prob == pytest.approx(float(probs[ids == token.id][0]), rel=1e-5)
+        context.append(token.id)
+
+
+def test_without_n_probs_no_token_carries_probabilities(model):
+    events, _, _ = run(model, model.perturbed(0.3, seed=5), n=10)
+    assert all(e.probs is None for e in events if isinstance(e, Token))
+
+
+def test_a_logit_bias_is_applied_before_the_chain_drafted_or_not(model):
+    """-inf bans a token, a positive bias favours one (twice named: both add): greedy output is
+    target-only decoding's with the same biased sampler, with or without drafts; sampled output
+    never has the banned token."""
+    greedy_first = plain_decode(model, PROMPT, 1, Sampler(GREEDY, 1))[0]
+    bias = ((greedy_first, float("-inf")), (7, 1.5), (7, 1.0))
+    alone = plain_decode(model, PROMPT, 30, Sampler(replace(GREEDY, logit_bias=bias), 1))
+    events, _, _ = run(model, model, n=30, sampling=replace(GREEDY, logit_bias=bias), draft_max=4)
+    assert tokens_of(events) == alone and greedy_first not in alone
+    assert alone != plain_decode(model, PROMPT, 30, Sampler(GREEDY, 1))
+    for seed in range(3):
+        events, _, _ = run(model, model, n=30, sampling=SamplerSettings(temp=1.0, logit_bias=bias), seed=seed)
+        assert greedy_first not in tokens_of(events)

@@ -1,11 +1,20 @@
-"""What a run reports, in order: Prefilled (and PromptCache when a prompt cache file is
-used), then per step a Step followed by its Token events, then Done. The loop
-(loop.py) and the engine (engine.py) yield them; stream.py and stats.py read them."""
+"""What a run reports, in order: Prefilling as the prompt goes in, Prefilled (and PromptCache
+when a prompt cache file is used), then per step a Step followed by its Token events, then
+Done. The loop (loop.py) and the engine (engine.py) yield them; stream.py and stats.py read
+them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Union
+
+
+@dataclass(frozen=True)
+class Prefilling:
+    """The prompt is on its way into the caches: before its first batch, and after each."""
+    n_prompt: int
+    n_cached: int         # tokens the target cache already held (not processed again)
+    n_done: int           # tokens in the cache so far, those included (n_prompt: all)
 
 
 @dataclass(frozen=True)
@@ -33,10 +42,19 @@ class Step:
 
 
 @dataclass(frozen=True)
+class TokenProbs:
+    """The target's probabilities at a generated token (SamplerSettings.n_probs): the token's
+    own, and the likeliest tokens' (id, probability), best first."""
+    prob: float
+    top: tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True)
 class Token:
     id: int
     from_draft: bool      # an accepted drafted token; False: the target's own
     step: int
+    probs: TokenProbs | None = None  # with SamplerSettings.n_probs
 
 
 @dataclass(frozen=True)
@@ -56,4 +74,4 @@ class PromptCache:
     t_save: float         # writing this prompt's caches to it (after)
 
 
-Event = Union[Prefilled, PromptCache, Step, Token, Done]
+Event = Union[Prefilling, Prefilled, PromptCache, Step, Token, Done]

@@ -10,7 +10,8 @@ One step, each a function below:
             branch, and adds the target's own token (bonus);
   roll back the target cache keeps the accepted path and drops the rest;
   emit      the accepted tokens and the bonus become Token events, up to an
-            end-of-generation token.
+            end-of-generation token (with n_probs, each with the target's
+            probabilities at it, from the row that chose it).
 
 The target cache always holds every token except the last one, whose logits the
 next step computes. Without a drafter k is 0 and the same loop is plain
@@ -33,8 +34,8 @@ import numpy as np
 from speculative.decoding.cache import Cache
 from speculative.decoding.constraint import Constraint, check_draft, path_states
 from speculative.decoding.drafter import Draft, Drafter, Outcome
-from speculative.decoding.events import Done, Event, Prefilled, Step, Token
-from speculative.decoding.sampling import Sampler, one_hot
+from speculative.decoding.events import Done, Event, Prefilled, Prefilling, Step, Token, TokenProbs
+from speculative.decoding.sampling import Sampler, one_hot, token_probs
 from speculative.decoding.settings import SpecSettings, acceptance
 from speculative.decoding.tree import Tree
 from speculative.decoding.verify import match_tree, rejection_sample_tree, synthetic_keep, synthetic_match
@@ -53,7 +54,7 @@ def generate(target: Cache, prompt: Sequence[int], sampler: Sampler, settings: S
     t0 = time.perf_counter()
     context = list(prompt)
     try:
-        n_cached = prefill(target, drafter, context)
+        n_cached = yield from prefill(target, drafter, context)
     except ContextFull:
         yield Done("length", 0.0, _cut(constraint), _spent(constraint))
         return
@@ -62,14 +63,12 @@ def generate(target: Cache, prompt: Sequence[int], sampler: Sampler, settings: S
     n_generated = n_shifted = 0
     for index in itertools.count():
         k = room(target, settings, len(context), n_generated) - 1  # a step emits up to k + 1 tokens
-        if k < 0 and settings.context_shift and len(context) >= target.model.n_ctx and (
-                settings.n_predict < 0 or n_generated < settings.n_predict):  # the context is what is full, not -n
-            dropped = shift(settings, context, len(prompt))
-            if dropped:  # the drafters index a history that only grew: they start again from this one
-                drafter = renew(drafter)
-                prefill(target, drafter, context)
-                n_shifted += dropped
-                k = room(target, settings, len(context), n_generated) - 1
+        if k < 0 and (dropped := shift_full(target, settings, context, len(prompt), n_generated)):
+            drafter = renew(drafter)  # the drafters index a history that only grew: they start again
+            for _ in prefill(target, drafter, context):
+                pass
+            n_shifted += dropped
+            k = room(target, settings, len(context), n_generated) - 1
         if k < 0:
             yield Done("length", time.perf_counter() - t_start, _cut(constraint), _spent(constraint), n_shifted)
             return
@@ -81,7 +80,9 @@ def generate(target: Cache, prompt: Sequence[int], sampler: Sampler, settings: S
             t_verify = time.perf_counter()
             tree = Tree(draft.tree)
             rows = score(target, context[-1], draft, tree)
-            path, bonus = verify(rule, sampler, context, draft, tree, rows, constraint, keep)
+            raw = [row.copy() for row in rows] if sampler.settings.n_probs else None  # before sampling edits them
+            history, state = row_inputs(sampler, context, draft, tree, constraint)
+            path, bonus = verify(rule, sampler, draft, tree, rows, history, state, keep)
             branch = roll_back(target, tree, path, len(context))
         except ContextFull:
             yield Done("length", time.perf_counter() - t_start, _cut(constraint), _spent(constraint), n_shifted)
@@ -94,23 +95,40 @@ def generate(target: Cache, prompt: Sequence[int], sampler: Sampler, settings: S
                    t_verify - t_draft, t_done - t_verify, tree.n_branches, branch, 1 + others_scored,
                    len(draft.tokens) + 1 + others, draft.certain)
         emitted = [*(draft.tokens[j] for j in path), bonus]
+        probs = probabilities(sampler, raw, path, emitted, history, state) if raw is not None else None
         if constraint is not None:
             constraint.advance(emitted)
-        if (yield from emit(target, settings, context, emitted, len(path), index)):
+        if (yield from emit(target, settings, context, emitted, len(path), index, probs)):
             yield Done("stop", time.perf_counter() - t_start, False, _spent(constraint), n_shifted)
             return
         n_generated += len(emitted)
 
 
-def prefill(target: Cache, drafter: Drafter | None, context: list[int]) -> int:
+def prefill(target: Cache, drafter: Drafter | None, context: list[int]) -> Iterator[Prefilling]:
     """Put the prompt in the caches: the target's gets all of it but the last token, which
-    the first step scores. Returns how many of its tokens the target cache already held."""
+    the first step scores. Returns how many of its tokens the target cache already held, and
+    yields the progress (llama-server's prompt_progress): before the first batch (-b) and after
+    each, the last token counted with the last batch, as it follows it at once."""
     n_cached = target.keep_prefix(context, len(context) - 1)
-    target.extend(context[n_cached:-1])
+    todo, size = context[n_cached:-1], target.model.n_batch
+    yield Prefilling(len(context), n_cached, n_cached)
+    for start in range(0, len(todo), size):
+        target.extend(todo[start:start + size])
+        yield Prefilling(len(context), n_cached, n_cached + start + size if start + size < len(todo) else len(context))
+    if not todo:
+        yield Prefilling(len(context), n_cached, len(context))
     target.mark()  # a recurrent state: the next run's prompt may share this one, not the output
     if drafter is not None:
         drafter.prefill(context)
     return n_cached
+
+
+def shift_full(target: Cache, settings: SpecSettings, context: list[int], n_prompt: int, n_generated: int) -> int:
+    """With --context-shift, at a full context (not at the -n cap): shift; how many tokens left."""
+    if not (settings.context_shift and len(context) >= target.model.n_ctx and
+            (settings.n_predict < 0 or n_generated < settings.n_predict)):
+        return 0
+    return shift(settings, context, n_prompt)
 
 
 def shift(settings: SpecSettings, context: list[int], n_prompt: int) -> int:
@@ -154,16 +172,24 @@ def score(target: Cache, last: int, draft: Draft, tree: Tree) -> list[np.ndarray
     return target.decode_tree([last, *draft.tokens], [tuple(range(tree.n_branches)), *tree.seqs])
 
 
-def verify(rule: str, sampler: Sampler, context: list[int], draft: Draft, tree: Tree,
-           rows: list[np.ndarray], constraint: Constraint | None = None,
-           keep: Callable[[int, int], bool] | None = None) -> tuple[list[int], int]:
-    """The accepted path (drafted nodes, root to leaf) and the target's own token after it.
-    Under a grammar each row is sampled among what it admits after the path to it, and a row
-    where it admits one token only (Draft.certain) needs no sampling. `keep`: the synthetic
-    rule's choice (verify.synthetic_keep)."""
-    history = _history(sampler, context, draft.tokens, tree)  # what row i follows, for penalties
+def row_inputs(sampler: Sampler, context: list[int], draft: Draft, tree: Tree, constraint: Constraint | None
+               ) -> tuple[Callable[[int], list[int]], Callable[[int], object]]:
+    """What each row of the verified batch is sampled after: the tokens it follows (for
+    penalties, else nothing) and the grammar's state there (None without one)."""
+    history = _history(sampler, context, draft.tokens, tree)
     state = (path_states(constraint.state, draft.tokens, draft.tree) if constraint is not None
              else lambda i: None)
+    return history, state
+
+
+def verify(rule: str, sampler: Sampler, draft: Draft, tree: Tree, rows: list[np.ndarray],
+           history: Callable[[int], list[int]], state: Callable[[int], object],
+           keep: Callable[[int, int], bool] | None = None) -> tuple[list[int], int]:
+    """The accepted path (drafted nodes, root to leaf) and the target's own token after it,
+    each row sampled after what row_inputs gives. Under a grammar each row is sampled among
+    what it admits after the path to it, and a row where it admits one token only
+    (Draft.certain) needs no sampling. `keep`: the synthetic rule's choice
+    (verify.synthetic_keep)."""
     if rule == "synthetic":
         return synthetic_match(draft.tokens, lambda i: sampler.sample(rows[i], history(i), state(i)), keep)
     if rule == "rejection":
@@ -181,14 +207,22 @@ def roll_back(target: Cache, tree: Tree, path: list[int], n_context: int) -> int
     return branch
 
 
+def probabilities(sampler: Sampler, raw: list[np.ndarray], path: list[int], emitted: list[int],
+                  history: Callable[[int], list[int]], state: Callable[[int], object]) -> list[TokenProbs]:
+    """Each emitted token's probabilities (sampling.token_probs), from the row that chose it: the
+    first token's is row 0, each next one's the row after the drafted node before it."""
+    rows = [0, *(node + 1 for node in path)]
+    return [token_probs(sampler, raw[r], token, history(r), state(r)) for r, token in zip(rows, emitted)]
+
+
 def emit(target: Cache, settings: SpecSettings, context: list[int], tokens: list[int], n_accepted: int,
-         step: int) -> Iterator[Token]:
+         step: int, probs: list[TokenProbs] | None = None) -> Iterator[Token]:
     """The step's tokens as events, each added to the context; True when one ends generation."""
     for i, token in enumerate(tokens):
         if target.model.is_eog(token) and not settings.ignore_eos:
             return True
         context.append(token)
-        yield Token(token, from_draft=i < n_accepted, step=step)
+        yield Token(token, from_draft=i < n_accepted, step=step, probs=probs[i] if probs else None)
     return False
 
 

@@ -22,6 +22,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from speculative.decoding.constraint import GrammarState, admissible, best, best_one
+from speculative.decoding.events import TokenProbs
 from speculative.decoding.settings import SamplerSettings
 
 Dist = tuple[np.ndarray, np.ndarray]  # token ids and their probabilities (summing to 1)
@@ -160,6 +161,9 @@ class Sampler:
         self.seed = seed
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self.banned = banned if banned is not None and len(banned) else None
+        bias = settings.logit_bias  # llama.cpp's logit-bias sampler, first in its chain
+        self.bias = (np.array([t for t, _ in bias], dtype=np.int64),
+                     np.array([b for _, b in bias], dtype=np.float32)) if bias else None
         self.vocab = vocab
         if "i" in settings.sequence and vocab is None:
             raise ValueError("the infill sampler needs the model's vocabulary")
@@ -179,6 +183,8 @@ class Sampler:
         over the tokens it admits. The row may be modified in place."""
         if self.banned is not None:
             logits[self.banned] = -np.inf
+        if self.bias is not None:
+            np.add.at(logits, *self.bias)
         if grammar is not None:
             return self._constrained(logits, history, grammar)
         if self.settings.greedy and "i" in self.settings.sequence:  # argmax of what infill leaves
@@ -238,3 +244,21 @@ class Sampler:
         if not finite.all():
             ids, z = ids[finite], z[finite]
         return ids, z
+
+
+def token_probs(sampler: Sampler, row: np.ndarray, token: int, history: Sequence[int] = (),
+                grammar: GrammarState | None = None) -> TokenProbs:
+    """What llama-server reports of a generated token (n_probs): its probability and the
+    n_probs likeliest tokens', from the target's row as it is (a softmax over the vocabulary),
+    or with post_sampling_probs from what the sampler chain left (its distribution after
+    `history`, under `grammar`). Tokens of probability 0 are left out, as llama-server does."""
+    if sampler.settings.post_sampling_probs:
+        ids, probs = sampler.distribution(row.copy(), history, grammar)
+    else:
+        ids, probs = np.arange(len(row)), softmax(row)
+    k = min(sampler.settings.n_probs, len(probs))
+    best = np.argpartition(-probs, k - 1)[:k] if 0 < k < len(probs) else np.arange(k)
+    best = best[np.argsort(-probs[best], kind="stable")]
+    hit = np.flatnonzero(ids == token)
+    return TokenProbs(float(probs[hit[0]]) if len(hit) else 0.0,
+                      tuple((int(ids[i]), float(probs[i])) for i in best if probs[i] > 0.0))

@@ -38,6 +38,14 @@ class SamplerSettings:
     # where a lazy grammar starts (regular expressions over the generated text, llama.cpp's
     # trigger patterns: a tool call's opening); () : the grammar holds from the first token
     grammar_triggers: tuple[str, ...] = ()
+    # llama.cpp's logit bias, the chain's first sampler: (token, bias) pairs added to the logits
+    # (-inf: the token is never picked); a token named twice gets both
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # what the answer reports of each generated token (llama-server's n_probs): its probability
+    # and the n_probs likeliest tokens' (0: nothing), from the target's logits as they are, or
+    # from what the sampler chain leaves (post_sampling_probs)
+    n_probs: int = 0
+    post_sampling_probs: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -75,6 +83,12 @@ class SamplerSettings:
                 raise UsageError(f"{flag} must be a number, got {v}")
         if self.seed < -1 or self.seed >= 2**32:
             raise UsageError(f"--seed must be -1 (random) or in [0, 2^32), got {self.seed}")
+        if self.n_probs < 0:
+            raise UsageError(f"n_probs must be >= 0, got {self.n_probs}")
+        for token, bias in self.logit_bias:
+            if token < 0 or math.isnan(bias) or bias == math.inf:
+                raise UsageError(f"logit bias: token {token} with bias {bias} (a token id >= 0 and a number, "
+                                 "or -inf to ban it)")
 
     def resolved_seed(self) -> int:
         """The seed actually used: the given one, or a fresh random one for -1."""

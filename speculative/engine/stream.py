@@ -15,10 +15,10 @@ consumer that stops early (its reader went away, Ctrl-C) still gets Final from
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
-from speculative.decoding.events import Done, Step, Token
+from speculative.decoding.events import Done, Prefilling, Step, Token, TokenProbs
 from speculative.decoding.settings import SamplerSettings, SpecSettings
 from speculative.decoding.stats import Stats
 from speculative.engine.text import LineLimits, StopFilter, TextStream
@@ -37,6 +37,7 @@ class Piece:
     an accepted drafted token."""
     parts: tuple[tuple[str, bool], ...]
     ids: tuple[int, ...] = ()  # the tokens of these parts
+    probs: tuple[TokenProbs | None, ...] = ()  # and their probabilities (SamplerSettings.n_probs)
 
     @property
     def text(self) -> str:
@@ -53,6 +54,7 @@ class Final:
     notes: list[str]     # what the drafter has to say (auto's declines)
     stop_word: str = ""  # the stop string that ended the text, if one did
     n_kept: int = 0      # tokens the target's cache holds after the run (set by serving.generate)
+    probs: list[TokenProbs | None] = field(default_factory=list)  # each token's, with n_probs
 
 
 class Stream:
@@ -62,11 +64,15 @@ class Stream:
 
     def __init__(self, engine: Engine, prompt: list[int], sampling: SamplerSettings, spec: SpecSettings,
                  seed: int, stops: Sequence[str] = (), should_stop: Callable[[], str | None] | None = None,
-                 limits: LineLimits | None = None, carry: bool = False):
-        """`carry`: the run continues the previous one (Engine.run)."""
+                 limits: LineLimits | None = None, carry: bool = False,
+                 progress: Callable[[Prefilling], None] | None = None):
+        """`carry`: the run continues the previous one (Engine.run); `progress` hears how far
+        the prompt has gone into the caches (loop.prefill)."""
         self.engine = engine
         self.stats = Stats(t_load=engine.t_load)
         self.tokens: list[int] = []
+        self.probs: list[TokenProbs | None] = []
+        self._progress = progress or (lambda event: None)
         self._events = engine.run(prompt, sampling, spec, seed, carry)
         self._text = TextStream(engine.target.token_bytes)
         self._stops = StopFilter(stops)
@@ -81,6 +87,9 @@ class Stream:
         left = 0  # tokens of the current step still to come
         for event in self._events:
             self.stats.add(event)
+            if isinstance(event, Prefilling):
+                self._progress(event)
+                continue
             if isinstance(event, Step):
                 left = event.n_accepted + 1
                 continue
@@ -105,6 +114,7 @@ class Stream:
 
     def _push(self, token: Token) -> tuple[str, bool]:
         self.tokens.append(token.id)
+        self.probs.append(token.probs)
         return self._limit(self._stops.push(self._text.push(token.id))), token.from_draft
 
     def _limit(self, text: str) -> str:
@@ -115,7 +125,8 @@ class Stream:
         return self._stops.stopped or (self._limits is not None and self._limits.stopped)
 
     def _piece(self, parts: list[tuple[str, bool]]) -> Piece:
-        piece = Piece(tuple(parts), tuple(self.tokens[len(self.tokens) - len(parts):]))
+        piece = Piece(tuple(parts), tuple(self.tokens[len(self.tokens) - len(parts):]),
+                      tuple(self.probs[len(self.probs) - len(parts):]))
         parts.clear()
         self._shown.append(piece.text)
         return piece
@@ -140,7 +151,7 @@ class Stream:
         if stats.incomplete and stats.finish_reason == "length":
             notes = [*notes, INCOMPLETE]
         return Final(stats.finish_reason, tail, "".join(self._shown) + tail, self.tokens, stats, notes,
-                     self._stops.found)
+                     self._stops.found, probs=self.probs)
 
 
 def complete(engine: Engine, prompt: list[int], sampling: SamplerSettings, spec: SpecSettings, seed: int,
