@@ -98,14 +98,44 @@ def test_bad_infill_bodies(body, message):
 
 def test_completion_prompts_text_tokens_and_mixed():
     vocab = Chars(add_bos=True)
-    assert llama_api.completion_prompt(vocab, {"prompt": "ab"}) == [BOS, 97, 98]
-    assert llama_api.completion_prompt(vocab, {"prompt": [5, 6]}) == [5, 6]
-    assert llama_api.completion_prompt(vocab, {"prompt": ["a", 7, "b"]}) == [BOS, 97, 7, 98]
-    assert llama_api.completion_prompt(vocab, {"prompt": [7, "b"]}) == [7, 98]  # BOS only before a leading string
-    assert llama_api.completion_prompt(vocab, {"prompt": [{"prompt_string": "a"}]}) == [BOS, 97]
-    for body in ({"prompt": ["a", "b"]}, {"prompt": []}, {}, {"prompt": 3}, []):
+    assert llama_api.completion_prompts(vocab, {"prompt": "ab"}) == [[BOS, 97, 98]]
+    assert llama_api.completion_prompts(vocab, {"prompt": [5, 6]}) == [[5, 6]]
+    assert llama_api.completion_prompts(vocab, {"prompt": ["a", 7, "b"]}) == [[BOS, 97, 7, 98]]
+    assert llama_api.completion_prompts(vocab, {"prompt": [7, "b"]}) == [[7, 98]]  # BOS only before a leading string
+    assert llama_api.completion_prompts(vocab, {"prompt": [{"prompt_string": "a"}]}) == [[BOS, 97]]
+    for body in ({"prompt": []}, {}, {"prompt": 3}, [], {"prompt": ["a", 3.5]}):
         with pytest.raises(ApiError):
-            llama_api.completion_prompt(vocab, body)
+            llama_api.completion_prompts(vocab, body)
+
+
+def test_several_prompts_are_several_answers_as_llama_server_reads_them():
+    vocab = Chars(add_bos=True)
+    assert llama_api.completion_prompts(vocab, {"prompt": ["a", "b"]}) == [[BOS, 97], [BOS, 98]]
+    assert llama_api.completion_prompts(vocab, {"prompt": [[5, 6], "b", {"prompt_string": "c"}]}) == [
+        [5, 6], [BOS, 98], [BOS, 99]]
+
+
+def test_probabilities_bias_choices_and_progress_are_read_and_reported():
+    vocab = Chars()
+    g, o = llama_api.parse({"n_probs": 4, "post_sampling_probs": True, "n_cmpl": 2, "return_progress": True,
+                            "logit_bias": [[97, -2.5], ["b", False], [3, 1]]}, [1], vocab=vocab)
+    assert g.sampling.n_probs == 4 and g.sampling.post_sampling_probs and g.n == 2 and g.return_progress
+    assert g.sampling.logit_bias == ((97, -2.5), (98, float("-inf")), (3, 1.0))
+    assert o.n_probs == 4 and o.post_sampling and o.settings["n_probs"] == 4 and o.settings["post_sampling_probs"]
+    assert o.settings["logit_bias"] == [{"bias": -2.5, "token": 97}, {"bias": None, "token": 98},
+                                       {"bias": 1.0, "token": 3}]
+    assert llama_api.parse({"logprobs": 3}, [1])[0].sampling.n_probs == 3  # llama-server's alias
+    assert llama_api.parse({"logit_bias": {"97": 2, "ab": -1}}, [1], vocab=vocab)[0].sampling.logit_bias == (
+        (97, 2.0), (97, -1.0), (98, -1.0))
+
+
+@pytest.mark.parametrize("body", [{"n_probs": -1}, {"n_probs": "3"}, {"n_cmpl": 0}, {"post_sampling_probs": 1},
+                                  {"logit_bias": [[1]]}, {"logit_bias": [[1, "x"]]}, {"logit_bias": 3},
+                                  {"logit_bias": {"99999": 1}}, {"return_progress": "yes"}])
+def test_bad_probabilities_bias_and_choices_are_400s(body):
+    with pytest.raises(ApiError) as e:
+        llama_api.parse(body, [1], vocab=Chars())
+    assert e.value.status == 400
 
 
 def test_fields_read_as_llama_server_reads_them():
@@ -151,8 +181,6 @@ def test_bad_fields(body, message):
 # Every field docs/serving.md's "Refused (400) unless at the value that changes nothing" names: values
 # it refuses, and the values that change nothing. The adaptive_p sampler is refused in `samplers`.
 REFUSED = {
-    "n_probs": ([3, True, False], [0]),
-    "logprobs": ([1], [0]),
     "min_keep": ([1], [0]),
     "dynatemp_range": ([0.5], [0, 0.0]),
     "top_n_sigma": ([1.0, 0], [-1]),
@@ -160,7 +188,6 @@ REFUSED = {
     "dry_multiplier": ([0.8], [0]),
     "mirostat": ([2, 1], [0]),
     "adaptive_target": ([0.5], [-1]),
-    "logit_bias": ([[[1, 2.0]], {"1": -100}], [[], {}]),
     "lora": ([[{"id": 0, "scale": 0.5}]], [[]]),
     "echo": ([True], [False]),
 }
@@ -176,7 +203,7 @@ def test_the_refused_fields_are_the_docs_and_the_codes():
 
 
 @pytest.mark.parametrize("name, value", REFUSED_CASES)
-@pytest.mark.parametrize("prompt_of", [llama_api.completion_prompt, llama_api.infill_prompt],
+@pytest.mark.parametrize("prompt_of", [lambda v, d: llama_api.completion_prompts(v, d)[0], llama_api.infill_prompt],
                          ids=["completion", "infill"])
 def test_a_refused_field_is_llama_servers_400(name, value, prompt_of):
     body = {"prompt": "x", "input_prefix": "a", "input_suffix": "b", name: value}

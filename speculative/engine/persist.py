@@ -83,6 +83,13 @@ class CachePersistence:
             with self._ram_lock:
                 self.save_to_ram()
 
+    def keep(self) -> None:
+        """Keep what the caches hold now in the RAM cache, where the other runs on these models find
+        it (a request's n choices restore the prompt the first processed); none without one."""
+        if self.ram_cache is not None and len(self.caches["target"]) >= ram_cache.MIN_TOKENS:
+            with self._ram_lock:
+                self.save_to_ram()
+
     def save_to_ram(self) -> None:
         """Keep what every cache holds now in the RAM cache (ram_cache.RamCache.add)."""
         try:

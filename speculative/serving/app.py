@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import json
 import signal
 import socket
@@ -41,7 +42,7 @@ from speculative.serving.gcp import Gcp
 from speculative.serving.gcp import add_routes as gcp_routes
 from speculative.serving.generation import ApiError, Busy, Defaults, Generation
 from speculative.serving.openai_api import Reply
-from speculative.serving.worker import Failed, Job, Started, Worker, chat_prompt, request_tokens
+from speculative.serving.worker import Failed, Job, Progress, Started, Worker, chat_prompt, request_tokens
 
 MAX_BODY = 8 << 20        # bytes: a full 128k-token context as JSON-escaped text fits
 RETRY_AFTER_SECONDS = 1   # what a refused client is told to wait
@@ -101,11 +102,12 @@ def _add_llama_routes(app: FastAPI, worker: Worker, model: dict, metrics: bool, 
     @app.post("/completion")
     @app.post("/completions")
     async def completion(request: Request):
-        return await _llama_generate(request, worker, model, llama_api.completion_prompt, defaults)
+        return await _llama_generate(request, worker, model, llama_api.completion_prompts, defaults)
 
     @app.post("/infill")
     async def infill(request: Request):
-        return await _llama_generate(request, worker, model, llama_api.infill_prompt, defaults)
+        return await _llama_generate(request, worker, model, lambda vocab, data: [llama_api.infill_prompt(vocab, data)],
+                                     defaults)
 
     @app.post("/tokenize")  # read-only: tokenizing beside a generation is safe (llama-server does it too)
     async def tokenize(request: Request) -> dict:
@@ -164,14 +166,14 @@ def _add_template_routes(app: FastAPI, worker: Worker, defaults: Defaults) -> No
     @app.post("/apply-template")
     async def apply_template(request: Request) -> dict:
         engine = await awake(worker)
-        generation = openai_api.parse(await read_json(request), True, defaults, _jinja_template(engine))
+        generation = openai_api.parse(await read_json(request), True, defaults, _jinja_template(engine), engine.target)
         return {"prompt": await asyncio.to_thread(chat_prompt, engine, generation, engine.chat_text)}
 
     @app.post("/v1/chat/completions/input_tokens")
     @app.post("/chat/completions/input_tokens")
     async def input_tokens(request: Request) -> dict:
         engine = await awake(worker)
-        generation = openai_api.parse(await read_json(request), True, defaults, _jinja_template(engine))
+        generation = openai_api.parse(await read_json(request), True, defaults, _jinja_template(engine), engine.target)
         tokens = await asyncio.to_thread(request_tokens, engine, generation)
         return {"input_tokens": len(tokens), "object": "response.input_tokens"}
 
@@ -197,112 +199,167 @@ def _jinja_template(engine: Engine) -> str:
 
 
 async def _generate(request: Request, worker: Worker, model: dict, defaults: Defaults, chat: bool):
+    """/v1/completions or /v1/chat/completions: each prompt's n choices, a Reply each."""
     engine = await awake(worker)
-    generation = openai_api.parse(await read_json(request), chat, defaults, _jinja_template(engine) if chat else "")
-    reply = Reply(model["id"], generation)
-    prompt: tuple[int, ...] = ()
+    generations = openai_api.parse_all(await read_json(request), chat, defaults,
+                                       _jinja_template(engine) if chat else "", engine.target)
+    per_choice = [g for g in generations for _ in range(g.n)]
+    replies: list[Reply] = []
+    for g in per_choice:
+        replies.append(Reply(model["id"], g, len(replies), replies[0] if replies else None, engine.target.token_bytes))
+    prompts: list[tuple[int, ...]] = [()] * len(replies)
 
-    def started(first: Started) -> None:
-        nonlocal prompt
-        prompt = first.prompt
-        reply.started(first.prompt_tail)
+    def started(i: int, first: Started) -> None:
+        prompts[i] = first.prompt
+        replies[i].started(first.prompt_tail)
 
-    def verbose(final: Final) -> dict | None:
+    def verbose(i: int, final: Final) -> dict | None:
         """llama-server's __verbose object, when the request asks for it."""
-        if not generation.verbose:
+        if not per_choice[i].verbose:
             return None
-        return llama_api.verbose(model["id"], generation, prompt, engine.target, model["meta"]["spec_type"], final)
+        return llama_api.verbose(model["id"], per_choice[i], prompts[i], engine.target, model["meta"]["spec_type"],
+                                 final)
 
-    return await _answer(request, worker, generation,
-                         lambda final: reply.full(final.text, final.reason, final.stats, verbose(final)),
-                         lambda job: _openai_events(job, reply, verbose), started)
+    def whole(finals: list[Final]) -> dict:
+        return openai_api.combined([replies[i].full(f, verbose(i, f)) for i, f in enumerate(finals)], finals,
+                                   generations[0].n)
+
+    return await _answer(request, worker, generations, whole,
+                         lambda jobs: _openai_events(jobs, replies, verbose, generations[0].n), started)
 
 
-async def _llama_generate(request: Request, worker: Worker, model: dict, prompt_of, defaults: Defaults):
-    """/completion or /infill: `prompt_of(vocab, body)` gives the prompt's tokens."""
+async def _llama_generate(request: Request, worker: Worker, model: dict, prompts_of, defaults: Defaults):
+    """/completion or /infill: `prompts_of(vocab, body)` gives each prompt's tokens; each prompt's
+    n_cmpl answers, a Reply each (several: a list of answers, or streamed, each chunk its index)."""
     vocab = (await awake(worker)).target
     data = await read_json(request)
-    tokens = await asyncio.to_thread(prompt_of, vocab, data)
-    generation, options = llama_api.parse(data, tokens, model["meta"]["spec_type"], defaults, vocab.eog_tokens())
-    reply = llama_api.Reply(model["id"], options, tokens, lambda: llama_api.text_of(vocab, tokens), vocab.n_ctx)
-    return await _answer(request, worker, generation, reply.final, lambda job: _llama_events(job, reply))
+    prompts = await asyncio.to_thread(prompts_of, vocab, data)
+    parsed = [llama_api.parse(data, tokens, model["meta"]["spec_type"], defaults, vocab.eog_tokens(), vocab)
+              for tokens in prompts]
+    replies = [llama_api.Reply(model["id"], options, tokens, functools.partial(llama_api.text_of, vocab, tokens),
+                               vocab.n_ctx, vocab.token_bytes, i * generation.n + j)
+               for i, (tokens, (generation, options)) in enumerate(zip(prompts, parsed)) for j in range(generation.n)]
+
+    def whole(finals: list[Final]):
+        answers = [reply.final(final) for reply, final in zip(replies, finals)]
+        return answers[0] if len(answers) == 1 else answers
+
+    return await _answer(request, worker, [generation for generation, _ in parsed], whole,
+                         lambda jobs: _llama_events(jobs, replies))
 
 
-async def _answer(request: Request, worker: Worker, generation: Generation, whole, events, started=None):
-    """Run a generation: `whole(final)` is the answer, or with "stream": true `events(job)`
-    the server-sent events; `started(Started)` is told when the prompt has passed its checks."""
-    job = worker.submit(generation)
-    watcher = asyncio.create_task(_cancel_on_disconnect(request, job))
-    stream = None  # once it exists, it owns the job
+async def _answer(request: Request, worker: Worker, generations: list[Generation], whole, events, started=None):
+    """Run a request's generations, each choice a job: `whole(finals)` is the answer, or with
+    "stream": true `events(jobs)` the server-sent events; `started(i, Started)` is told when
+    choice i's prompt has passed its checks."""
+    jobs: list[Job] = []
+    stream = None  # once it exists, it owns the jobs
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, jobs))
     try:
-        try:  # waiting for the models, then the prompt's checks
-            first = await asyncio.wait_for(job.next(), timeout=max(job.deadline - time.monotonic(), 0))
-        except asyncio.TimeoutError:
-            raise Busy(f"the models were not free within --timeout ({worker.timeout:g} s)") from None
-        if isinstance(first, Failed):
-            raise _error(first)
-        if started is not None:
-            started(first)
-        if generation.stream:
-            stream = EventStream(job, events(job))
+        for generation in generations:  # all or none: a refused one cancels those queued
+            jobs += worker.submit(generation)
+        for i, job in enumerate(jobs):
+            try:  # waiting for the models, then the prompt's checks
+                first = await asyncio.wait_for(job.next(), timeout=max(job.deadline - time.monotonic(), 0))
+            except asyncio.TimeoutError:
+                raise Busy(f"the models were not free within --timeout ({worker.timeout:g} s)") from None
+            if isinstance(first, Failed):
+                raise _error(first)
+            if started is not None:
+                started(i, first)
+        if generations[0].stream:
+            stream = EventStream(jobs, events(jobs))
             return stream
-        while not isinstance(output := await job.next(), Final):  # Final carries the whole text
-            if isinstance(output, Failed):
-                raise _error(output)
-        return JSONResponse(whole(output))
+        return JSONResponse(whole([await _final(job) for job in jobs]))
     finally:
         watcher.cancel()  # a streaming response watches for the client itself
         if stream is None:
-            job.cancel()  # finished already, or its request failed or was abandoned
+            for job in jobs:
+                job.cancel()  # finished already, or its request failed or was abandoned
+
+
+async def _final(job: Job) -> Final:
+    """A job's Final, which carries the whole text (ApiError if it failed)."""
+    while not isinstance(output := await job.next(), Final):
+        if isinstance(output, Failed):
+            raise _error(output)
+    return output
+
+
+async def _outputs(jobs: list[Job]):
+    """Every job's outputs after Started, (choice, output) as they come, each job's in order,
+    until each has ended (Final or Failed)."""
+    waiting = {asyncio.ensure_future(job.next()): i for i, job in enumerate(jobs)}
+    try:
+        while waiting:
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for future in sorted(done, key=waiting.get):
+                i = waiting.pop(future)
+                output = future.result()
+                yield i, output
+                if not isinstance(output, (Final, Failed)):
+                    waiting[asyncio.ensure_future(jobs[i].next())] = i
+    finally:
+        for future in waiting:
+            future.cancel()
 
 
 class EventStream(StreamingResponse):
     """Server-sent events. However the response ends (the client may have gone before the
-    first byte), the generation stops with it."""
+    first byte), the generations stop with it."""
 
-    def __init__(self, job: Job, events):
+    def __init__(self, jobs: list[Job], events):
         super().__init__(events, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self.job = job
+        self.jobs = jobs
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.job.cancel()
+            for job in self.jobs:
+                job.cancel()
 
 
-
-async def _openai_events(job: Job, reply: Reply, verbose):
-    """OpenAI's stream: a chunk per piece, the last ones with usage and timings (and
-    `verbose(final)`: llama-server's __verbose object, or None), then [DONE]."""
-    if (first := reply.first_chunk()) is not None:
-        yield _event(first)
-    while True:
-        output = await job.next()
-        if isinstance(output, Piece):
-            for chunk in reply.chunks(output.text):
+async def _openai_events(jobs: list[Job], replies: list[Reply], verbose, n: int):
+    """OpenAI's stream: each choice's chunks as they come (prompt_progress chunks too, when asked),
+    its last ones with its usage and timings (and `verbose(i, final)`: llama-server's __verbose
+    object, or None); with several choices and include_usage, the usage of all at the end; then
+    [DONE]."""
+    for reply in replies:
+        if (first := reply.first_chunk()) is not None:
+            yield _event(first)
+    finals: list[Final] = []
+    async for i, output in _outputs(jobs):
+        if isinstance(output, Progress):
+            yield _event(replies[i].first_chunk(prompt_progress=output.json()))
+        elif isinstance(output, Piece):
+            for chunk in replies[i].chunks(output):
                 yield _event(chunk)
         elif isinstance(output, Final):
-            for chunk in reply.last_chunks(output.reason, output.stats, verbose(output)):
+            finals.append(output)
+            for chunk in replies[i].last_chunks(output, verbose(i, output), include_usage=len(jobs) == 1):
                 yield _event(chunk)
-            yield "data: [DONE]\n\n"
-            return
         elif isinstance(output, Failed):  # the status line has gone: the error is an event
             yield _event(_error(output).body())
             return
+    if len(jobs) > 1 and replies[0].include_usage:
+        yield _event(replies[0].usage_chunk(openai_api.total_stats(finals, n)))
+    yield "data: [DONE]\n\n"
 
 
-async def _llama_events(job: Job, reply: llama_api.Reply):
-    """llama-server's stream: a chunk per piece (per step here, per token there), then the
-    final result; no [DONE]."""
-    while True:
-        output = await job.next()
-        if isinstance(output, Piece):
-            yield _event(reply.chunk(output))
+async def _llama_events(jobs: list[Job], replies: list[llama_api.Reply]):
+    """llama-server's stream: each answer's chunks as they come (each with its index; per step
+    here, per token there, and with n_probs per token here too), then its final result; no
+    [DONE]."""
+    async for i, output in _outputs(jobs):
+        if isinstance(output, Progress):
+            yield _event(replies[i].progress(output.json()))
+        elif isinstance(output, Piece):
+            for chunk in replies[i].chunks(output):
+                yield _event(chunk)
         elif isinstance(output, Final):
-            yield _event(reply.final(output))
-            return
+            yield _event(replies[i].final(output))
         elif isinstance(output, Failed):
             yield _event(_error(output).llama_body())
             return
@@ -317,11 +374,12 @@ def _error(failed: Failed) -> ApiError:
     return failed.error if isinstance(failed.error, ApiError) else ApiError(500, "generation failed")
 
 
-async def _cancel_on_disconnect(request: Request, job: Job) -> None:
-    """Cancel the job when the client disconnects (while it waits, or before a whole answer)."""
+async def _cancel_on_disconnect(request: Request, jobs: list[Job]) -> None:
+    """Cancel the jobs when the client disconnects (while they wait, or before a whole answer)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-    job.cancel()
+    for job in jobs:
+        job.cancel()
 
 
 async def read_json(request: Request) -> object:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Mapping
+from typing import Callable, Mapping, Protocol, Sequence
 
 from speculative.chat.request import Plan
 from speculative.decoding.settings import SamplerSettings, SpecSettings
@@ -111,6 +111,22 @@ class Generation:
     # llama-server's `__verbose` object (its request field `verbose`, by default serve's -v)
     include_usage: bool = False
     verbose: bool = False
+    n: int = 1                      # choices of this prompt, each its own sequence and random stream
+    return_progress: bool = False   # the stream reports the prompt's progress (llama-server's prompt_progress)
+    logprobs: int | None = None     # OpenAI's logprobs: the alternatives listed per token (None: no logprobs)
+
+
+CHOICE_SEED_STEP = 0x9E3779B9  # choice i of a seeded request samples with seed + i times this (mod 2^32)
+
+
+def choices(generation: Generation) -> list[Generation]:
+    """A generation's n choices, each its own generation: the first is the request as it is, each
+    other draws from a random stream of its own (a seeded request's seed moved on, else a random
+    one), so that they differ."""
+    seed = generation.sampling.seed
+    return [replace(generation, n=1, sampling=replace(generation.sampling, seed=-1 if seed < 0 else
+                                                      (seed + i * CHOICE_SEED_STEP) % 2**32))
+            for i in range(generation.n)]
 
 
 # A request's own speculation, in both APIs' bodies: llama-server's field -> (SpecSettings
@@ -211,3 +227,81 @@ def _response_format(value: object, schema: object) -> object:
         raise ApiError(400, 'response_format type must be one of "text", "json_object" or "json_schema", '
                        f"but got: {kind}", param="response_format")
     return schema
+
+
+# -- token probabilities and biases, as both APIs give and read them ---------------------
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit on the alternatives per token (top_logprobs, logprobs)
+LOWEST = -3.4028234663852886e38  # the log of a probability of 0: llama-server's (the lowest float, valid JSON)
+
+
+class Vocab(Protocol):
+    """What reading biases and writing probabilities need of the target (llamacpp.model.LlamaModel)."""
+    n_vocab: int
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]: ...
+    def token_bytes(self, token: int, special: bool = True) -> bytes: ...
+
+
+def logit_bias(value: object, vocab: Vocab, param: str = "logit_bias") -> tuple[tuple[int, float], ...]:
+    """A body's logit_bias, read as llama-server reads it (server-schema.cpp): an object of token
+    -> bias, or an array of [token, bias] pairs, a token being an id or a text (each of its tokens
+    biased), a bias a number or false (banned). An id outside the vocabulary, a bias of another
+    type or an entry of another shape: ApiError 400 (llama-server skips them silently)."""
+    if value is None:
+        return ()
+    if isinstance(value, dict):
+        pairs = list(value.items())
+    elif isinstance(value, list) and all(isinstance(p, list) and len(p) == 2 for p in value):
+        pairs = [tuple(p) for p in value]
+    else:
+        raise ApiError(400, f"{param}: an object of token -> bias, or an array of [token, bias] pairs", param=param)
+    out: list[tuple[int, float]] = []
+    for token, bias in pairs:
+        if bias is False:
+            bias = -math.inf
+        elif not is_number(bias):
+            raise ApiError(400, f"{param}: the bias of {token!r} must be a number, or false to ban it", param=param)
+        for t in _bias_tokens(token, vocab, param):
+            out.append((t, float(bias)))
+    return tuple(out)
+
+
+def _bias_tokens(token: object, vocab: Vocab, param: str) -> list[int]:
+    """A logit_bias key: a token id (an integer, or its digits as an object's key), else a text."""
+    if isinstance(token, str) and token.lstrip("-").isdigit():
+        token = int(token)
+    if is_int(token):
+        if not 0 <= token < vocab.n_vocab:
+            raise ApiError(400, f"{param}: token {token} is outside this model's vocabulary "
+                                f"(0 to {vocab.n_vocab - 1})", param=param)
+        return [token]
+    if isinstance(token, str):
+        return vocab.tokenize(token, False, False)
+    raise ApiError(400, f"{param}: a token is an id or a text, not {token!r}", param=param)
+
+
+def probs_json(piece: Callable[[int], bytes], ids: Sequence[int], probs: Sequence, post_sampling: bool) -> list[dict]:
+    """Generated tokens with their probabilities (TokenProbs), as llama-server writes them
+    (probs_vector_to_json, for /completion's completion_probabilities and OpenAI's
+    logprobs.content): id, token (its text, an incomplete last character cut), bytes, and
+    logprob and top_logprobs, or with post_sampling_probs prob and top_probs."""
+    value, tops = ("prob", "top_probs") if post_sampling else ("logprob", "top_logprobs")
+
+    def entry(token: int, p: float) -> dict:
+        raw = piece(token)
+        return {"id": token, "token": _valid_utf8(raw), "bytes": list(raw),
+                value: p if post_sampling else (math.log(p) if p > 0 else LOWEST)}
+
+    return [{**entry(t, p.prob), tops: [entry(i, q) for i, q in p.top]} for t, p in zip(ids, probs) if p is not None]
+
+
+def _valid_utf8(raw: bytes) -> str:
+    """The text of a token's bytes, an incomplete character at its end cut (llama-server's
+    validate_utf8); invalid bytes elsewhere replaced."""
+    for cut in range(len(raw), max(len(raw) - 4, 0) - 1, -1):
+        try:
+            return raw[:cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return raw.decode("utf-8", errors="replace")

@@ -19,8 +19,9 @@ from typing import Callable, Protocol, Sequence
 
 from speculative.decoding.settings import SamplerSettings
 from speculative.engine.stream import Final, Piece
-from speculative.serving.generation import (ApiError, Defaults, Generation, refuse_unsupported, request_grammar,
-                                            speculation)
+from speculative.serving.generation import Vocab as BiasVocab
+from speculative.serving.generation import (ApiError, Defaults, Generation, logit_bias, probs_json, refuse_unsupported,
+                                            request_grammar, speculation)
 from speculative.serving.openai_api import timings
 from speculative.serving.worker import Metrics
 
@@ -42,31 +43,25 @@ SAMPLER_NAMES = {letter: name for name, letter in SAMPLER_LETTERS.items()}
 # Fields llama-server reads that this server accepts and does not use, and why (docs/serving.md's list).
 IGNORED = {
     "t_max_prompt_ms": "llama-server does not implement it either",
-    "id_slot": "one slot",
-    "n_cmpl": "one completion per request (llama-server's array of n answers: one answer)",
-    "n": "as n_cmpl",
+    "id_slot": "the slot whose cache holds the longest part of the prompt is taken (-sps)",
     "model": "one model",
     "n_cache_reuse": "the cache keeps the longest shared prefix; no KV shifting",
     "timings_per_token": "timings come with the final answer",
-    "return_progress": "no prompt progress events",
     "sse_ping_interval": "no pings: every step sends its text",
     "stream_options": "the final answer carries the timings",
     "verbose": "llama-server's own answers have no __verbose object (its /v1 answers do, as speculate's)",
     "backend_sampling": "sampling runs in speculate",
-    "post_sampling_probs": "no probabilities (n_probs 0)",
 }
 
 # Fields that change the answer in a way this server cannot honour: accepted at the value that
 # changes nothing (llama-server's default), refused otherwise.
-_NEUTRAL = {"n_probs": (0,), "logprobs": (0,), "min_keep": (0,), "dynatemp_range": (0,),
+_NEUTRAL = {"min_keep": (0,), "dynatemp_range": (0,),
             "top_n_sigma": (-1,), "xtc_probability": (0,), "dry_multiplier": (0,), "mirostat": (0,),
-            "logit_bias": ([], {}), "lora": ([],),
-            "adaptive_target": (-1,), "echo": (False,)}
+            "lora": ([],), "adaptive_target": (-1,), "echo": (False,)}
 
 
-class Vocab(Protocol):
+class Vocab(BiasVocab, Protocol):
     """What these endpoints read of the target model (llamacpp.model.LlamaModel)."""
-    n_vocab: int
     n_ctx: int
     n_batch: int
     add_bos: bool
@@ -151,13 +146,16 @@ class Options:
     return_tokens: bool
     response_fields: tuple[str, ...]
     settings: dict          # generation_settings, as llama-server reports them
+    n_probs: int = 0        # completion_probabilities: each token's, with its n_probs likeliest
+    post_sampling: bool = False  # ... after the sampler chain: prob and top_probs
 
 
 def parse(data: object, prompt: list[int], spec_types: str = "", defaults: Defaults = Defaults(),
-          eog: Sequence[int] = ()) -> tuple[Generation, Options]:
+          eog: Sequence[int] = (), vocab: Vocab | None = None) -> tuple[Generation, Options]:
     """The sampling and stopping fields of a /completion or /infill body, for `prompt` (tokens);
     `spec_types` and `eog` (the model's end-of-generation tokens): for generation_settings; what
-    the body leaves out, the server's `defaults` (its command line, as llama-server's)."""
+    the body leaves out, the server's `defaults` (its command line, as llama-server's); `vocab`
+    (the target) reads logit_bias."""
     assert isinstance(data, dict)
     refuse_unsupported(data, _NEUTRAL, strict_types=False)
     n_predict = int(_number(data, ("n_predict", "max_completion_tokens", "max_tokens"), defaults.n_predict, -1,
@@ -180,7 +178,10 @@ def parse(data: object, prompt: list[int], spec_types: str = "", defaults: Defau
         frequency_penalty=_number(data, ("frequency_penalty",), base.frequency_penalty, -math.inf, math.inf),
         # llama-server's LLAMA_DEFAULT_SEED (UINT32_MAX) is a random seed, as -1 is here
         sequence=sequence, seed=seed if seed != UINT32_MAX else -1,
-        grammar=request_grammar(data, chat=False) or base.grammar)
+        grammar=request_grammar(data, chat=False) or base.grammar,
+        logit_bias=logit_bias(data.get("logit_bias"), vocab) if _present(data, "logit_bias") else (),
+        n_probs=int(_number(data, ("n_probs", "logprobs"), 0, 0, INT32_MAX, hard=True, integer=True)),
+        post_sampling_probs=_bool(data, "post_sampling_probs", False))
     if not _present(data, "response_fields"):
         fields = ()
     elif isinstance(data["response_fields"], list) and all(isinstance(f, str) for f in data["response_fields"]):
@@ -197,11 +198,13 @@ def parse(data: object, prompt: list[int], spec_types: str = "", defaults: Defau
         n_indent=int(_number(data, ("n_indent",), 0, 0, INT32_MAX, hard=True, integer=True)),
         # -1: llama-server's default (task_params); Generation's 0 means the same, no limit
         t_max_predict_ms=int(_number(data, ("t_max_predict_ms",), -1, -1, 2**63 - 1, hard=True, integer=True)),
-        cache_prompt=_bool(data, "cache_prompt", True))
-    for name in ("return_progress", "timings_per_token", "verbose"):
+        cache_prompt=_bool(data, "cache_prompt", True), return_progress=_bool(data, "return_progress", False),
+        n=int(_number(data, ("n_cmpl", "n"), 1, 1, INT32_MAX, hard=True, integer=True)))
+    for name in ("timings_per_token", "verbose"):
         _bool(data, name, False)  # checked as llama-server does, then ignored
     return generation, Options(stream, _bool(data, "return_tokens", False), fields,
-                               generation_settings(generation, n_predict, spec_types, eog))
+                               generation_settings(generation, n_predict, spec_types, eog),
+                               sampling.n_probs, sampling.post_sampling_probs)
 
 
 def _shift(data: dict) -> dict:
@@ -215,7 +218,8 @@ def generation_settings(generation: Generation, n_predict: int, spec_types: str 
     """llama-server's `generation_settings` (task_params::to_json) for what this server runs:
     ignore_eos as llama-server applies it, a bias of -infinity (null in JSON) on each token of `eog`."""
     s = generation.sampling
-    bias = [{"bias": None, "token": int(t)} for t in eog] if generation.ignore_eos else []
+    bias = [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in s.logit_bias]
+    bias += [{"bias": None, "token": int(t)} for t in eog] if generation.ignore_eos else []
     return {
         "seed": s.seed if s.seed >= 0 else UINT32_MAX, "temperature": s.temp, "dynatemp_range": 0.0,
         "dynatemp_exponent": 1.0, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p, "top_n_sigma": -1.0,
@@ -226,8 +230,9 @@ def generation_settings(generation: Generation, n_predict: int, spec_types: str 
         "stop": list(generation.stops), "max_tokens": n_predict, "n_predict": n_predict,
         "n_keep": generation.speculation.get("n_keep", 0), "n_discard": generation.speculation.get("n_discard", 0),
         "ignore_eos": generation.ignore_eos, "stream": generation.stream, "logit_bias": bias,
-        "n_probs": 0, "min_keep": 0, "grammar": s.grammar, "samplers": [SAMPLER_NAMES[c] for c in s.sequence],
-        "speculative.types": spec_types, "timings_per_token": False, "post_sampling_probs": False, "lora": [],
+        "n_probs": s.n_probs, "min_keep": 0, "grammar": s.grammar, "samplers": [SAMPLER_NAMES[c] for c in s.sequence],
+        "speculative.types": spec_types, "timings_per_token": False, "post_sampling_probs": s.post_sampling_probs,
+        "lora": [],
     }
 
 
@@ -258,19 +263,21 @@ def tokenize_mixed(vocab: Vocab, prompt: object, add_special: bool, parse_specia
     return tokens
 
 
-def completion_prompt(vocab: Vocab, data: object) -> list[int]:
-    """/completion's `prompt`: a string, token ids, strings and token ids mixed, {"prompt_string":
-    ...}, or a list of one of these (llama-server runs a list of several as several tasks: one
-    prompt per request here)."""
+def completion_prompts(vocab: Vocab, data: object) -> list[list[int]]:
+    """/completion's `prompt`, as llama-server's tokenize_input_prompts reads it: a string, token
+    ids, strings and token ids mixed, or {"prompt_string": ...} is one prompt; a list of these
+    (a list with no token id in it: of strings, lists or objects) is several, each answered."""
     data = _object(data)
     if "prompt" not in data:
         raise ApiError(400, '"prompt" is required', param="prompt")
     prompt = data["prompt"]
-    if isinstance(prompt, list) and not any(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
-        if len(prompt) != 1:  # several prompts, or none
-            raise ApiError(400, '"prompt" must not be empty' if not prompt else
-                           "one prompt per request: a string, token ids, or a list of one", param="prompt")
-        prompt = prompt[0]
+    several = isinstance(prompt, list) and not any(isinstance(p, int) and not isinstance(p, bool) for p in prompt)
+    if several and not prompt:
+        raise ApiError(400, '"prompt" must not be empty', param="prompt")
+    return [_one_prompt(vocab, p) for p in (prompt if several else [prompt])]
+
+
+def _one_prompt(vocab: Vocab, prompt: object) -> list[int]:
     if isinstance(prompt, dict):
         if "multimodal_data" in prompt:
             raise ApiError(400, "Multimodal data provided, but model does not support multimodal requests.")
@@ -351,19 +358,37 @@ class Reply:
     """The answer of one /completion or /infill request: the whole one, or its stream."""
 
     def __init__(self, model: str, options: Options, prompt: Sequence[int], prompt_text: Callable[[], str],
-                 n_ctx: int):
+                 n_ctx: int, piece: Callable[[int], bytes] = lambda token: b"", index: int = 0):
+        """`piece`: a token's bytes (for probabilities); `index`: the answer's, among a request's
+        prompts and their n_cmpl answers each."""
         self.model = model
         self.options = options
         self.prompt = prompt
         self.prompt_text = prompt_text
         self.n_ctx = n_ctx
+        self.piece = piece
+        self.index = index
         self.n_sent = 0
 
-    def chunk(self, piece: Piece) -> dict:
-        """A streamed piece: the text of one step and its tokens (llama-server sends one per token)."""
-        self.n_sent += len(piece.ids)
-        return {"index": 0, "content": piece.text, "tokens": list(piece.ids), "stop": False, "id_slot": 0,
+    def chunks(self, piece: Piece) -> list[dict]:
+        """A streamed piece: the text of one step and its tokens; with n_probs a chunk per token,
+        each with its probabilities, as llama-server sends every token."""
+        if not self.options.n_probs:
+            return [self._chunk(piece.text, piece.ids)]
+        return [{**self._chunk(text, (token,)), "completion_probabilities": self._probs((token,), (probs,))}
+                for (text, _), token, probs in zip(piece.parts, piece.ids, piece.probs)]
+
+    def _chunk(self, text: str, ids: Sequence[int]) -> dict:
+        self.n_sent += len(ids)
+        return {"index": self.index, "content": text, "tokens": list(ids), "stop": False, "id_slot": 0,
                 "tokens_predicted": self.n_sent, "tokens_evaluated": len(self.prompt)}
+
+    def progress(self, progress: dict) -> dict:
+        """A streamed report of the prompt's progress (return_progress)."""
+        return {**self._chunk("", ()), "tokens_predicted": 0, "prompt_progress": progress}
+
+    def _probs(self, ids: Sequence[int], probs: Sequence) -> list[dict]:
+        return probs_json(self.piece, ids, probs, self.options.post_sampling)
 
     def final(self, final: Final) -> dict:
         """llama-server's final result (to_json_non_oaicompat); streamed, its text and tokens
@@ -375,7 +400,7 @@ class Reply:
         else:
             stop_type = STOP_TYPES.get(final.reason, "limit")
         answer = {
-            "index": 0,
+            "index": self.index,
             "content": "" if stream else final.text,
             "tokens": [] if stream or not self.options.return_tokens else list(final.tokens),
             "id_slot": 0,
@@ -392,6 +417,8 @@ class Reply:
             "tokens_cached": final.n_kept,
             "timings": timings(stats),
         }
+        if self.options.n_probs and not stream:
+            answer["completion_probabilities"] = self._probs(final.tokens, final.probs)
         return select(answer, self.options.response_fields)
 
 

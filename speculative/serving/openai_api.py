@@ -15,6 +15,7 @@ one-shot command's); OpenAI's own default would be temperature 1 and top_p 1. Om
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import secrets
 import string
@@ -22,7 +23,7 @@ import time
 import uuid
 from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Callable, Literal, Optional, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
@@ -31,9 +32,10 @@ from speculative.chat import request as chat_request
 from speculative.chat.message import ChatMessage, Delta
 from speculative.decoding.stats import Stats
 from speculative.engine.chat import writes_parallel_calls
+from speculative.engine.stream import Final, Piece
 from speculative.errors import GrammarError, UsageError
-from speculative.serving.generation import (ApiError, Defaults, Generation, refuse_unsupported, request_grammar,
-                                            speculation)
+from speculative.serving.generation import (MAX_TOP_LOGPROBS, ApiError, Defaults, Generation, Vocab, logit_bias,
+                                            probs_json, refuse_unsupported, request_grammar, speculation)
 
 MAX_STOPS = 16           # stop strings per request (OpenAI allows 4, llama-server any number)
 MAX_STOP_CHARS = 256
@@ -68,6 +70,8 @@ class _Request(_Strict):
     ignore_eos: Optional[bool] = None                            # llama-server's extension
     stream_options: Optional[StreamOptions] = None
     verbose: Optional[bool] = None                               # llama-server's: the answer's __verbose
+    n: int = Field(1, ge=1)                                      # choices, each its own sequence (at most -np)
+    return_progress: Optional[bool] = None                       # llama-server's: prompt_progress chunks
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -77,6 +81,7 @@ class _Request(_Strict):
 
 class CompletionRequest(_Request):
     prompt: Annotated[str, Field(min_length=1)]
+    logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # alternatives per token (0: the token's own)
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -179,17 +184,29 @@ class ChatRequest(_Request):
     thinking_budget_tokens: Optional[int] = Field(None, ge=-1)
     add_generation_prompt: Optional[bool] = None       # False with continue_final_message (vLLM's)
     continue_final_message: Union[bool, str, None] = None
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
 
 # Fields that exist in OpenAI's API but are not served: refused unless set to what they
 # would be when omitted.
-_NEUTRAL = {"n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",), "logprobs": (False,),
-            "top_logprobs": (0,), "logit_bias": ({},), "functions": ([],), "function_call": ("none", "auto")}
+_NEUTRAL = {"best_of": (1,), "echo": (False,), "suffix": ("",), "functions": ([],), "function_call": ("none", "auto")}
+LOGPROBS_DEFAULT = 20  # llama-server's alternatives per token when a chat asks for logprobs without top_logprobs
 
 
-def parse(data: object, chat: bool, defaults: Defaults = Defaults(), template: str = "") -> Generation:
+def parse_all(data: object, chat: bool, defaults: Defaults = Defaults(), template: str = "",
+              vocab: Vocab | None = None) -> list[Generation]:
+    """A request's generations: one, or on /v1/completions one per prompt of a list of prompts."""
+    if not chat and isinstance(data, dict) and isinstance(data.get("prompt"), list) and len(data["prompt"]) > 1:
+        return [parse({**data, "prompt": prompt}, chat, defaults, template, vocab) for prompt in data["prompt"]]
+    return [parse(data, chat, defaults, template, vocab)]
+
+
+def parse(data: object, chat: bool, defaults: Defaults = Defaults(), template: str = "",
+          vocab: Vocab | None = None) -> Generation:
     """A request body (parsed JSON) as a Generation, or ApiError(400); what it leaves out, the
-    server's `defaults`. `template`: the model's Jinja chat template (its tools and reasoning)."""
+    server's `defaults`. `template`: the model's Jinja chat template (its tools and reasoning);
+    `vocab`: the target, which reads logit_bias."""
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object")
     refuse_unsupported(data, _NEUTRAL, strict_types=True)
@@ -203,17 +220,35 @@ def parse(data: object, chat: bool, defaults: Defaults = Defaults(), template: s
     chosen = {"temp": request.temperature, "top_k": request.top_k, "top_p": request.top_p, "min_p": request.min_p,
               "repeat_penalty": request.repeat_penalty, "presence_penalty": request.presence_penalty,
               "frequency_penalty": request.frequency_penalty, "seed": request.seed}
-    sampling = defaults.chosen(**chosen, grammar=request_grammar(data, chat))
+    top = _logprobs(request, chat)
+    sampling = replace(defaults.chosen(**chosen, grammar=request_grammar(data, chat)),
+                       n_probs=0 if top is None else max(top, 1), logit_bias=logit_bias(data.get("logit_bias") or None, vocab))
     stops = tuple(request.stop or ())
     ignore_eos = defaults.ignore_eos if request.ignore_eos is None else request.ignore_eos
     newer = request.max_completion_tokens if chat else None  # newer clients' name wins
     max_tokens = next((n for n in (newer, request.max_tokens) if n is not None), defaults.max_tokens)
     answer = {"speculation": speculation(data), "verbose": defaults.verbose if request.verbose is None else request.verbose,
-              "include_usage": request.stream_options is not None and request.stream_options.include_usage}
+              "include_usage": request.stream_options is not None and request.stream_options.include_usage,
+              "n": request.n, "return_progress": bool(request.return_progress), "logprobs": top}
     if chat:
         return _chat(request, data, defaults, template, Generation(
             True, None, None, sampling, max_tokens, stops, ignore_eos, request.stream, **answer))
     return Generation(False, request.prompt, None, sampling, max_tokens, stops, ignore_eos, request.stream, **answer)
+
+
+def _logprobs(request: _Request, chat: bool) -> int | None:
+    """The alternatives the answer lists per token with its probability (None: no logprobs): a
+    chat's top_logprobs, when it asks for logprobs (llama-server's 20 when not given); a
+    completion's logprobs (0: the token's own probability only)."""
+    if not chat:
+        return request.logprobs
+    if not request.logprobs:
+        if request.top_logprobs is not None:
+            raise ApiError(400, "top_logprobs requires logprobs to be set to true", param="top_logprobs")
+        return None
+    if request.stream and request.tools:
+        raise ApiError(400, "logprobs is not supported with tools + stream", param="logprobs")
+    return LOGPROBS_DEFAULT if request.top_logprobs is None else request.top_logprobs
 
 
 def _chat(request: ChatRequest, data: dict, defaults: Defaults, template: str, generation: Generation) -> Generation:
@@ -311,68 +346,136 @@ def timings(stats: Stats) -> dict:
     }
 
 
+def total_stats(finals: Sequence[Final], n: int) -> Stats:
+    """The statistics of a request's choices together (n per prompt): each prompt's once (the
+    first of its choices), every choice's generated tokens and drafts."""
+    total = Stats()
+    for i, final in enumerate(finals):
+        total.merge(final.stats)
+        if i % n:
+            total.n_prompt -= final.stats.n_prompt
+            total.n_cached -= final.stats.n_cached
+    return total
+
+
+def combined(answers: list[dict], finals: Sequence[Final], n: int) -> dict:
+    """A request's choices as one answer (llama-server's): the first's, with every choice in
+    `choices`; the usage of all (total_stats), the timings the first's, as llama-server's."""
+    if len(answers) == 1:
+        return answers[0]
+    return {**answers[0], "choices": [a["choices"][0] for a in answers], "usage": usage(total_stats(finals, n))}
+
+
 class Reply:
     """The response objects of one request: the whole answer, or its stream of chunks. A chat
     answer is read back through the request's plan (chat/request.py): reasoning into
     reasoning_content, tool calls into tool_calls; while streaming, each piece's text is parsed
     with what came before and only what it adds is sent (message.diffs)."""
 
-    def __init__(self, model: str, generation: Generation):
-        self.id = f"{'chatcmpl' if generation.chat else 'cmpl'}-{uuid.uuid4().hex}"
-        self.created = int(time.time())
+    def __init__(self, model: str, generation: Generation, index: int = 0, first: "Reply | None" = None,
+                 piece: Callable[[int], bytes] = lambda token: b""):
+        """`index`: the choice's, among a request's; `first`: the request's first choice, whose id
+        and time every choice's objects share; `piece`: a token's bytes, for logprobs."""
+        self.id = first.id if first else f"{'chatcmpl' if generation.chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = first.created if first else int(time.time())
         self.model = model
+        self.index = index
         self.chat = generation.chat
         self.include_usage = generation.include_usage
         self.reading = chat_request.Reading(generation.plan)
         self.call_ids: list[str] = []  # each call's id, given when it first appears
+        self.logprobs = generation.logprobs
+        self.piece = piece
+        self._pending: tuple[list[int], list] = ([], [])  # streamed tokens whose text no chunk carried yet
 
     def started(self, prompt_tail: str) -> None:
         """The prompt's end is known: whether the answer starts inside a thinking block."""
         if self.reading.plan is not None:
             self.reading.plan = self.reading.plan.after_prompt(prompt_tail)
 
-    def full(self, text: str, finish: str, stats: Stats, verbose: dict | None = None) -> dict:
+    def full(self, final: Final, verbose: dict | None = None) -> dict:
         """The whole answer; `verbose`: llama-server's __verbose object, when the request asks for it."""
+        finish = final.reason
         if not self.chat:
-            choice = {"index": 0, "text": text, "logprobs": None}
+            choice = {"index": self.index, "text": final.text, "logprobs": self._logprobs(final.tokens, final.probs)}
         else:
-            message = self.reading.whole(text)
-            choice = {"index": 0, "message": {"role": "assistant", **self._fields(message)}}
+            message = self.reading.whole(final.text)
+            choice = {"index": self.index, "message": {"role": "assistant", **self._fields(message)}}
+            if self.logprobs is not None:
+                choice["logprobs"] = self._logprobs(final.tokens, final.probs)
             finish = _finish(finish, message)
-        return self._object(False, {**choice, "finish_reason": finish}, usage=usage(stats),
-                            **_verbose(verbose), timings=timings(stats))
+        return self._object(False, {**choice, "finish_reason": finish}, usage=usage(final.stats),
+                            **_verbose(verbose), timings=timings(final.stats))
 
-    def first_chunk(self) -> dict | None:
-        """Chat streams open with the assistant's role, as llama-server's do (content null)."""
+    def first_chunk(self, **extra) -> dict | None:
+        """Chat streams open with the assistant's role, as llama-server's do (content null); `extra`:
+        the chunk's other fields (llama-server's prompt_progress, which comes in such chunks)."""
         if not self.chat:
-            return None
-        return self._object(True, {"index": 0, "delta": {"role": "assistant", "content": None},
-                                   "finish_reason": None})
+            return self._object(True, {"index": self.index, "text": "", "logprobs": None, "finish_reason": None},
+                                **extra) if extra else None
+        return self._object(True, {"index": self.index, "delta": {"role": "assistant", "content": None},
+                                   "finish_reason": None}, **extra)
 
-    def chunks(self, text: str) -> list[dict]:
-        """The chunks for a piece of text: none while it may still be a tag or a call's opening."""
+    def chunks(self, piece: Piece) -> list[dict]:
+        """The chunks for a piece of text: none while it may still be a tag or a call's opening. With
+        logprobs, the tokens of the text a chunk carries are in it (those of held back text wait)."""
+        self._pending[0].extend(piece.ids)
+        self._pending[1].extend(piece.probs)
         if not self.chat:
-            return [self._object(True, {"index": 0, "text": text, "logprobs": None, "finish_reason": None})]
-        return [self._chunk(self._delta(change)) for change in self.reading.push(text)]
+            return [self._with_logprobs(self._object(True, {"index": self.index, "text": piece.text,
+                                                            "logprobs": None, "finish_reason": None}))]
+        return self._carrying([self._chunk(self._delta(change)) for change in self.reading.push(piece.text)])
 
-    def last_chunks(self, finish: str, stats: Stats, verbose: dict | None = None) -> list[dict]:
+    def last_chunks(self, final: Final, verbose: dict | None = None, include_usage: bool = True) -> list[dict]:
         """The stream's end, as llama-server's: a completion's last chunk with its usage; a chat's
         deltas that the end of the text settles (a tag held back), the finish, and with
-        include_usage a chunk of no choices with the usage. The last carries the timings, the
-        first `verbose` (llama-server's __verbose object) when the request asks for it."""
+        include_usage a chunk of no choices with the usage (unless the caller sends it, for several
+        choices). The last carries the timings, the first `verbose` (llama-server's __verbose
+        object) when the request asks for it."""
+        stats = final.stats
         if not self.chat:
-            return [self._object(True, {"index": 0, "text": "", "logprobs": None, "finish_reason": finish},
+            return [self._object(True, {"index": self.index, "text": "", "logprobs": None, "finish_reason": final.reason},
                                  usage=usage(stats), **_verbose(verbose), timings=timings(stats))]
-        out = [self._chunk(self._delta(change)) for change in self.reading.end()]
-        out.append(self._chunk({}, _finish(finish, self.reading.message)))
-        if self.include_usage:  # OpenAI's: the usage in a chunk of its own, with no choices
-            out.append({**self._object(True, {}), "choices": [], "usage": usage(stats)})
+        out = self._carrying([self._chunk(self._delta(change)) for change in self.reading.end()])
+        out.append(self._chunk({}, _finish(final.reason, self.reading.message)))
+        if self.include_usage and include_usage:  # OpenAI's: the usage in a chunk of its own, with no choices
+            out.append(self.usage_chunk(stats))
         out[0].update(_verbose(verbose))
         out[-1]["timings"] = timings(stats)
         return out
 
+    def usage_chunk(self, stats: Stats) -> dict:
+        return {**self._object(True, {}), "choices": [], "usage": usage(stats)}
+
+    def _carrying(self, chunks: list[dict]) -> list[dict]:
+        """Chat chunks, the pending tokens' logprobs in the first (the others' lists empty)."""
+        for chunk in chunks:
+            self._with_logprobs(chunk)
+        return chunks
+
+    def _with_logprobs(self, chunk: dict) -> dict:
+        if self.logprobs is not None:
+            chunk["choices"][0]["logprobs"] = self._logprobs(*self._pending)
+            self._pending = ([], [])
+        return chunk
+
+    def _logprobs(self, tokens: Sequence[int], probs: Sequence) -> dict | None:
+        """OpenAI's logprobs of these tokens, as llama-server gives them (`content`: each token with
+        its logprob and top_logprobs); a completion's also in OpenAI's older fields."""
+        if self.logprobs is None:
+            return None
+        content = [{**entry, "top_logprobs": entry["top_logprobs"][:self.logprobs]}
+                   for entry in probs_json(self.piece, tokens, probs, False)]
+        if self.chat:
+            return {"content": content}
+        offsets = itertools.accumulate((len(e["token"]) for e in content[:-1]), initial=0)
+        return {"content": content, "tokens": [e["token"] for e in content],
+                "token_logprobs": [e["logprob"] for e in content],
+                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in content],
+                "text_offset": list(offsets) if content else []}
+
     def _chunk(self, delta: dict, finish: str | None = None, **extra) -> dict:
-        return self._object(True, {"index": 0, "delta": delta, "finish_reason": finish}, **extra)
+        return self._object(True, {"index": self.index, "delta": delta, "finish_reason": finish}, **extra)
 
     def _delta(self, change: Delta) -> dict:
         if change.index is None:

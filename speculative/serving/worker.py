@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator, Union
 
+from speculative.decoding.events import Prefilling
 from speculative.decoding.gate import Stopped
 from speculative.decoding.settings import SpecSettings
 from speculative.decoding.stats import Stats
@@ -32,7 +33,7 @@ from speculative.engine.stream import Final, Piece, Stream
 from speculative.engine.text import LineLimits, prompt_tail
 from speculative.errors import GrammarError, ModelError, UsageError
 from speculative.llamacpp import interrupt
-from speculative.serving.generation import ApiError, Busy, Generation
+from speculative.serving.generation import ApiError, Busy, Generation, choices
 
 log = logging.getLogger("speculate.serve")
 
@@ -45,11 +46,24 @@ class Started:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """How far the prompt has gone into the caches (Generation.return_progress), as llama-server's
+    prompt_progress: its tokens, those the cache held, those in it now, and the time so far."""
+    total: int
+    cache: int
+    processed: int
+    time_ms: float
+
+    def json(self) -> dict:
+        return {"total": self.total, "cache": self.cache, "processed": self.processed, "time_ms": self.time_ms}
+
+
+@dataclass(frozen=True)
 class Failed:
     error: Exception
 
 
-Output = Union[Started, Piece, Final, Failed]  # Piece and Final: stream.py's
+Output = Union[Started, Progress, Piece, Final, Failed]  # Piece and Final: stream.py's
 
 
 def chat_prompt(engine: Engine, generation: Generation, render: Callable[[list], object]):
@@ -93,10 +107,12 @@ def prompt_tokens(engine: Engine, generation: Generation) -> list[int]:
 
 
 def generate(engine: Engine, generation: Generation, tokens: list[int], spec: SpecSettings,
-             should_stop: Callable[[], str | None]) -> Iterator[Output]:
+             should_stop: Callable[[], str | None],
+             progress: Callable[[Prefilling], None] | None = None) -> Iterator[Output]:
     """Run one request (its prompt as `tokens`, prompt_tokens' check passed) on a slot's engine:
     Started, one Piece per step that completes text, then Final. `should_stop` is asked after
-    the prompt and after every step: a finish reason ends the run there."""
+    the prompt and after every step: a finish reason ends the run there; `progress` hears the
+    prompt's way into the caches."""
     spec = request_spec(engine, generation, spec)
     yield Started(tuple(tokens), prompt_tail(engine.target, tokens))
     if not tokens:  # llama-server answers an empty prompt with an empty answer
@@ -110,7 +126,7 @@ def generate(engine: Engine, generation: Generation, tokens: list[int], spec: Sp
     seed = generation.sampling.resolved_seed()
     budget = Budget.of(generation, prompt_tail(engine.target, tokens))
     final = yield from _run(Stream(engine, tokens, generation.sampling, spec, seed, generation.stops,
-                                   budget.watching(should_stop), limits), should_stop, budget.see)
+                                   budget.watching(should_stop), limits, progress=progress), should_stop, budget.see)
     if budget.spent:  # the thinking cut short: its end written, and the answer goes on from there
         final = yield from _after_thinking(engine, generation, tokens, spec, seed, should_stop, final, budget.end)
     yield dataclasses.replace(final, n_kept=len(engine.caches["target"]))
@@ -123,7 +139,7 @@ def _run(stream: Stream, should_stop: Callable[[], str | None],
     try:
         for piece in stream:
             see(piece)
-            if piece.text:
+            if piece.text or any(p is not None for p in piece.probs):  # tokens whose text waits: their probabilities
                 yield piece
     except (interrupt.Cancelled, Stopped):  # stopped in its prompt: in llama.cpp, or between chunks
         reason = should_stop() or "cancelled"
@@ -224,10 +240,15 @@ class Job:
     """One request on its way through the worker. Outputs cross from the worker's
     thread to the event loop through an asyncio queue."""
 
-    def __init__(self, generation: Generation, deadline: float):
+    def __init__(self, generation: Generation, deadline: float, after: "Job | None" = None):
+        """`after`: the first choice of the same prompt (n > 1), whose processed prompt this one
+        waits for, to restore it from the RAM cache instead of processing it again."""
         self.generation = generation
         self.deadline = deadline  # time.monotonic() by which it must be done
         self.started = False      # the worker has taken it
+        self.after = after
+        self.leads = False  # the first of several choices: the others wait for its prompt
+        self.prompt_kept = threading.Event()  # its prompt is in the RAM cache, or it will not be
         self.grace: float | None = None  # the server is stopping: the deadline is the end of this grace
         self._grace_told = False
         self._cancelled = threading.Event()
@@ -387,20 +408,35 @@ class Worker:
         parallel = self.parallel
         return self._slept_slots if parallel is None else parallel.slots()
 
-    def submit(self, generation: Generation) -> Job:
-        """Queue a request (from the event loop), or refuse it with Busy when the queue is full."""
+    def submit(self, generation: Generation) -> list[Job]:
+        """Queue a request's generation (from the event loop), a job for each of its n choices, or
+        refuse it with Busy when the queue has no room for all of them. The choices after the first
+        start once the first has processed the prompt (Job.after)."""
         if self._draining.is_set():
             raise Busy("the server is shutting down")
-        if not self._slots.acquire(blocking=False):
+        if generation.n > self.n_slots:
+            raise ApiError(400, f"n: {generation.n} choices need as many slots; this server has {self.n_slots} "
+                                "(-np)", param="n")
+        taken = 0
+        while taken < generation.n and self._slots.acquire(blocking=False):
+            taken += 1
+        if taken < generation.n:
+            for _ in range(taken):
+                self._slots.release()
             with self._lock:
                 self._metrics.refused += 1
             raise Busy("the server is busy: every slot and every place in the queue is taken "
                        "(see --parallel and --max-waiting)")
-        job = Job(generation, time.monotonic() + self.timeout)
+        deadline = time.monotonic() + self.timeout
+        first, *others = choices(generation)
+        jobs = [Job(first, deadline)]
+        jobs += [Job(g, deadline, after=jobs[0]) for g in others]
+        jobs[0].leads = bool(others)
         with self._lock:
-            self._jobs.add(job)
-        self._pool.submit(self._run, job)
-        return job
+            self._jobs.update(jobs)
+        for job in jobs:  # in order: the first takes a thread before the others wait for it
+            self._pool.submit(self._run, job)
+        return jobs
 
     def _run(self, job: Job) -> None:
         job.started = True
@@ -409,10 +445,16 @@ class Worker:
             if job.cancelled or self._draining.is_set():  # its client gave up while it waited, or we stop
                 job.post(Failed(Busy("the server is shutting down" if self._draining.is_set() else "cancelled")))
                 return
+            if job.after is not None:
+                job.after.prompt_kept.wait()
             tokens = prompt_tokens(self.awake(), job.generation)
             with self.parallel.slot(tokens, lambda: job.should_stop() is not None,
                                     streaming=job.generation.stream) as engine:
-                for output in generate(engine, job.generation, tokens, self.spec, job.should_stop):
+                for output in generate(engine, job.generation, tokens, self.spec, job.should_stop,
+                                       _progress(job) if job.generation.return_progress else None):
+                    if isinstance(output, (Piece, Final)) and job.leads and not job.prompt_kept.is_set():
+                        engine.persist.keep()  # the first choice's prompt, for the others (RAM cache)
+                        job.prompt_kept.set()
                     if isinstance(output, Final):  # in the log and /metrics before its client has it
                         _log(job.generation, output, len(tokens))
                         with self._lock:
@@ -430,6 +472,7 @@ class Worker:
             log.exception("generation failed")
             job.post(Failed(e))
         finally:
+            job.prompt_kept.set()  # whatever happened: the other choices go on
             with self._lock:
                 self._jobs.discard(job)
                 self._active = time.monotonic()
@@ -485,6 +528,13 @@ class Worker:
             self.close()
         finally:
             self._abort.__exit__(None, None, None)
+
+
+def _progress(job: Job) -> Callable[[Prefilling], None]:
+    """What posts the prompt's progress to the job's client (return_progress)."""
+    t0 = time.perf_counter()
+    return lambda event: job.post(Progress(event.n_prompt, event.n_cached, event.n_done,
+                                           1000 * (time.perf_counter() - t0)))
 
 
 def _log(generation: Generation, final: Final, n_prompt: int) -> None:
