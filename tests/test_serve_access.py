@@ -47,11 +47,12 @@ def app(api_key: str | None = KEY, loopback_only: bool = True, cors: Cors = Cors
 
 
 def call(asgi, method: str, path: str, headers: dict | None = None, body: object = None,
-         server: tuple = ("127.0.0.1", 8080)) -> tuple[int, dict[str, str], object]:
-    """One request as uvicorn hands it over: status, headers as sent (names as spelt), JSON body."""
-    sent = {"Host": "127.0.0.1:8080", **({"Content-Type": "application/json"} if body is not None else {}),
-            **(headers or {})}
-    raw = json.dumps(body).encode() if body is not None else b""
+         server: tuple = ("127.0.0.1", 8080), raw: bytes | None = None) -> tuple[int, dict[str, str], object]:
+    """One request as uvicorn hands it over: status, headers as sent (names as spelt), JSON body.
+    `raw`: the body's bytes, sent as JSON whatever they are."""
+    if raw is None:
+        raw = json.dumps(body).encode() if body is not None else b""
+    sent = {"Host": "127.0.0.1:8080", **({"Content-Type": "application/json"} if raw else {}), **(headers or {})}
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
              "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
              "headers": [(k.lower().encode(), v.encode()) for k, v in sent.items()], "server": server,

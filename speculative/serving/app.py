@@ -8,14 +8,17 @@ OpenAI's: GET /v1/models (and /models), POST /v1/completions, POST /v1/chat/comp
 llama-server's (llama_api.py): POST /completion (and /completions), POST /infill, POST
 /tokenize, POST /detokenize, POST /apply-template, GET /props, GET /slots (unless --no-slots),
 GET /metrics (with --metrics), GET /health and /v1/health.
+Anthropic's, as llama-server serves them (anthropic_api.py): POST /v1/messages (with "stream":
+true, Anthropic's named events) and POST /v1/messages/count_tokens.
 
 What a request must get past, in order (access.Guard, then `read_json`): a Host header naming
-this machine when the server listens on loopback only (a web page that rebinds its own
-domain to 127.0.0.1 cannot use it); CORS (a preflight is answered there, and only an allowed
-origin may read an answer); the API key, if one is set, on every path but /health; a JSON body
-(Content-Type application/json, which a web page cannot send cross-origin without a CORS
-preflight) of at most MAX_BODY bytes. Errors are OpenAI error objects, and llama-server's on
-its own endpoints.
+this machine when the server listens on loopback only (a web page that rebinds its own domain
+to 127.0.0.1 cannot use it); CORS (a preflight is answered there, and only an allowed origin
+may read an answer); the API key, if one is set, on every path but /health (Authorization, or
+X-Api-Key as Anthropic's clients send it); a JSON body (Content-Type application/json, which a
+web page cannot send cross-origin without a CORS preflight) of at most MAX_BODY bytes. Errors
+are OpenAI error objects, and llama-server's on its own endpoints and on Anthropic's (as
+llama-server gives them there).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from starlette.types import Receive, Scope, Send
 
 from speculative.engine.engine import Engine
 from speculative.engine.stream import Final, Piece
-from speculative.serving import llama_api, openai_api
+from speculative.serving import anthropic_api, llama_api, openai_api
 from speculative.serving.access import OPEN_PATHS, Cors, Guard
 from speculative.serving.gcp import Gcp
 from speculative.serving.gcp import add_routes as gcp_routes
@@ -46,9 +49,9 @@ from speculative.serving.worker import Failed, Job, Progress, Started, Worker, c
 
 MAX_BODY = 8 << 20        # bytes: a full 128k-token context as JSON-escaped text fits
 RETRY_AFTER_SECONDS = 1   # what a refused client is told to wait
-# llama-server's own endpoints: their errors are llama-server's error objects
+# llama-server's own endpoints, and Anthropic's as it serves them: their errors are llama-server's error objects
 LLAMA_PATHS = ("/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/apply-template", "/props",
-               "/metrics", "/slots", *OPEN_PATHS)
+               "/metrics", "/slots", "/v1/messages", "/v1/messages/count_tokens", *OPEN_PATHS)
 
 
 def create_app(worker: Worker, model: dict, api_key: str | None, loopback_only: bool,
@@ -66,6 +69,7 @@ def create_app(worker: Worker, model: dict, api_key: str | None, loopback_only: 
     _add_llama_routes(app, worker, model, metrics, build_info, slots, defaults)
     _add_openai_routes(app, worker, model, defaults)
     _add_template_routes(app, worker, defaults)
+    _add_anthropic_routes(app, worker, model, defaults)
     if gcp is not None:
         gcp_routes(app, gcp, read_json)
     return app
@@ -176,6 +180,39 @@ def _add_template_routes(app: FastAPI, worker: Worker, defaults: Defaults) -> No
         generation = openai_api.parse(await read_json(request), True, defaults, _jinja_template(engine), engine.target)
         tokens = await asyncio.to_thread(request_tokens, engine, generation)
         return {"input_tokens": len(tokens), "object": "response.input_tokens"}
+
+
+def _add_anthropic_routes(app: FastAPI, worker: Worker, model: dict, defaults: Defaults) -> None:
+    """Anthropic's Messages API (anthropic_api.py): a request read as /v1/chat/completions reads
+    the OpenAI body it becomes, the answer written back in Anthropic's shapes."""
+
+    @app.post("/v1/messages")
+    async def messages(request: Request):
+        engine = await awake(worker)
+        generation = _anthropic_generation(await read_json(request), defaults, engine)
+        reply = Reply(model["id"], generation)
+        n_prompt = 0
+
+        def started(i: int, first: Started) -> None:
+            nonlocal n_prompt
+            n_prompt = len(first.prompt)
+            reply.started(first.prompt_tail)
+
+        return await _answer(request, worker, [generation],
+                             lambda finals: anthropic_api.message(reply.full(finals[0]), finals[0].stop_word),
+                             lambda jobs: _anthropic_events(jobs[0], reply, anthropic_api.Events(n_prompt)), started)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> dict:
+        engine = await awake(worker)
+        generation = _anthropic_generation(await read_json(request), defaults, engine)
+        return {"input_tokens": len(await asyncio.to_thread(request_tokens, engine, generation))}
+
+
+def _anthropic_generation(body: object, defaults: Defaults, engine: Engine) -> Generation:
+    """An Anthropic body, as its OpenAI chat body is read (with no messages too, as llama-server)."""
+    return openai_api.parse(anthropic_api.to_openai(body), True, defaults, _jinja_template(engine), engine.target,
+                            no_messages=True)
 
 
 def error_response(e: ApiError, llama: bool = False) -> JSONResponse:
@@ -363,6 +400,28 @@ async def _llama_events(jobs: list[Job], replies: list[llama_api.Reply]):
         elif isinstance(output, Failed):
             yield _event(_error(output).llama_body())
             return
+
+
+async def _anthropic_events(job: Job, reply: Reply, events: anthropic_api.Events):
+    """Anthropic's stream: the OpenAI chunks of `reply` as Anthropic's named events; an error
+    after the first byte as an `error` event holding llama-server's error object."""
+    yield _named(events.chunk(reply.first_chunk()))  # message_start
+    while True:
+        output = await job.next()
+        if isinstance(output, Piece):
+            if text := _named([e for chunk in reply.chunks(output) for e in events.chunk(chunk)]):
+                yield text
+        elif isinstance(output, Final):
+            yield _named(events.end(reply.last_chunks(output), output.stop_word))
+            return
+        elif isinstance(output, Failed):
+            yield _named([{"event": "error", "data": _error(output).llama_body()["error"]}])
+            return
+
+
+def _named(events: list[dict]) -> str:
+    """Server-sent events with names (event: NAME, then data: JSON), as Anthropic's API sends them."""
+    return "".join(f"event: {e['event']}\n{_event(e['data'])}" for e in events)
 
 
 def _event(obj: dict) -> str:

@@ -188,6 +188,13 @@ class ChatRequest(_Request):
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
 
+class AnyChatRequest(ChatRequest):
+    """A chat request that may have no messages at all (the prompt is the template's generation
+    prompt alone), as llama-server reads a request converted from Anthropic's Messages API
+    (its test_anthropic_empty_messages); OpenAI's API, and /v1/chat/completions, refuse it."""
+    messages: list[Message]
+
+
 # Fields that exist in OpenAI's API but are not served: refused unless set to what they
 # would be when omitted.
 _NEUTRAL = {"best_of": (1,), "echo": (False,), "suffix": ("",), "functions": ([],), "function_call": ("none", "auto")}
@@ -203,15 +210,17 @@ def parse_all(data: object, chat: bool, defaults: Defaults = Defaults(), templat
 
 
 def parse(data: object, chat: bool, defaults: Defaults = Defaults(), template: str = "",
-          vocab: Vocab | None = None) -> Generation:
+          vocab: Vocab | None = None, no_messages: bool = False) -> Generation:
     """A request body (parsed JSON) as a Generation, or ApiError(400); what it leaves out, the
     server's `defaults`. `template`: the model's Jinja chat template (its tools and reasoning);
-    `vocab`: the target, which reads logit_bias."""
+    `vocab`: the target, which reads logit_bias; `no_messages`: a chat of no messages is read too
+    (AnyChatRequest)."""
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object")
     refuse_unsupported(data, _NEUTRAL, strict_types=True)
+    kind = (AnyChatRequest if no_messages else ChatRequest) if chat else CompletionRequest
     try:
-        request = ChatRequest.model_validate(data) if chat else CompletionRequest.model_validate(data)
+        request = kind.model_validate(data)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
@@ -283,8 +292,8 @@ def _chat(request: ChatRequest, data: dict, defaults: Defaults, template: str, g
     budget = next((b for b in (request.reasoning_budget_tokens, request.thinking_budget_tokens) if b is not None),
                   defaults.reasoning_budget)
     messages = [m.rendered() for m in request.messages]
-    last = data["messages"][-1].get("content")
-    if messages[-1]["role"] == "assistant" and isinstance(last, list):  # the message continued: its parts
+    last = data["messages"][-1].get("content") if messages else None
+    if isinstance(last, list) and messages[-1]["role"] == "assistant":  # the message continued: its parts
         messages[-1]["content"] = "\n\n".join(p["text"] for p in last)  # as render_content joins them
     return replace(generation, messages=messages, sampling=sampling,
                    tools=tools or None, template_kwargs=kwargs, plan=plan, reasoning_budget=budget)
@@ -309,8 +318,8 @@ def _check_continuation(request: ChatRequest) -> None:
     if request.continue_final_message not in (None, False) and request.add_generation_prompt:
         raise ApiError(400, "Cannot set both add_generation_prompt and continue_final_message to true.",
                        param="continue_final_message")
-    last = request.messages[-1]
-    if last.role == "assistant" and last.tool_calls:
+    last = request.messages[-1] if request.messages else None
+    if last is not None and last.role == "assistant" and last.tool_calls:
         raise ApiError(400, "Cannot continue an assistant message that contains tool calls.", param="messages")
 
 
