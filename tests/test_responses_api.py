@@ -1,7 +1,8 @@
 """OpenAI's Responses API without a model (responses_api.py): a Responses body made the chat body
 llama-server's converter makes of it, then read by the chat endpoint's parser; a chat answer
 (openai_api.Reply's, from the answer's text pushed in pieces) made a Response and its stream of
-events, which a client assembles into that Response; bad bodies as llama-server's 400s."""
+events, which a client assembles into that Response; bad bodies as llama-server's 400s, over
+HTTP on the stand-in server of test_serve_access. tests/test_serve_responses.py has the model."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from speculative.decoding.stats import Stats
 from speculative.serving import openai_api, responses_api
 from speculative.serving.generation import ApiError
 from speculative.serving.openai_api import Reply
+from tests.test_serve_access import StandInEngine, app, call
 
 TOOLS = (Path(__file__).parent / "data" / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
 THINKING = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -274,3 +276,32 @@ def test_timings_per_token_on_each_steps_last_event_and_progress_on_in_progress(
     assert [e["timings"] for e in timed[:-1]] == [{"step": 0}, {"step": 1}, {"step": 2}]
     assert timed[-1]["type"] == "response.completed"
     assert "timings" not in stream(reply({"input": "Hi"}), "abcdef")[3]
+
+
+# -- over HTTP (the stand-in server: no generation) -----------------------------------
+
+
+@pytest.mark.parametrize("path", ["/v1/responses", "/responses", "/v1/responses/input_tokens",
+                                  "/responses/input_tokens"])
+def test_bad_bodies_get_llama_servers_error_object_and_the_server_goes_on(path):
+    asgi = app(api_key=None)
+    for body, message in [({"input": "x", "previous_response_id": "resp_x"},
+                           "llama.cpp does not support 'previous_response_id'."),
+                          ({"input": [{"type": "nope"}]}, "Cannot determine type of 'item'"),
+                          ([1], "the request body must be a JSON object")]:
+        status, _, answer = call(asgi, "POST", path, body=body)
+        assert status == 400 and answer == {"error": {"code": 400, "message": message,
+                                                      "type": "invalid_request_error"}}
+    status, _, answer = call(asgi, "POST", path, body={"input": "x", "temperature": "hot"})
+    assert status == 400 and answer["error"]["code"] == 400
+    assert call(asgi, "GET", "/health")[0] == 200
+
+
+def test_input_tokens_count_the_prompt_the_chat_endpoint_would_render():
+    asgi = app(api_key=None)
+    chat = {"messages": [{"role": "system", "content": "Book"}, {"role": "user", "content": "Hi"}]}
+    expected = {"input_tokens": len(StandInEngine().chat_text(chat["messages"]).encode()),
+                "object": "response.input_tokens"}
+    for path in ("/v1/responses/input_tokens", "/responses/input_tokens"):
+        assert call(asgi, "POST", path, body={"input": "Hi", "instructions": "Book"})[2] == expected
+    assert call(asgi, "POST", "/v1/chat/completions/input_tokens", body=chat)[2] == expected
