@@ -7,13 +7,15 @@ and the statistics. The one-shot command, `serve`, `batch` and `bench` all read 
 text, applies stop strings or settles a finish reason itself.
 
 Text comes one Piece per step (the step's accepted drafted tokens and the target's
-own), with each token's share of it, so a terminal can colour drafted tokens. A
-consumer that stops early (its reader went away, Ctrl-C) still gets Final from
-`end(reason)`, with the statistics up to there.
+own), with each token's share of it, so a terminal can colour drafted tokens, and the
+statistics so far, so a server can send timings per token. A consumer that stops early
+(its reader went away, Ctrl-C) still gets Final from `end(reason)`, with the statistics
+up to there.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
@@ -38,6 +40,7 @@ class Piece:
     parts: tuple[tuple[str, bool], ...]
     ids: tuple[int, ...] = ()  # the tokens of these parts
     probs: tuple[TokenProbs | None, ...] = ()  # and their probabilities (SamplerSettings.n_probs)
+    stats: Stats | None = field(default=None, compare=False)  # the run's so far (Stream.so_far): timings per token
 
     @property
     def text(self) -> str:
@@ -127,9 +130,18 @@ class Stream:
     def _piece(self, parts: list[tuple[str, bool]]) -> Piece:
         piece = Piece(tuple(parts), tuple(self.tokens[len(self.tokens) - len(parts):]),
                       tuple(self.probs[len(self.probs) - len(parts):]))
+        piece = Piece(tuple(parts), tuple(self.tokens[len(self.tokens) - len(parts):]), self.so_far())
         parts.clear()
         self._shown.append(piece.text)
         return piece
+
+    def so_far(self) -> Stats:
+        """The statistics up to now, with the decode time up to now: a shallow copy, whose numbers
+        are this moment's (its counters and histograms are the run's own, and go on growing)."""
+        stats = copy.copy(self.stats)
+        if self._started is not None:
+            stats.t_decode = time.perf_counter() - self._started[0]
+        return stats
 
     def end(self, reason: str | None = None) -> Final:
         """Stop the run (if it has not ended) and settle it: `reason` says why the consumer

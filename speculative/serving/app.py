@@ -4,7 +4,10 @@ endpoints, on FastAPI, run by uvicorn, under the paths the pinned llama-server s
 
 OpenAI's: GET /v1/models (and /models), POST /v1/completions, POST /v1/chat/completions (and
 /chat/completions) (with "stream": true, server-sent events: one chunk per step, then `data:
-[DONE]`), POST /v1/chat/completions/input_tokens (and /chat/completions/input_tokens).
+[DONE]`), POST /v1/chat/completions/input_tokens (and /chat/completions/input_tokens); its
+Responses API as llama-server serves it (responses_api.py): POST /v1/responses (and /responses)
+(streamed: Responses' named events, no [DONE]), POST /v1/responses/input_tokens (and
+/responses/input_tokens).
 llama-server's (llama_api.py): POST /completion (and /completions), POST /infill, POST
 /tokenize, POST /detokenize, POST /apply-template, GET /props, GET /slots (unless --no-slots),
 GET /metrics (with --metrics), GET /health and /v1/health.
@@ -17,7 +20,7 @@ to 127.0.0.1 cannot use it); CORS (a preflight is answered there, and only an al
 may read an answer); the API key, if one is set, on every path but /health (Authorization, or
 X-Api-Key as Anthropic's clients send it); a JSON body (Content-Type application/json, which a
 web page cannot send cross-origin without a CORS preflight) of at most MAX_BODY bytes. Errors
-are OpenAI error objects, and llama-server's on its own endpoints and on Anthropic's (as
+are OpenAI error objects, and llama-server's on its own endpoints, on Anthropic's and on the Responses API's (as
 llama-server gives them there).
 """
 
@@ -30,6 +33,7 @@ import json
 import signal
 import socket
 import time
+from dataclasses import replace
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -39,7 +43,7 @@ from starlette.types import Receive, Scope, Send
 
 from speculative.engine.engine import Engine
 from speculative.engine.stream import Final, Piece
-from speculative.serving import anthropic_api, llama_api, openai_api
+from speculative.serving import anthropic_api, llama_api, openai_api, responses_api
 from speculative.serving.access import OPEN_PATHS, Cors, Guard
 from speculative.serving.gcp import Gcp
 from speculative.serving.gcp import add_routes as gcp_routes
@@ -49,9 +53,11 @@ from speculative.serving.worker import Failed, Job, Progress, Started, Worker, c
 
 MAX_BODY = 8 << 20        # bytes: a full 128k-token context as JSON-escaped text fits
 RETRY_AFTER_SECONDS = 1   # what a refused client is told to wait
-# llama-server's own endpoints, and Anthropic's as it serves them: their errors are llama-server's error objects
+RESPONSES_PATHS = ("/v1/responses", "/responses", "/v1/responses/input_tokens", "/responses/input_tokens")
+# llama-server's own endpoints, and Anthropic's and the Responses API's as it serves them: their errors are
+# llama-server's error objects
 LLAMA_PATHS = ("/completion", "/completions", "/infill", "/tokenize", "/detokenize", "/apply-template", "/props",
-               "/metrics", "/slots", "/v1/messages", "/v1/messages/count_tokens", *OPEN_PATHS)
+               "/metrics", "/slots", "/v1/messages", "/v1/messages/count_tokens", *OPEN_PATHS, *RESPONSES_PATHS)
 
 
 def create_app(worker: Worker, model: dict, api_key: str | None, loopback_only: bool,
@@ -70,6 +76,7 @@ def create_app(worker: Worker, model: dict, api_key: str | None, loopback_only: 
     _add_openai_routes(app, worker, model, defaults)
     _add_template_routes(app, worker, defaults)
     _add_anthropic_routes(app, worker, model, defaults)
+    _add_responses_routes(app, worker, model, defaults)
     if gcp is not None:
         gcp_routes(app, gcp, read_json)
     return app
@@ -177,9 +184,29 @@ def _add_template_routes(app: FastAPI, worker: Worker, defaults: Defaults) -> No
     @app.post("/chat/completions/input_tokens")
     async def input_tokens(request: Request) -> dict:
         engine = await awake(worker)
-        generation = openai_api.parse(await read_json(request), True, defaults, _jinja_template(engine), engine.target)
-        tokens = await asyncio.to_thread(request_tokens, engine, generation)
-        return {"input_tokens": len(tokens), "object": "response.input_tokens"}
+        return await _count_tokens(engine, await read_json(request), defaults)
+
+
+async def _count_tokens(engine: Engine, chat: object, defaults: Defaults) -> dict:
+    """A chat body's prompt length in tokens, as llama-server's input_tokens endpoints give it."""
+    generation = openai_api.parse(chat, True, defaults, _jinja_template(engine), engine.target)
+    tokens = await asyncio.to_thread(request_tokens, engine, generation)
+    return {"input_tokens": len(tokens), "object": "response.input_tokens"}
+
+
+def _add_responses_routes(app: FastAPI, worker: Worker, model: dict, defaults: Defaults) -> None:
+    """OpenAI's Responses API as llama-server serves it (responses_api.py): a chat request underneath."""
+
+    @app.post("/v1/responses")
+    @app.post("/responses")
+    async def responses(request: Request):
+        return await _respond(request, worker, model, defaults)
+
+    @app.post("/v1/responses/input_tokens")
+    @app.post("/responses/input_tokens")
+    async def response_input_tokens(request: Request) -> dict:
+        engine = await awake(worker)
+        return await _count_tokens(engine, responses_api.to_chat(await read_json(request)), defaults)
 
 
 def _add_anthropic_routes(app: FastAPI, worker: Worker, model: dict, defaults: Defaults) -> None:
@@ -263,6 +290,27 @@ async def _generate(request: Request, worker: Worker, model: dict, defaults: Def
 
     return await _answer(request, worker, generations, whole,
                          lambda jobs: _openai_events(jobs, replies, verbose, generations[0].n), started)
+
+
+async def _respond(request: Request, worker: Worker, model: dict, defaults: Defaults):
+    """A Responses request, run as the chat request it becomes; the chat answer, or its chunks,
+    made a Response or its events."""
+    engine = await awake(worker)
+    body = await read_json(request)
+    chat = responses_api.to_chat(body)
+    progress, per_token = responses_api.telemetry(body)
+    # the usage comes in the stream's last chunk, for response.completed
+    generation = replace(openai_api.parse(chat, True, defaults, _jinja_template(engine), engine.target),
+                         include_usage=True, return_progress=progress)
+    reply = Reply(model["id"], generation)
+
+    def started(i: int, first: Started) -> None:
+        reply.started(first.prompt_tail)
+
+    return await _answer(request, worker, [generation],
+                         lambda finals: responses_api.response(reply.full(finals[0])),
+                         lambda jobs: _response_events(jobs[0], reply, responses_api.Events(model["id"]), per_token),
+                         started)
 
 
 async def _llama_generate(request: Request, worker: Worker, model: dict, prompts_of, defaults: Defaults):
@@ -385,6 +433,33 @@ async def _openai_events(jobs: list[Job], replies: list[Reply], verbose, n: int)
     yield "data: [DONE]\n\n"
 
 
+async def _response_events(job: Job, reply: Reply, events: responses_api.Events, per_token: bool):
+    """The Responses stream, from the chat chunks of each piece: its opening, the prompt's progress
+    (return_progress) in response.in_progress events, each step's events (with `per_token`, the
+    timings so far on the last), the end; no [DONE]."""
+    for event in events.opening(None):
+        yield _named_event(event)
+    stats = None
+    while True:
+        output = await job.next()
+        if isinstance(output, Progress):
+            for event in events.progress(responses_api.prompt_progress(output.total, output.cache, output.processed,
+                                                                      output.time_ms)):
+                yield _named_event(event)
+        elif isinstance(output, Piece):
+            stats = output.stats or stats
+            timings = openai_api.timings(stats) if per_token and stats is not None else None
+            for event in events.chunks(reply.chunks(output), timings):
+                yield _named_event(event)
+        elif isinstance(output, Final):
+            for event in events.end(reply.last_chunks(output)):
+                yield _named_event(event)
+            return
+        elif isinstance(output, Failed):  # as llama-server's: the error as an unnamed event
+            yield _event(_error(output).llama_body())
+            return
+
+
 async def _llama_events(jobs: list[Job], replies: list[llama_api.Reply]):
     """llama-server's stream: each answer's chunks as they come (each with its index; per step
     here, per token there, and with n_probs per token here too), then its final result; no
@@ -426,6 +501,11 @@ def _named(events: list[dict]) -> str:
 
 def _event(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def _named_event(obj: dict) -> str:
+    """A server-sent event named by its type (the Responses API's)."""
+    return f"event: {obj['type']}\n{_event(obj)}"
 
 
 def _error(failed: Failed) -> ApiError:

@@ -367,13 +367,14 @@ class Worker:
         """The engine, its models loaded again if they slept (from a request's thread: a wake takes
         as long as loading did at start)."""
         with self._waking:
-            self._active = time.monotonic()
             if self.parallel is None:
                 log.info("waking up: loading the models")
                 parallel = self._load()  # the event loop goes on meanwhile: /metrics, /props, /health
                 with self._lock:
                     self._decodes_before = parallel.engine.target.decodes
                     self.parallel, self.engine = parallel, parallel.engine
+            # once loaded: a load longer than sleep_after must not leave the request to models freed under it
+            self._active = time.monotonic()
             return self.engine
 
     def _sleeper(self) -> None:
