@@ -129,8 +129,7 @@ class Stream:
 
     def _piece(self, parts: list[tuple[str, bool]]) -> Piece:
         piece = Piece(tuple(parts), tuple(self.tokens[len(self.tokens) - len(parts):]),
-                      tuple(self.probs[len(self.probs) - len(parts):]))
-        piece = Piece(tuple(parts), tuple(self.tokens[len(self.tokens) - len(parts):]), self.so_far())
+                      tuple(self.probs[len(self.probs) - len(parts):]), self.so_far())
         parts.clear()
         self._shown.append(piece.text)
         return piece
