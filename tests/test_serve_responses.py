@@ -13,28 +13,18 @@ import json
 import openai
 import pytest
 
-from tests.conftest import QWEN
-from tests.test_serve import KEY, start_server, stop_server
-from tests.test_serve_tools import THINKING
+from tests import test_serve_tools
+from tests.test_serve import KEY
 
 pytestmark = pytest.mark.real
 
-WEATHER = {"type": "function", "name": "get_weather", "description": "The current weather in a city.",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"},
-                                                           "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-                          "required": ["city", "unit"]}}
-READ_FILE = {"type": "function", "name": "read_file", "description": "The text of a file.",
-             "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
-ASK = "What is the weather like in Paris today? Use the tool."
+# the chat tests' tools, in Responses' flat shape
+WEATHER, READ_FILE = ({"type": "function", **tool["function"]} for tool in (test_serve_tools.WEATHER,
+                                                                             test_serve_tools.READ_FILE))
+ASK = test_serve_tools.ASK[0]["content"]
 POEM = [{"role": "system", "content": "You are a poet."}, {"role": "user", "content": "Write four lines about the sea."}]
-
-
-@pytest.fixture(scope="module")
-def qwen(model_path, tmp_path_factory):
-    s = start_server(model_path, tmp_path_factory.mktemp("responses"), "-c", "4096", "-np", "1", "--temp", "0",
-                     model=str(model_path(QWEN)))
-    yield s
-    stop_server(s)
+qwen = test_serve_tools.qwen  # the default target, --temp 0, one slot
+thinker = test_serve_tools.thinker  # SmolLM2 through a template that opens the thinking block
 
 
 def respond(server, **body):
@@ -175,17 +165,6 @@ def test_bad_requests_are_llama_servers_400s_and_the_server_goes_on(qwen, body, 
     status, _, answer = qwen.request("POST", "/v1/responses", raw=b'{"input": ')
     assert status == 400 and answer["error"]["code"] == 400
     assert qwen.request("GET", "/health", key=None)[0] == 200
-
-
-@pytest.fixture(scope="module")
-def thinker(model_path, tmp_path_factory):
-    """SmolLM2 through a template that opens the thinking block: all it writes is thinking."""
-    where = tmp_path_factory.mktemp("think")
-    (where / "think.jinja").write_text(THINKING)
-    s = start_server(model_path, where, "--temp", "0", "--ignore-eos", "--chat-template-file",
-                     str(where / "think.jinja"))
-    yield s
-    stop_server(s)
 
 
 def test_thinking_is_a_reasoning_item_streamed_as_reasoning_deltas(thinker):
