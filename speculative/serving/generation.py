@@ -7,6 +7,7 @@ would change the answer in a way this server cannot honour, which each API lists
 
 from __future__ import annotations
 
+import codecs
 import math
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Protocol, Sequence
@@ -298,10 +299,5 @@ def probs_json(piece: Callable[[int], bytes], ids: Sequence[int], probs: Sequenc
 
 def _valid_utf8(raw: bytes) -> str:
     """The text of a token's bytes, an incomplete character at its end cut (llama-server's
-    validate_utf8); invalid bytes elsewhere replaced."""
-    for cut in range(len(raw), max(len(raw) - 4, 0) - 1, -1):
-        try:
-            return raw[:cut].decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-    return raw.decode("utf-8", errors="replace")
+    validate_utf8), as an incremental decoder holds it back; invalid bytes elsewhere replaced."""
+    return codecs.getincrementaldecoder("utf-8")(errors="replace").decode(raw)
