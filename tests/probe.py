@@ -157,14 +157,14 @@ if os.environ.get("PROBE_SERVE"):
             _hold(_prompt_holds.pop(), "inside llama.cpp's prompt decode")
         return interrupt.poll()
 
-    def _held_generate(engine, generation, tokens, spec, should_stop):
+    def _held_generate(engine, generation, tokens, spec, should_stop, progress=None):
         prompt = generation.prompt or ""
         must_stop = lambda: should_stop() is not None  # noqa: E731
         if prompt.startswith(HOLD_PROMPT):
             _prompt_holds.append(must_stop)
         step = prompt.startswith(HOLD_STEP)
         try:
-            for output in _generate(engine, generation, tokens, spec, should_stop):
+            for output in _generate(engine, generation, tokens, spec, should_stop, progress):
                 yield output
                 if step and isinstance(output, Piece):
                     step = False

@@ -659,7 +659,7 @@ def test_omitted_fields_and_unknown_ones(server):
     ("/v1/completions", {"prompt": ""}, 400, "prompt"),
     ("/v1/completions", {"prompt": []}, 400, "prompt"),
     ("/v1/completions", {"max_tokens": 4}, 400, "prompt: Field required"),
-    ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "need as many slots"),
+    ("/v1/completions", {"prompt": "hi", "n": 3}, 400, "need as many slots"),
     ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}, 400,
      "top_logprobs requires logprobs"),
