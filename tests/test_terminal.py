@@ -379,7 +379,8 @@ def test_bench_shows_which_run_and_fits_its_tables_to_the_terminal(tmp_path):
     assert len(results) == total and all(fit(line, 80) for line in shown), shown
     assert all(re.search(r"\d+\.\d\d t/s", line) for line in shown if "t/s" in line)  # a figure with its unit
     table = screen(out)
-    assert all(len(line) <= 80 for line in table), out  # a temporary folder's path is in none of them
+    # the results file's path alone on its line, whole (a temporary folder's length varies)
+    assert all(len(line) <= 80 for line in table if line.strip() != str(tmp_path / "r.json")), out
     assert "left out at this width:" in out and "ngram-simple" in out
 
 
@@ -398,10 +399,11 @@ def test_a_calibration_shows_its_round_and_time_left_on_a_terminal_and_nothing_i
     rounds = [s for s in statuses if re.fullmatch(rf"calibrating {SMOL}: round \d of \d, \d tokens? "
                                                   r"\(about \d+ s left\)( \(again: .*)?", s)]
     assert rounds, statuses
-    assert all(len(s) < 80 for s in statuses) and not any("round" in line for line in screen(err))
+    assert all(len(s) < 80 for s in statuses) and not any(re.search(r"round \d of \d", line) for line in screen(err))
     assert any(line.startswith(f"calibrating {SMOL}'s passes") for line in screen(err))
     (home / "costs.json").unlink()
     piped = subprocess.run([SPECULATE, *args], capture_output=True, text=True,
                            env=terminal_env({"SPECULATE_HOME": str(home)}))
-    assert piped.returncode == 0 and "\r" not in piped.stderr and "round" not in piped.stderr
+    # no status line (a busy machine's calibration may still say its rounds differed)
+    assert piped.returncode == 0 and "\r" not in piped.stderr and not re.search(r"round \d of \d", piped.stderr)
     assert f"calibrating {SMOL}'s passes" in piped.stderr and "calibrated in" in piped.stderr
