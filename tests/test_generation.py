@@ -101,3 +101,30 @@ def test_text_parts_are_joined_as_llama_cpp_joins_them():
     assert user["content"] == "Wh\nill" and prefill["content"] == "Wh\n\nill"
     answered = openai_api.parse({"messages": [*body["messages"], {"role": "user", "content": "more"}]}, chat=True)
     assert answered.messages[1]["content"] == "Wh\nill"  # a turn of the history, not continued
+
+
+def test_timings_per_token_puts_the_timings_so_far_on_each_step_and_progress_report():
+    """llama-server's timings_per_token: a streamed step's last chunk and each prompt_progress
+    report carry the timings so far; before the first batch, nothing processed and no time."""
+    from speculative.decoding.stats import Stats
+    from speculative.engine.stream import Piece
+    from speculative.serving.worker import Progress
+
+    so_far = Stats(n_prompt=12, n_cached=2, n_predict=3, n_drafted=4, n_accept=2, t_encode=0.5, t_decode=0.25)
+    piece = Piece((("a", False), ("b", True)), (97, 98), (None, None), stats=so_far)
+    before, after = Progress(12, 2, 2, 0.7), Progress(12, 2, 12, 41.0)
+    generation, options = llama_api.parse({"timings_per_token": True, "stream": True}, [1, 2])
+    assert generation.timings_per_token and options.settings["timings_per_token"]
+    reply = llama_api.Reply("m", options, [1, 2], lambda: "", 4096)
+    (chunk,) = reply.chunks(piece)
+    assert chunk["timings"] == openai_api.timings(so_far) and chunk["timings"]["draft_n"] == 4
+    first, last = reply.progress(before)["timings"], reply.progress(after)["timings"]
+    assert (first["prompt_n"], first["prompt_ms"], first["predicted_n"], first["cache_n"]) == (0, 0.0, 0, 2)
+    assert (last["prompt_n"], last["prompt_ms"]) == (10, 41.0)
+    assert "timings" not in llama_api.Reply("m", llama_api.parse({}, [1])[1], [1], lambda: "", 4096).chunks(piece)[0]
+    for chat, body in ((True, {"messages": [{"role": "user", "content": "hi"}]}), (False, {"prompt": "hi"})):
+        answer = openai_api.Reply("m", openai_api.parse({**body, "stream": True, "timings_per_token": True}, chat))
+        assert answer.chunks(piece)[-1]["timings"] == openai_api.timings(so_far)
+        assert answer.progress(before)["timings"]["prompt_n"] == 0 and answer.progress(after)["prompt_progress"] == {
+            "total": 12, "cache": 2, "processed": 12, "time_ms": 41.0}
+        assert "timings" not in openai_api.Reply("m", openai_api.parse({**body, "stream": True}, chat)).chunks(piece)[-1]

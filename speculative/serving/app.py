@@ -417,7 +417,7 @@ async def _openai_events(jobs: list[Job], replies: list[Reply], verbose, n: int)
     finals: list[Final] = []
     async for i, output in _outputs(jobs):
         if isinstance(output, Progress):
-            yield _event(replies[i].first_chunk(prompt_progress=output.json()))
+            yield _event(replies[i].progress(output))
         elif isinstance(output, Piece):
             for chunk in replies[i].chunks(output):
                 yield _event(chunk)
@@ -466,7 +466,7 @@ async def _llama_events(jobs: list[Job], replies: list[llama_api.Reply]):
     [DONE]."""
     async for i, output in _outputs(jobs):
         if isinstance(output, Progress):
-            yield _event(replies[i].progress(output.json()))
+            yield _event(replies[i].progress(output))
         elif isinstance(output, Piece):
             for chunk in replies[i].chunks(output):
                 yield _event(chunk)

@@ -114,6 +114,7 @@ class Generation:
     verbose: bool = False
     n: int = 1                      # choices of this prompt, each its own sequence and random stream
     return_progress: bool = False   # the stream reports the prompt's progress (llama-server's prompt_progress)
+    timings_per_token: bool = False  # llama-server's: the stream's steps and progress reports carry the timings so far
     logprobs: int | None = None     # OpenAI's logprobs: the alternatives listed per token (None: no logprobs)
 
 

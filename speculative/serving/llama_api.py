@@ -23,7 +23,7 @@ from speculative.serving.generation import Vocab as BiasVocab
 from speculative.serving.generation import (ApiError, Defaults, Generation, logit_bias, probs_json, refuse_unsupported,
                                             request_grammar, speculation)
 from speculative.serving.openai_api import timings
-from speculative.serving.worker import Metrics
+from speculative.serving.worker import Metrics, Progress
 
 INT32_MAX = 2**31 - 1
 UINT32_MAX = 2**32 - 1
@@ -46,7 +46,6 @@ IGNORED = {
     "id_slot": "the slot whose cache holds the longest part of the prompt is taken (-sps)",
     "model": "one model",
     "n_cache_reuse": "the cache keeps the longest shared prefix; no KV shifting",
-    "timings_per_token": "timings come with the final answer",
     "sse_ping_interval": "no pings: every step sends its text",
     "stream_options": "the final answer carries the timings",
     "verbose": "llama-server's own answers have no __verbose object (its /v1 answers do, as speculate's)",
@@ -148,6 +147,7 @@ class Options:
     settings: dict          # generation_settings, as llama-server reports them
     n_probs: int = 0        # completion_probabilities: each token's, with its n_probs likeliest
     post_sampling: bool = False  # ... after the sampler chain: prob and top_probs
+    per_token: bool = False      # the stream's steps and progress reports carry the timings so far
 
 
 def parse(data: object, prompt: list[int], spec_types: str = "", defaults: Defaults = Defaults(),
@@ -199,12 +199,12 @@ def parse(data: object, prompt: list[int], spec_types: str = "", defaults: Defau
         # -1: llama-server's default (task_params); Generation's 0 means the same, no limit
         t_max_predict_ms=int(_number(data, ("t_max_predict_ms",), -1, -1, 2**63 - 1, hard=True, integer=True)),
         cache_prompt=_bool(data, "cache_prompt", True), return_progress=_bool(data, "return_progress", False),
+        timings_per_token=_bool(data, "timings_per_token", False),
         n=int(_number(data, ("n_cmpl", "n"), 1, 1, INT32_MAX, hard=True, integer=True)))
-    for name in ("timings_per_token", "verbose"):
-        _bool(data, name, False)  # checked as llama-server does, then ignored
+    _bool(data, "verbose", False)  # checked as llama-server does, then ignored
     return generation, Options(stream, _bool(data, "return_tokens", False), fields,
                                generation_settings(generation, n_predict, spec_types, eog),
-                               sampling.n_probs, sampling.post_sampling_probs)
+                               sampling.n_probs, sampling.post_sampling_probs, generation.timings_per_token)
 
 
 def _shift(data: dict) -> dict:
@@ -231,7 +231,7 @@ def generation_settings(generation: Generation, n_predict: int, spec_types: str 
         "n_keep": generation.speculation.get("n_keep", 0), "n_discard": generation.speculation.get("n_discard", 0),
         "ignore_eos": generation.ignore_eos, "stream": generation.stream, "logit_bias": bias,
         "n_probs": s.n_probs, "min_keep": 0, "grammar": s.grammar, "samplers": [SAMPLER_NAMES[c] for c in s.sequence],
-        "speculative.types": spec_types, "timings_per_token": False, "post_sampling_probs": s.post_sampling_probs,
+        "speculative.types": spec_types, "timings_per_token": generation.timings_per_token, "post_sampling_probs": s.post_sampling_probs,
         "lora": [],
     }
 
@@ -374,18 +374,26 @@ class Reply:
         """A streamed piece: the text of one step and its tokens; with n_probs a chunk per token,
         each with its probabilities, as llama-server sends every token."""
         if not self.options.n_probs:
-            return [self._chunk(piece.text, piece.ids)]
-        return [{**self._chunk(text, (token,)), "completion_probabilities": self._probs((token,), (probs,))}
-                for (text, _), token, probs in zip(piece.parts, piece.ids, piece.probs)]
+            chunks = [self._chunk(piece.text, piece.ids)]
+        else:
+            chunks = [{**self._chunk(text, (token,)), "completion_probabilities": self._probs((token,), (probs,))}
+                      for (text, _), token, probs in zip(piece.parts, piece.ids, piece.probs)]
+        if self.options.per_token and piece.stats is not None:
+            chunks[-1]["timings"] = timings(piece.stats)  # the step's: on its last token's chunk
+        return chunks
 
     def _chunk(self, text: str, ids: Sequence[int]) -> dict:
         self.n_sent += len(ids)
         return {"index": self.index, "content": text, "tokens": list(ids), "stop": False, "id_slot": 0,
                 "tokens_predicted": self.n_sent, "tokens_evaluated": len(self.prompt)}
 
-    def progress(self, progress: dict) -> dict:
-        """A streamed report of the prompt's progress (return_progress)."""
-        return {**self._chunk("", ()), "tokens_predicted": 0, "prompt_progress": progress}
+    def progress(self, progress: Progress) -> dict:
+        """A streamed report of the prompt's progress (return_progress), with timings_per_token
+        the timings so far."""
+        chunk = {**self._chunk("", ()), "tokens_predicted": 0, "prompt_progress": progress.json()}
+        if self.options.per_token:
+            chunk["timings"] = timings(progress.stats())
+        return chunk
 
     def _probs(self, ids: Sequence[int], probs: Sequence) -> list[dict]:
         return probs_json(self.piece, ids, probs, self.options.post_sampling)

@@ -36,6 +36,7 @@ from speculative.engine.stream import Final, Piece
 from speculative.errors import GrammarError, UsageError
 from speculative.serving.generation import (MAX_TOP_LOGPROBS, ApiError, Defaults, Generation, Vocab, logit_bias,
                                             probs_json, refuse_unsupported, request_grammar, speculation)
+from speculative.serving.worker import Progress
 
 MAX_STOPS = 16           # stop strings per request (OpenAI allows 4, llama-server any number)
 MAX_STOP_CHARS = 256
@@ -72,6 +73,7 @@ class _Request(_Strict):
     verbose: Optional[bool] = None                               # llama-server's: the answer's __verbose
     n: int = Field(1, ge=1)                                      # choices, each its own sequence (at most -np)
     return_progress: Optional[bool] = None                       # llama-server's: prompt_progress chunks
+    timings_per_token: Optional[bool] = None                     # llama-server's: timings on every step's chunk
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -238,7 +240,8 @@ def parse(data: object, chat: bool, defaults: Defaults = Defaults(), template: s
     max_tokens = next((n for n in (newer, request.max_tokens) if n is not None), defaults.max_tokens)
     answer = {"speculation": speculation(data), "verbose": defaults.verbose if request.verbose is None else request.verbose,
               "include_usage": request.stream_options is not None and request.stream_options.include_usage,
-              "n": request.n, "return_progress": bool(request.return_progress), "logprobs": top}
+              "n": request.n, "return_progress": bool(request.return_progress), "logprobs": top,
+              "timings_per_token": bool(request.timings_per_token)}
     if chat:
         return _chat(request, data, defaults, template, Generation(
             True, None, None, sampling, max_tokens, stops, ignore_eos, request.stream, **answer))
@@ -394,6 +397,7 @@ class Reply:
         self.reading = chat_request.Reading(generation.plan)
         self.call_ids: list[str] = []  # each call's id, given when it first appears
         self.logprobs = generation.logprobs
+        self.per_token = generation.timings_per_token
         self.piece = piece
         self._pending: tuple[list[int], list] = ([], [])  # streamed tokens whose text no chunk carried yet
 
@@ -425,15 +429,25 @@ class Reply:
         return self._object(True, {"index": self.index, "delta": {"role": "assistant", "content": None},
                                    "finish_reason": None}, **extra)
 
+    def progress(self, progress: Progress) -> dict:
+        """A prompt_progress chunk (return_progress), with timings_per_token the timings so far."""
+        return self.first_chunk(prompt_progress=progress.json(),
+                                **({"timings": timings(progress.stats())} if self.per_token else {}))
+
     def chunks(self, piece: Piece) -> list[dict]:
         """The chunks for a piece of text: none while it may still be a tag or a call's opening. With
-        logprobs, the tokens of the text a chunk carries are in it (those of held back text wait)."""
+        logprobs, the tokens of the text a chunk carries are in it (those of held back text wait);
+        with timings_per_token, the last has the timings so far."""
         self._pending[0].extend(piece.ids)
         self._pending[1].extend(piece.probs)
         if not self.chat:
-            return [self._with_logprobs(self._object(True, {"index": self.index, "text": piece.text,
-                                                            "logprobs": None, "finish_reason": None}))]
-        return self._carrying([self._chunk(self._delta(change)) for change in self.reading.push(piece.text)])
+            chunks = [self._with_logprobs(self._object(True, {"index": self.index, "text": piece.text,
+                                                              "logprobs": None, "finish_reason": None}))]
+        else:
+            chunks = self._carrying([self._chunk(self._delta(change)) for change in self.reading.push(piece.text)])
+        if chunks and self.per_token and piece.stats is not None:
+            chunks[-1]["timings"] = timings(piece.stats)
+        return chunks
 
     def last_chunks(self, final: Final, verbose: dict | None = None, include_usage: bool = True) -> list[dict]:
         """The stream's end, as llama-server's: a completion's last chunk with its usage; a chat's

@@ -57,6 +57,12 @@ class Progress:
     def json(self) -> dict:
         return {"total": self.total, "cache": self.cache, "processed": self.processed, "time_ms": self.time_ms}
 
+    def stats(self) -> Stats:
+        """The statistics so far, as llama-server's timings on a progress report: the tokens
+        processed and their time (none before the first batch), nothing generated yet."""
+        done = self.processed > self.cache
+        return Stats(n_prompt=self.processed, n_cached=self.cache, t_encode=self.time_ms / 1000 if done else 0.0)
+
 
 @dataclass(frozen=True)
 class Failed:
