@@ -244,7 +244,8 @@ def test_llama_vscodes_requests(server):
     # n_cmpl 3: a list of three answers, as llama-server sends (the plugin takes one answer or a list)
     assert [a["index"] for a in answers] == [0, 1, 2] and all(isinstance(a["content"], str) for a in answers)
     warm = post(server, "/infill", vscode_body("", "", chunks, "", 0, no_predict=True))
-    assert warm["tokens_predicted"] == 1  # n_predict 0: one token, as llama-server
+    # n_predict 0: one token, as llama-server, unless the one drawn (no samplers: a random draw) ends the answer
+    assert warm["tokens_predicted"] == 1 or (warm["tokens_predicted"] == 0 and warm["stop_type"] == "eos"), warm
 
 
 # -- identity with the one-shot command ----------------------------------------------------

@@ -406,6 +406,18 @@ class EventStream(StreamingResponse):
                 job.cancel()
 
 
+async def _chunked(jobs: list[Job], replies: list):
+    """Each choice's outputs as they come, with its index: a progress report or a piece as the
+    chunks its reply makes of it (a list), its Final or Failed as it is."""
+    async for i, output in _outputs(jobs):
+        if isinstance(output, Progress):
+            yield i, [replies[i].progress(output)]
+        elif isinstance(output, Piece):
+            yield i, replies[i].chunks(output)
+        else:
+            yield i, output
+
+
 async def _openai_events(jobs: list[Job], replies: list[Reply], verbose, n: int):
     """OpenAI's stream: each choice's chunks as they come (prompt_progress chunks too, when asked),
     its last ones with its usage and timings (and `verbose(i, final)`: llama-server's __verbose
@@ -415,11 +427,9 @@ async def _openai_events(jobs: list[Job], replies: list[Reply], verbose, n: int)
         if (first := reply.first_chunk()) is not None:
             yield _event(first)
     finals: list[Final] = []
-    async for i, output in _outputs(jobs):
-        if isinstance(output, Progress):
-            yield _event(replies[i].progress(output))
-        elif isinstance(output, Piece):
-            for chunk in replies[i].chunks(output):
+    async for i, output in _chunked(jobs, replies):
+        if isinstance(output, list):
+            for chunk in output:
                 yield _event(chunk)
         elif isinstance(output, Final):
             finals.append(output)
@@ -464,11 +474,9 @@ async def _llama_events(jobs: list[Job], replies: list[llama_api.Reply]):
     """llama-server's stream: each answer's chunks as they come (each with its index; per step
     here, per token there, and with n_probs per token here too), then its final result; no
     [DONE]."""
-    async for i, output in _outputs(jobs):
-        if isinstance(output, Progress):
-            yield _event(replies[i].progress(output))
-        elif isinstance(output, Piece):
-            for chunk in replies[i].chunks(output):
+    async for i, output in _chunked(jobs, replies):
+        if isinstance(output, list):
+            for chunk in output:
                 yield _event(chunk)
         elif isinstance(output, Final):
             yield _event(replies[i].final(output))
