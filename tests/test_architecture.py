@@ -9,6 +9,7 @@ past the size a reader takes in at once."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,15 @@ def test_the_checks_see_a_wrong_import(tmp_path):
     sibling.write_text("from speculative.llamacpp.model import LlamaModel\n")
     assert wrong_imports({"speculative.drafters.auto": sibling}) == [
         "auto.py:1 (drafters) imports speculative.llamacpp.model (llamacpp)"]
+
+
+def test_each_package_index_names_all_its_modules():
+    """A package's docstring is its index: each of its modules (and sub-packages) on a line of
+    its own, `  name.py  what it does`, so a newcomer finds where each job is done."""
+    root = ROOT / "speculative"
+    for package in sorted(p for p in root.iterdir() if (p / "__init__.py").is_file()):
+        index = ast.get_docstring(ast.parse((package / "__init__.py").read_text()), clean=False) or ""
+        named = set(re.findall(r"^ {2,}(\w+)(?:\.py|/)\s", index, re.MULTILINE))
+        modules = {p.stem for p in package.glob("*.py") if p.name != "__init__.py"}
+        modules |= {p.name for p in package.iterdir() if (p / "__init__.py").is_file()}
+        assert modules <= named, f"{package.name}/__init__.py does not name {sorted(modules - named)}"

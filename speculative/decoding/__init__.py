@@ -5,7 +5,9 @@
   verify.py    the acceptance rules: greedy match and rejection sampling
   tree.py      draft trees: parents, attention masks, paths
   sampling.py  the target's sampler chain (llama.cpp's order), in numpy
+  constraint.py  generation under a grammar: the tokens it admits, exactly
   cache.py     one model's KV cache: what it holds, and rollback
+  gate.py      many requests at once: one batch per step out of their decode calls
   backend.py   the small interface a model implements (the loop's only view of llama.cpp)
   events.py    what the loop yields
   stats.py     the statistics those events add up to

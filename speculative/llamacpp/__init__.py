@@ -1,11 +1,21 @@
 """The llama.cpp binding: the only package that imports llama_cpp.
 
   model.py      LlamaModel: one model and its context, the backend the loop talks to
+  memory.py     the KV cache's sequences: rolled back, forked into branches, saved and restored
+  slots.py      one model shared by requests at once (-np): a slot's sequences, one batch for all
   load.py       a model file's checks before llama.cpp sees it, its weights, its LoRA adapters
   tokenizer.py  Tokenizer: a model's vocabulary (tokens, their text, the special tokens)
+  templates.py  llama.cpp's built-in chat formats (--no-jinja, --chat-template NAME)
+  grammar.py    llama.cpp's grammar sampler, asked which tokens a grammar admits
   decode.py     the decode path LlamaModel and MtpHead share: context parameters, Batch, Context,
                 and the one thread every llama_decode runs on
   mtp.py        MtpHead: a model's NextN (MTP) layers in a context of their own
+  heads.py      the heads that draft from the target's hidden states (NextN, MTP files, EAGLE-3) and
+                their rows
+  eagle3.py     the EAGLE-3 drafter of its own file, run as common/speculative.cpp runs it
+  dflash.py     DFlash and DSpark drafters: a block of tokens drafted in one decode
+  features.py   what the drafters reading the target's layer inputs need of it, checked first
+  ext.py        llama.cpp's src/llama-ext.h functions (hidden states), bound once
   identity.py   what calibrations and the prompt cache recognise a model by
   devices.py    llama.cpp in this process (init, system info) and ggml's devices and RPC backend
   nextn.py      the target's NextN rows, kept for the MTP head
