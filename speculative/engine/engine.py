@@ -217,7 +217,7 @@ class Engine:
         the RAM cache either (llama-server's `cache_prompt: false`). As llama-server does, the
         conversation the caches held is saved in the RAM cache first, for a later request
         that continues it."""
-        self.persist.keep_before_forget()
+        self.persist.keep()
         self._whole_prompt = True
         for cache in self.caches.values():
             cache.forget()

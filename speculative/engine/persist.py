@@ -76,16 +76,11 @@ class CachePersistence:
                                target.keepable(prompt, limit))
         return time.perf_counter() - t0
 
-    def keep_before_forget(self) -> None:
-        """The caches are about to be emptied: save the conversation they hold in the RAM cache
-        (as llama-server does), for a later request that continues it."""
-        if self.ram_cache is not None and len(self.caches["target"]) >= ram_cache.MIN_TOKENS:
-            with self._ram_lock:
-                self.save_to_ram()
-
     def keep(self) -> None:
-        """Keep what the caches hold now in the RAM cache, where the other runs on these models find
-        it (a request's n choices restore the prompt the first processed); none without one."""
+        """Keep what the caches hold now in the RAM cache (none without one), where later runs on
+        these models find it: before the caches are emptied, the conversation they hold (as
+        llama-server does), for a request that continues it; a request's first choice's prompt,
+        for its other n choices to restore."""
         if self.ram_cache is not None and len(self.caches["target"]) >= ram_cache.MIN_TOKENS:
             with self._ram_lock:
                 self.save_to_ram()
