@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import codecs
 import math
+import secrets
+import string
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Protocol, Sequence
 
@@ -116,6 +118,12 @@ class Generation:
     return_progress: bool = False   # the stream reports the prompt's progress (llama-server's prompt_progress)
     timings_per_token: bool = False  # llama-server's: the stream's steps and progress reports carry the timings so far
     logprobs: int | None = None     # OpenAI's logprobs: the alternatives listed per token (None: no logprobs)
+
+
+def random_id() -> str:
+    """32 letters and digits, as llama-server's ids (random_string): a call id the model did not
+    write, and the Responses API's ids after their prefix."""
+    return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(32))
 
 
 CHOICE_SEED_STEP = 0x9E3779B9  # choice i of a seeded request samples with seed + i times this (mod 2^32)

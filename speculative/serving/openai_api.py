@@ -17,8 +17,6 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-import secrets
-import string
 import time
 import uuid
 from dataclasses import replace
@@ -35,7 +33,7 @@ from speculative.engine.chat import writes_parallel_calls
 from speculative.engine.stream import Final, Piece
 from speculative.errors import GrammarError, UsageError
 from speculative.serving.generation import (MAX_TOP_LOGPROBS, ApiError, Defaults, Generation, Vocab, logit_bias,
-                                            probs_json, refuse_unsupported, request_grammar, speculation)
+                                            probs_json, random_id, refuse_unsupported, request_grammar, speculation)
 from speculative.serving.worker import Progress
 
 MAX_STOPS = 16           # stop strings per request (OpenAI allows 4, llama-server any number)
@@ -515,7 +513,7 @@ class Reply:
         while len(self.call_ids) <= index:
             self.call_ids.append("")
         if not self.call_ids[index]:
-            self.call_ids[index] = own or _new_call_id()
+            self.call_ids[index] = own or random_id()
         return self.call_ids[index]
 
     def _fields(self, message: ChatMessage) -> dict:
@@ -551,8 +549,3 @@ def _verbose(verbose: dict | None) -> dict:
 def _finish(finish: str, message: ChatMessage) -> str:
     """OpenAI's finish_reason: tool_calls when the answer ended (not cut) with calls."""
     return "tool_calls" if message.tool_calls and finish == "stop" else finish
-
-
-def _new_call_id() -> str:
-    """A call id the model did not write: 32 letters and digits, as llama-server's."""
-    return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(32))

@@ -26,12 +26,10 @@ the items close.
 from __future__ import annotations
 
 import logging
-import secrets
-import string
 import time
 from dataclasses import dataclass, field
 
-from speculative.serving.generation import ApiError
+from speculative.serving.generation import ApiError, random_id
 
 log = logging.getLogger("speculate.serve")
 
@@ -253,7 +251,7 @@ def prompt_progress(total: int, cache: int, processed: int, time_ms: float) -> d
 
 def new_id(prefix: str) -> str:
     """`prefix_` and 32 letters and digits, as llama-server's ids."""
-    return f"{prefix}_" + "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(32))
+    return f"{prefix}_{random_id()}"
 
 
 def _reasoning_item(item_id: str, text: str, status: str) -> dict:
