@@ -17,6 +17,7 @@ from speculative.engine.stream import Final, Piece
 from speculative.serving import openai_api, responses_api
 from speculative.serving.generation import ApiError
 from speculative.serving.openai_api import Reply
+from speculative.serving.worker import Progress
 from tests.test_serve_access import StandInEngine, app, call
 
 TOOLS = (Path(__file__).parent / "data" / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
@@ -274,7 +275,7 @@ def test_text_held_back_to_the_end_still_comes_as_deltas():
 
 
 def test_timings_per_token_on_each_steps_last_event_and_progress_on_in_progress():
-    progress = responses_api.prompt_progress(20, 0, 0, 0)
+    progress = Progress(20, 0, 0, 0.0).json()
     events = stream(reply({"input": "Hi"}), "abcdefghi", timings=True, progress=progress)
     assert events[1]["type"] == "response.in_progress" and events[1]["prompt_progress"] == progress
     timed = [e for e in events if "timings" in e]

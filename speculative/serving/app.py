@@ -453,8 +453,7 @@ async def _response_events(job: Job, reply: Reply, events: responses_api.Events,
     while True:
         output = await job.next()
         if isinstance(output, Progress):
-            for event in events.progress(responses_api.prompt_progress(output.total, output.cache, output.processed,
-                                                                      output.time_ms)):
+            for event in events.progress(output.json()):
                 yield _named_event(event)
         elif isinstance(output, Piece):
             stats = output.stats or stats

@@ -243,12 +243,6 @@ def usage(chat: dict) -> dict:
             "input_tokens_details": {"cached_tokens": chat["prompt_tokens_details"]["cached_tokens"]}}
 
 
-def prompt_progress(total: int, cache: int, processed: int, time_ms: float) -> dict:
-    """llama-server's prompt_progress: the prompt's tokens, those the cache held, those in the
-    context so far (the cache's included), and the milliseconds since the prompt began."""
-    return {"total": total, "cache": cache, "processed": processed, "time_ms": int(time_ms)}
-
-
 def new_id(prefix: str) -> str:
     """`prefix_` and 32 letters and digits, as llama-server's ids."""
     return f"{prefix}_{random_id()}"

@@ -55,7 +55,8 @@ class Progress:
     time_ms: float
 
     def json(self) -> dict:
-        return {"total": self.total, "cache": self.cache, "processed": self.processed, "time_ms": self.time_ms}
+        """llama-server's prompt_progress (its time in whole milliseconds, an int64 there)."""
+        return {"total": self.total, "cache": self.cache, "processed": self.processed, "time_ms": int(self.time_ms)}
 
     def stats(self) -> Stats:
         """The statistics so far, as llama-server's timings on a progress report: the tokens
