@@ -502,17 +502,18 @@ async def _anthropic_events(job: Job, reply: Reply, events: anthropic_api.Events
 
 
 def _named(events: list[dict]) -> str:
-    """Server-sent events with names (event: NAME, then data: JSON), as Anthropic's API sends them."""
-    return "".join(f"event: {e['event']}\n{_event(e['data'])}" for e in events)
+    """Server-sent events with names ({"event": NAME, "data": OBJECT} each), as Anthropic's API sends them."""
+    return "".join(_named_event(e["data"], e["event"]) for e in events)
 
 
 def _event(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-def _named_event(obj: dict) -> str:
-    """A server-sent event named by its type (the Responses API's)."""
-    return f"event: {obj['type']}\n{_event(obj)}"
+def _named_event(obj: dict, name: str | None = None) -> str:
+    """A server-sent event with a name (event: NAME, then data: JSON), by default its type (the
+    Responses API's)."""
+    return f"event: {name or obj['type']}\n{_event(obj)}"
 
 
 def _error(failed: Failed) -> ApiError:
