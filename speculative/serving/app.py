@@ -301,7 +301,7 @@ async def _respond(request: Request, worker: Worker, model: dict, defaults: Defa
     progress, per_token = responses_api.telemetry(body)
     # the usage comes in the stream's last chunk, for response.completed
     generation = replace(openai_api.parse(chat, True, defaults, _jinja_template(engine), engine.target),
-                         include_usage=True, return_progress=progress)
+                         include_usage=True, return_progress=progress, timings_per_token=per_token)
     reply = Reply(model["id"], generation)
 
     def started(i: int, first: Started) -> None:
@@ -309,7 +309,7 @@ async def _respond(request: Request, worker: Worker, model: dict, defaults: Defa
 
     return await _answer(request, worker, [generation],
                          lambda finals: responses_api.response(reply.full(finals[0])),
-                         lambda jobs: _response_events(jobs[0], reply, responses_api.Events(model["id"]), per_token),
+                         lambda jobs: _response_events(jobs[0], reply, responses_api.Events(model["id"])),
                          started)
 
 
@@ -443,22 +443,20 @@ async def _openai_events(jobs: list[Job], replies: list[Reply], verbose, n: int)
     yield "data: [DONE]\n\n"
 
 
-async def _response_events(job: Job, reply: Reply, events: responses_api.Events, per_token: bool):
+async def _response_events(job: Job, reply: Reply, events: responses_api.Events):
     """The Responses stream, from the chat chunks of each piece: its opening, the prompt's progress
-    (return_progress) in response.in_progress events, each step's events (with `per_token`, the
-    timings so far on the last), the end; no [DONE]."""
+    (return_progress) in response.in_progress events, each step's events (with timings_per_token,
+    the timings so far that the reply put on its last chunk, on the last), the end; no [DONE]."""
     for event in events.opening(None):
         yield _named_event(event)
-    stats = None
     while True:
         output = await job.next()
         if isinstance(output, Progress):
             for event in events.progress(output.json()):
                 yield _named_event(event)
         elif isinstance(output, Piece):
-            stats = output.stats or stats
-            timings = openai_api.timings(stats) if per_token and stats is not None else None
-            for event in events.chunks(reply.chunks(output), timings):
+            chunks = reply.chunks(output)
+            for event in events.chunks(chunks, chunks[-1].get("timings") if chunks else None):
                 yield _named_event(event)
         elif isinstance(output, Final):
             for event in events.end(reply.last_chunks(output)):

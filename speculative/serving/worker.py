@@ -152,7 +152,7 @@ def _run(stream: Stream, should_stop: Callable[[], str | None],
         reason = should_stop() or "cancelled"
     final = stream.end(reason)
     if final.tail:
-        yield Piece(((final.tail, False),))
+        yield Piece(((final.tail, False),), stats=final.stats)
     return final
 
 
@@ -161,7 +161,7 @@ def _after_thinking(engine: Engine, generation: Generation, prompt: list[int], s
     """The reasoning budget spent: the end of thinking forced (as llama.cpp's budget sampler writes
     it), then the rest of the answer as a continuation of the same prompt; one Final for both."""
     forced = engine.target.tokenize(end, add_special=False)
-    yield Piece(((end, False),), tuple(forced))
+    yield Piece(((end, False),), tuple(forced), stats=thought.stats)
     used = len(thought.tokens) + len(forced)
     rest = dataclasses.replace(spec, n_predict=-1 if spec.n_predict < 0 else max(spec.n_predict - used, 0))
     if rest.n_predict == 0:
