@@ -145,10 +145,15 @@ def test_what_the_chat_endpoint_refuses_is_a_400_too(body, param):
 
 
 def test_progress_and_timings_per_token_are_booleans():
-    assert responses_api.telemetry({"return_progress": True}) == (True, False)
-    assert responses_api.telemetry({"timings_per_token": True, "return_progress": None}) == (False, True)
+    """llama-server's stream extras pass on to the chat request, which reads them."""
+    def telemetry(body: dict) -> tuple[bool, bool]:
+        generation = parsed({"input": "Hi", **body})
+        return generation.return_progress, generation.timings_per_token
+
+    assert telemetry({"return_progress": True}) == (True, False)
+    assert telemetry({"timings_per_token": True, "return_progress": None}) == (False, True)
     with pytest.raises(ApiError) as e:
-        responses_api.telemetry({"timings_per_token": 1})
+        telemetry({"timings_per_token": 1})
     assert e.value.status == 400 and e.value.param == "timings_per_token"
 
 

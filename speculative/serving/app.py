@@ -296,12 +296,10 @@ async def _respond(request: Request, worker: Worker, model: dict, defaults: Defa
     """A Responses request, run as the chat request it becomes; the chat answer, or its chunks,
     made a Response or its events."""
     engine = await awake(worker)
-    body = await read_json(request)
-    chat = responses_api.to_chat(body)
-    progress, per_token = responses_api.telemetry(body)
+    chat = responses_api.to_chat(await read_json(request))  # return_progress, timings_per_token passed on
     # the usage comes in the stream's last chunk, for response.completed
     generation = replace(openai_api.parse(chat, True, defaults, _jinja_template(engine), engine.target),
-                         include_usage=True, return_progress=progress, timings_per_token=per_token)
+                         include_usage=True)
     reply = Reply(model["id"], generation)
 
     def started(i: int, first: Started) -> None:

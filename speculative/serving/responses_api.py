@@ -78,18 +78,6 @@ def to_chat(body: object) -> dict:
     return chat
 
 
-def telemetry(body: dict) -> tuple[bool, bool]:
-    """llama-server's stream extras a body asks for: `return_progress` (prompt_progress on a
-    response.in_progress event) and `timings_per_token` (timings on each step's last event)."""
-    flags = []
-    for name in ("return_progress", "timings_per_token"):
-        value = body.get(name)
-        if value is not None and not isinstance(value, bool):
-            raise ApiError(400, f"{name}: must be a boolean", param=name)
-        flags.append(bool(value))
-    return flags[0], flags[1]
-
-
 def _bad(message: str) -> ApiError:
     return ApiError(400, message)
 
