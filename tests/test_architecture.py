@@ -161,3 +161,40 @@ def test_each_package_index_names_all_its_modules():
         modules = {p.stem for p in package.glob("*.py") if p.name != "__init__.py"}
         modules |= {p.name for p in package.iterdir() if (p / "__init__.py").is_file()}
         assert modules <= named, f"{package.name}/__init__.py does not name {sorted(modules - named)}"
+
+
+def _sections(text: str) -> dict[str, str]:
+    """docs/architecture.md's `### ` sections by heading, each with its text."""
+    parts = re.split(r"^### (.+)$", text, flags=re.MULTILINE)
+    return {heading.strip(): body for heading, body in zip(parts[1::2], parts[2::2])}
+
+
+def _where(section: str) -> list[str]:
+    """The paths a section's tables name in their first column ("where")."""
+    return [path for line in section.splitlines() if line.startswith("| `")
+            for path in re.findall(r"`([^`]+)`", line.split("|")[1])]
+
+
+def test_architecture_names_every_module_and_script():
+    """docs/architecture.md names each module in its package's section (whole, or by its file
+    name), each script of scripts/, and no file that does not exist."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    sections = _sections(text)
+    packages = {"cli": ROOT / "cli", **{f"speculative/{p.name}": p for p in (ROOT / "speculative").iterdir()
+                                         if (p / "__init__.py").is_file()}}
+    missing = []
+    for prefix, folder in packages.items():
+        section = next((body for heading, body in sections.items() if f"`{prefix}/`" in heading), "")
+        for path in sorted(folder.rglob("*.py")):
+            if path.name == "__init__.py" or "__pycache__" in path.parts:
+                continue
+            rel = path.relative_to(ROOT).as_posix()
+            if f"`{rel}`" not in section and f"`{path.name}`" not in section and f"`{path.stem}`" not in section:
+                missing.append(rel)
+    scripts = sections.get("Tests and scripts", "") + text.split("## Tests and scripts", 1)[-1]
+    missing += [f"scripts/{p.name}" for p in sorted((ROOT / "scripts").iterdir())
+                if p.is_file() and f"`{p.name}" not in scripts and f"`scripts/{p.name}" not in scripts]
+    assert not missing, f"docs/architecture.md does not name {missing}"
+    named = [path for body in sections.values() for path in _where(body)
+             if path.startswith(("speculative/", "cli/", "tests/", "scripts/"))]
+    assert [path for path in named if not (ROOT / path).exists()] == []
