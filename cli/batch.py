@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from speculative.decoding.settings import SamplerSettings, SpecSettings
+from speculative.drafters import registry
 from speculative.errors import UsageError
 from speculative.files import write_atomic
 from speculative.serving import batch
@@ -57,7 +58,7 @@ def batch_command(
             from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
             from speculative.engine.parallel import Parallel
 
-            target, draft = models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft, spec.mtp, spec.features)
+            target, draft = models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft, *registry.heads(spec))
             with StatusLine() as status:  # while the models load and auto measures (a terminal's only)
                 def notice(message: str) -> None:
                     status.clear()

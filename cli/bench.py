@@ -13,6 +13,7 @@ import typer
 from rich.text import Text
 
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
+from speculative.drafters import registry
 from speculative.engine import bench
 from speculative.errors import UsageError
 
@@ -62,7 +63,8 @@ def bench_command(
     sampling = SamplerSettings(temp=temp, seed=seed, grammar=grammar)
     sampling.validate()
 
-    mtp, features = {c.spec.mtp for c in configs}, {c.spec.features for c in configs} - {None}
+    heads = [registry.heads(c.spec) for c in configs]
+    mtp, features = {mtp for mtp, _ in heads}, {features for _, features in heads} - {None}
     target, draft = models.specs(uses_draft, max(c.spec.branches for c in configs),
                                   max(c.spec.longest_draft for c in configs),
                                   "named" if "named" in mtp else "auto" if "auto" in mtp else None,

@@ -15,6 +15,7 @@ from typing import Optional
 import typer
 
 from speculative.decoding.settings import SamplerSettings, SpecSettings
+from speculative.drafters import registry
 from speculative.engine.chat import check_jinja2_version
 from speculative.engine.prompt_cache import check_writable
 from speculative.errors import SpeculateError, UsageError
@@ -142,7 +143,7 @@ def run(
         check_writable(prompt_cache)  # refused now, not after loading the models
     system_prompt = read_system_prompt(system_prompt, system_prompt_file, escape)
     use_chat = use_chat or system_prompt is not None  # llama-cli's -sys: a system message is a chat
-    target, draft = models.specs(use_draft, spec.branches, spec.longest_draft, spec.mtp, spec.features)
+    target, draft = models.specs(use_draft, spec.branches, spec.longest_draft, *registry.heads(spec))
     shown = dict(system=system_prompt, color=color and not os.environ.get("NO_COLOR"), json_output=json_output,
                  prompt_cache=prompt_cache, prompt_cache_ro=prompt_cache_ro, pool=pool.engine_args())
     if chatting:

@@ -16,8 +16,8 @@ import typer
 
 from speculative.decoding.settings import (CACHE_TYPES, DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, FLASH_ATTN_MODES, LOAD_MODES,
                                            NGRAM_CACHE_DRAFT, NGRAM_N_AUTO, NGRAM_N_FIXED, POOL_TOKENS, SPLIT_MODES,
-                                           LookupCacheSettings, ModelSpec, NgramModSettings, NgramSettings,
-                                           SamplerSettings, SpecSettings, canonical_types)
+                                           ModelSpec, NgramSettings, SamplerSettings, SpecSettings)
+from speculative.drafters import registry
 from speculative.errors import UsageError
 from speculative.models.registry import Registry, check_gguf_file
 
@@ -193,10 +193,10 @@ LORA_DRAFT = typer.Option(
 
 SPEC_TYPE = typer.Option(
     None, "--spec-type", rich_help_panel=D, metavar="TYPES",
-    help="Comma-separated (or repeated), tried in order: draft (the -md model; llama.cpp's draft-simple), draft-mtp (the target's own NextN/MTP "
-         "layers), ngram-simple, ngram-map-k, and llama.cpp's ngram-map-k4v, ngram-mod, ngram-cache; auto "
-         "(the default): choose among ngram-simple, draft and draft-mtp and k each step by measured cost, "
-         "k = 0 included; none: target only, same code path.")
+    help="Comma-separated (or repeated), tried in order: "
+         + ", ".join(t.name + "".join(f" ({a})" for a in t.aliases) for t in registry.TYPES.values())
+         + "; auto (the default): choose among those loaded and k each step by measured cost, k = 0 included; "
+           "none: target only, same code path.")
 SPEC_DEFAULT = typer.Option(
     False, "--spec-default", rich_help_panel=D,
     help="llama.cpp's default speculation: adds ngram-mod (n-match 24, n-min 48, n-max 64) to --spec-type, "
@@ -238,25 +238,10 @@ NGRAM_MIN_HITS = typer.Option(
     help=f"N-gram drafters: earlier occurrences needed [default: {NgramSettings.min_hits}].")
 
 
-def _own_ngram_flags(kind: str) -> tuple:
-    """--spec-ngram-KIND-size-n, -size-m and -min-hits: one n-gram type's own values."""
-    return tuple(typer.Option(None, f"--spec-ngram-{kind}-{flag}", rich_help_panel=D,
-                              help=f"ngram-{kind} only: as --spec-ngram-{flag}.")
-                 for flag in ("size-n", "size-m", "min-hits"))
-
-
-SIMPLE_N, SIMPLE_M, SIMPLE_HITS = _own_ngram_flags("simple")
-MAP_N, MAP_M, MAP_HITS = _own_ngram_flags("map-k")
-K4V_N, K4V_M, K4V_HITS = _own_ngram_flags("map-k4v")
-MOD_N_MATCH = typer.Option(
-    None, "--spec-ngram-mod-n-match", rich_help_panel=D,
-    help=f"ngram-mod: length of the n-gram looked up, 1-1024 (default {NgramModSettings.n_match}).")
-MOD_N_MIN = typer.Option(
-    None, "--spec-ngram-mod-n-min", rich_help_panel=D,
-    help=f"ngram-mod: a draft shorter than this is dropped, 0-1024 (default {NgramModSettings.n_min}).")
-MOD_N_MAX = typer.Option(
-    None, "--spec-ngram-mod-n-max", rich_help_panel=D,
-    help=f"ngram-mod: most tokens drafted, 0-1024 (default {NgramModSettings.n_max}).")
+# each drafter type's own flags (drafters/registry.py), as parameters named TYPE__FIELD
+TYPE_FLAGS = tuple((f"{t.settings_field}__{flag.field}", Optional[flag.kind],
+                    typer.Option(None, *flag.names, rich_help_panel=D, metavar=flag.metavar, help=flag.help))
+                   for t in registry.TYPES.values() for flag in t.flags)
 SYNTH_LEN = typer.Option(
     None, "--spec-synth-len", rich_help_panel=D, metavar="L", envvar="LLAMA_ARG_SPEC_SYNTH_LEN", show_envvar=False,
     help="Benchmarking only, as llama.cpp's: keep drafted tokens at random, for a mean of L tokens a step (the "
@@ -266,16 +251,6 @@ SYNTH_RATES = typer.Option(
     show_envvar=False,
     help="Benchmarking only, as --spec-synth-len: the chance each drafted position is kept, one per --draft-max, "
          "non-increasing.")
-LOOKUP_STATIC = typer.Option(
-    None, "-lcs", "--lookup-cache-static", rich_help_panel=D, metavar="FNAME",
-    help="ngram-cache: a static n-gram cache in llama.cpp's format (llama-lookup-create), read only. It "
-         "carries no tokenizer identity: one from another model's tokenizer drafts tokens that are rejected.")
-LOOKUP_DYNAMIC = typer.Option(
-    None, "-lcd", "--lookup-cache-dynamic", rich_help_panel=D, metavar="FNAME",
-    help="ngram-cache: a dynamic n-gram cache in llama.cpp's format (llama-lookup's), read at start if it "
-         "exists and replaced at the end with what the run generated added. A file that is not an n-gram "
-         "cache is never overwritten.")
-
 CV = "Conversation"
 CONVERSATION = typer.Option(
     False, "-cnv", "--conversation", rich_help_panel="Prompt",
@@ -344,9 +319,6 @@ JSON_SCHEMA_FILE = typer.Option(None, "-jf", "--json-schema-file", rich_help_pan
 IGNORE_EOS = typer.Option(SpecSettings.ignore_eos, "--ignore-eos", rich_help_panel=S,
                           help="Never stop at end-of-generation tokens.")
 
-Ngram = tuple[Optional[int], Optional[int], Optional[int]]  # n, m, min-hits as given (None: not given)
-
-
 def sampler_settings(*, temp: float, top_k: int, top_p: float, min_p: float, typical_p: float,
                      repeat_penalty: float, repeat_last_n: int, presence_penalty: float, frequency_penalty: float,
                      sampling_seq: str, seed: int, grammar: Optional[str] = None, grammar_file: Optional[Path] = None,
@@ -362,47 +334,44 @@ def sampler_settings(*, temp: float, top_k: int, top_p: float, min_p: float, typ
     return sampling
 
 
+# the n-gram lookup types' common flags, each a fallback for the types' own (registry.Flag.common)
+COMMON_NGRAM = {"--spec-ngram-size-n": "ngram_n", "--spec-ngram-size-m": "ngram_m",
+                "--spec-ngram-min-hits": "ngram_min_hits"}
+
+
 def spec_settings(*, spec_type: Optional[List[str]], draft_max: Optional[int], draft_min: int, draft_p_min: float,
-                  spec_accept: str, branches: int, draft_p_split: float, ngram_n: Optional[int],
-                  ngram_m: Optional[int], ngram_min_hits: Optional[int], simple_n: Optional[int],
-                  simple_m: Optional[int], simple_hits: Optional[int], map_n: Optional[int],
-                  map_m: Optional[int], map_hits: Optional[int], n_predict: int = SpecSettings.n_predict,
-                  ignore_eos: bool = SpecSettings.ignore_eos, k4v_n: Optional[int] = None, k4v_m: Optional[int] = None,
-                  k4v_hits: Optional[int] = None, mod_n_match: Optional[int] = None,
-                  mod_n_min: Optional[int] = None, mod_n_max: Optional[int] = None, spec_default: bool = False,
-                  lookup_static: Optional[Path] = None, lookup_dynamic: Optional[Path] = None,
-                  synth_len: Optional[float] = None, synth_rates: Optional[str] = None) -> SpecSettings:
-    """The speculation flags as validated settings. An n-gram type's own flag wins over the
-    common --spec-ngram-* one, which wins over the default. The -lcs/-lcd files are checked
-    here, before any model loads."""
-    named = canonical_types([t.strip() for value in spec_type for t in value.split(",")]) if spec_type else None
+                  spec_accept: str, branches: int, draft_p_split: float, ngram_n: Optional[int] = None,
+                  ngram_m: Optional[int] = None, ngram_min_hits: Optional[int] = None,
+                  n_predict: int = SpecSettings.n_predict, ignore_eos: bool = SpecSettings.ignore_eos,
+                  spec_default: bool = False, synth_len: Optional[float] = None, synth_rates: Optional[str] = None,
+                  **own) -> SpecSettings:
+    """The speculation flags as validated settings. A type's own flag (`own`: TYPE_FLAGS') wins
+    over the common --spec-ngram-* one, which wins over its settings' default. The -lcs/-lcd files
+    are checked here, before any model loads."""
+    named = registry.canonical([t.strip() for value in spec_type for t in value.split(",")]) if spec_type else None
     types = with_spec_default(named, spec_default)
-    common = (ngram_n, ngram_m, ngram_min_hits)
-
-    def one(own: Ngram) -> NgramSettings:
-        n, m, hits = (_first(mine, shared, default) for mine, shared, default in
-                      zip(own, common, (NgramSettings.n, NgramSettings.m, NgramSettings.min_hits)))
-        return NgramSettings(n, m, hits)
-
-    mod = NgramModSettings(*(_first(given, default) for given, default in zip(
-        (mod_n_match, mod_n_min, mod_n_max), (NgramModSettings.n_match, NgramModSettings.n_min, NgramModSettings.n_max))))
+    common = {flag: {"ngram_n": ngram_n, "ngram_m": ngram_m, "ngram_min_hits": ngram_min_hits}[name]
+              for flag, name in COMMON_NGRAM.items()}
+    settings = {}
+    for kind in registry.TYPES.values():
+        given = {flag.field: _first(own.get(f"{kind.settings_field}__{flag.field}"), common.get(flag.common))
+                 for flag in kind.flags}
+        if kind.settings is not None:  # what is not given: the settings' default
+            settings[kind.settings_field] = kind.settings(**{k: v for k, v in given.items() if v is not None})
     spec = SpecSettings(
         types=types, draft_min=draft_min, draft_p_min=draft_p_min, n_predict=n_predict,
         draft_max=draft_max if draft_max is not None else DRAFT_MAX_AUTO if "auto" in types else DRAFT_MAX_FIXED,
-        draft_max_given=draft_max is not None,
-        ignore_eos=ignore_eos, accept=spec_accept, branches=branches, p_split=draft_p_split,
-        ngram_simple=one((simple_n, simple_m, simple_hits)), ngram_map_k=one((map_n, map_m, map_hits)),
-        ngram_map_k4v=one((k4v_n, k4v_m, k4v_hits)), ngram_mod=mod,
-        lookup_cache=LookupCacheSettings(lookup_static, lookup_dynamic), synth_len=synth_len,
-        synth_rates=_rates(synth_rates))
-    spec.validate()
-    if lookup_static is not None or lookup_dynamic is not None:
+        draft_max_given=draft_max is not None, ignore_eos=ignore_eos, accept=spec_accept, branches=branches,
+        p_split=draft_p_split, synth_len=synth_len, synth_rates=_rates(synth_rates), **settings)
+    registry.check(spec)
+    cache = spec.ngram_cache
+    if cache.static is not None or cache.dynamic is not None:
         from speculative.drafters import lookup_cache  # (numpy: imported only when needed, for start-up time)
 
-        if lookup_static is not None:
-            lookup_cache.check_static(lookup_static)
-        if lookup_dynamic is not None:
-            lookup_cache.check_writable(lookup_dynamic)  # refused now, not after loading the models
+        if cache.static is not None:
+            lookup_cache.check_static(cache.static)
+        if cache.dynamic is not None:
+            lookup_cache.check_writable(cache.dynamic)  # refused now, not after loading the models
     return spec
 
 
@@ -488,7 +457,8 @@ def with_spec_default(types: tuple[str, ...] | None, spec_default: bool) -> tupl
         return types
     if "none" in types or "auto" in types:
         raise UsageError(f"--spec-default adds ngram-mod, which --spec-type {','.join(types)} cannot take")
-    later = [i for i, t in enumerate(types) if t in ("ngram-cache", "draft", "draft-mtp")]
+    order = list(registry.TYPES)  # llama.cpp's: n-gram types, ngram-mod after the lookups, then the rest
+    later = [i for i, t in enumerate(types) if t in order and order.index(t) > order.index("ngram-mod")]
     at = later[0] if later else len(types)
     return (*types[:at], "ngram-mod", *types[at:])
 
@@ -578,10 +548,9 @@ class ModelOptions:
     def specs(self, use_draft: bool, branches: int = 1, longest_draft: int = 0,
               mtp: str | None = None, features: str | None = None) -> tuple[ModelSpec, ModelSpec | None]:
         """Validate the model options, resolve -m/-md (pulling registry models as needed).
-        `longest_draft`: what a recurrent target keeps snapshots for (cache.py); `mtp`:
-        SpecSettings.mtp, whether the target's NextN layers are loaded to draft with; `features`:
-        SpecSettings.features, which drafter of its own file reading the target's layer inputs
-        (-md) may draft."""
+        `longest_draft`: what a recurrent target keeps snapshots for (cache.py); `mtp` and
+        `features` (registry.heads): whether the target's NextN layers are loaded to draft with,
+        and which drafter of its own file reading the target's layer inputs (-md) may draft."""
         self._check(use_draft)
         memory.check_values(self)
         placed = memory.overrides(self.override_tensor, self.cpu_moe, self.n_cpu_moe, self.n_cpu_ffn, "-ot")
@@ -874,13 +843,7 @@ SPECULATION = Group("spec", (
     ("draft_min", int, DRAFT_MIN), ("draft_p_min", float, DRAFT_P_MIN), ("spec_accept", str, SPEC_ACCEPT),
     ("branches", int, PARALLEL), ("draft_p_split", float, DRAFT_P_SPLIT),
     ("ngram_n", Optional[int], NGRAM_N), ("ngram_m", Optional[int], NGRAM_M),
-    ("ngram_min_hits", Optional[int], NGRAM_MIN_HITS), ("simple_n", Optional[int], SIMPLE_N),
-    ("simple_m", Optional[int], SIMPLE_M), ("simple_hits", Optional[int], SIMPLE_HITS),
-    ("map_n", Optional[int], MAP_N), ("map_m", Optional[int], MAP_M), ("map_hits", Optional[int], MAP_HITS),
-    ("k4v_n", Optional[int], K4V_N), ("k4v_m", Optional[int], K4V_M), ("k4v_hits", Optional[int], K4V_HITS),
-    ("mod_n_match", Optional[int], MOD_N_MATCH), ("mod_n_min", Optional[int], MOD_N_MIN),
-    ("mod_n_max", Optional[int], MOD_N_MAX), ("spec_default", bool, SPEC_DEFAULT),
-    ("lookup_static", Optional[Path], LOOKUP_STATIC), ("lookup_dynamic", Optional[Path], LOOKUP_DYNAMIC),
+    ("ngram_min_hits", Optional[int], NGRAM_MIN_HITS), *TYPE_FLAGS, ("spec_default", bool, SPEC_DEFAULT),
     ("synth_len", Optional[float], SYNTH_LEN), ("synth_rates", Optional[str], SYNTH_RATES),
 ), spec_settings)
 
@@ -938,7 +901,6 @@ def _place_head(target: ModelSpec, draft: ModelSpec | None, use_draft: bool, mtp
     """-md as what the file is (as llama.cpp tells it): a draft model, or a head that drafts from
     the target's hidden states (an MTP head file or Gemma-4 assistant; an EAGLE-3, DFlash or
     DSpark drafter), which goes with the target; the drafter types named must have theirs."""
-    from speculative.engine.factory import DRAFTER_FILES, needs_drafter_file, no_mtp_layers
     from speculative.models.gguf_meta import feature_drafter_kind, has_nextn_layers, is_mtp_head
 
     if draft is not None and is_mtp_head(draft.path):  # as llama.cpp tells it from the file
@@ -949,13 +911,13 @@ def _place_head(target: ModelSpec, draft: ModelSpec | None, use_draft: bool, mtp
     elif draft is not None and (kind := feature_drafter_kind(draft.path)) is not None:
         if use_draft or features not in (kind, "auto"):
             what = "a draft model" if use_draft else "what this --spec-type drafts with"
-            raise UsageError(f"-md {draft.name} is {DRAFTER_FILES[kind]}, not {what}: use it with --spec-type {kind} "
-                             "(or auto)")
+            raise UsageError(f"-md {draft.name} is {registry.TYPES[kind].model}, not {what}: use it with "
+                             f"--spec-type {kind} (or auto)")
         target, draft = replace(target, feature_drafter=draft.path), None
     elif not use_draft:
         draft = None  # draft-mtp with a draft model: the target's own NextN layers draft
     if mtp == "named" and not target.mtp_sidecar and not has_nextn_layers(target.path):
-        raise UsageError(no_mtp_layers(target.name))
+        raise UsageError(registry.TYPES["draft-mtp"].refusal(target.name))
     if features not in (None, "auto") and not target.feature_drafter:
-        raise UsageError(needs_drafter_file(features))
+        raise UsageError(registry.TYPES[features].refusal(target.name))
     return target, draft

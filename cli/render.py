@@ -256,5 +256,5 @@ def _settings(sampling: SamplerSettings, spec: SpecSettings, seed: int, use_chat
                                    ("ngram_map_k4v", spec.ngram_map_k4v))},
             "ngram_mod": {"n_match": spec.ngram_mod.n_match, "n_min": spec.ngram_mod.n_min,
                           "n_max": spec.ngram_mod.n_max},
-            "lookup_cache_static": str(spec.lookup_cache.static) if spec.lookup_cache.static else None,
-            "lookup_cache_dynamic": str(spec.lookup_cache.dynamic) if spec.lookup_cache.dynamic else None}
+            "lookup_cache_static": str(spec.ngram_cache.static) if spec.ngram_cache.static else None,
+            "lookup_cache_dynamic": str(spec.ngram_cache.dynamic) if spec.ngram_cache.dynamic else None}

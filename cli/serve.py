@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Iterator, Optional
 import typer
 
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
+from speculative.drafters import registry
 from speculative.engine.ram_cache import DEFAULT_MIB
 from speculative.errors import UsageError
 
@@ -244,7 +245,7 @@ def serve_command(
     _check(max_waiting, timeout, cache_ram, sleep_idle)
     spec = replace(spec, context_shift=context_shift)
     slots = slots.for_spec(spec)
-    target, draft = models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft, spec.mtp, spec.features)
+    target, draft = models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft, *registry.heads(spec))
     status = StatusLine()  # while the models load and auto measures; then notices only
     load = functools.partial(_load, slots.apply(target), slots.apply(draft), spec, slots, status,
                              cache_ram_mib=cache_ram, **pool.engine_args())

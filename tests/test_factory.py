@@ -1,6 +1,6 @@
-"""The drafter factory (speculative/engine/factory.py), against the fake backend: its table
-builds exactly the drafter types settings.py knows, each a drafter of that name, and what
-drafters keep between runs is shared by the runs."""
+"""The drafter factory (speculative/engine/factory.py), against the fake backend: it builds each
+type drafters/registry.py declares, a drafter of that name, refuses one whose model is not
+loaded, and what drafters keep between runs is shared by the runs."""
 
 from __future__ import annotations
 
@@ -9,25 +9,18 @@ from types import SimpleNamespace
 import pytest
 
 from speculative.decoding.cache import Cache
-from speculative.decoding.settings import DRAFTER_TYPES, HEAD_TYPES, LLAMA_NGRAM_TYPES, SPEC_TYPES, SpecSettings
+from speculative.decoding.settings import SpecSettings
 from speculative.drafters import Chain
 from speculative.drafters.auto import Auto
 from speculative.drafters.pool import Pool
-from speculative.engine.factory import BUILDERS, DrafterFactory
+from speculative.drafters.registry import HEAD, TYPES
+from speculative.engine.factory import DrafterFactory
 from speculative.errors import UsageError
 from tests.fakes import FakeBackend, ToyModel
 
 
-def test_the_factory_builds_exactly_the_types_settings_knows():
-    """settings.DRAFTER_TYPES is the one list of names (the lower layer checks --spec-type
-    against it); the factory's table must say how to build each of them, and nothing else."""
-    assert tuple(BUILDERS) == DRAFTER_TYPES
-    assert SPEC_TYPES == ("none", *DRAFTER_TYPES, "auto")
-    assert set(LLAMA_NGRAM_TYPES) <= set(DRAFTER_TYPES)
-
-
 def factory(draft: bool = True, mtp: str | None = "draft-mtp", pool: bool = True) -> DrafterFactory:
-    """`mtp`: the kind of head loaded (settings.HEAD_TYPES), or None."""
+    """`mtp`: the kind of head loaded (a type that needs registry.HEAD), or None."""
     caches = {"target": Cache(FakeBackend(ToyModel())), **({"draft": Cache(FakeBackend(ToyModel()))} if draft else {})}
     # enough of an MtpCache to build its drafter
     head = SimpleNamespace(n_ctx=256, head=SimpleNamespace(kind=mtp)) if mtp else None
@@ -35,9 +28,10 @@ def factory(draft: bool = True, mtp: str | None = "draft-mtp", pool: bool = True
                           lambda role, max_batch: [1e-3 * (1 + b) for b in range(max_batch)], target_batch=64)
 
 
-@pytest.mark.parametrize("name", DRAFTER_TYPES)
+@pytest.mark.parametrize("name", TYPES)
 def test_each_type_builds_a_drafter_of_its_name(name):
-    drafter = factory(mtp=name if name in HEAD_TYPES else "draft-mtp").make(SpecSettings(types=(name,)))
+    made = factory(mtp=name if TYPES[name].needs == HEAD else "draft-mtp")
+    drafter = made.make(SpecSettings(types=(name,)), constraint=object() if name == "forced" else None)
     assert drafter.name == name
 
 
@@ -48,6 +42,7 @@ def test_each_type_builds_a_drafter_of_its_name(name):
     ("draft-eagle3", {"mtp": None}, "needs an EAGLE-3 drafter"),
     ("draft-eagle3", {"mtp": "draft-mtp"}, "needs an EAGLE-3 drafter"),
     ("ngram-pool", {"pool": False}, "the pool is off"),
+    ("forced", {}, "drafts what a grammar forces: give --grammar"),
 ])
 def test_a_type_without_what_it_drafts_with_is_refused(name, missing, message):
     with pytest.raises(UsageError, match=message):

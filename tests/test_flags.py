@@ -16,7 +16,8 @@ from typer.main import get_command
 from speculative.cli import llama_flags, memory
 from speculative.cli.main import app
 from speculative.cli.options import ModelOptions
-from speculative.decoding.settings import SPEC_TYPE_ALIASES, SPEC_TYPES, SpecSettings
+from speculative.decoding.settings import SpecSettings
+from speculative.drafters.registry import ALIASES, SPEC_TYPES, canonical
 from speculative.engine.bench import make_configs
 from speculative.engine.chat import check_template, format_chat
 from speculative.serving.generation import speculation
@@ -243,8 +244,8 @@ def test_every_speculative_type_name_of_llama_cpp_is_taken():
     table = source[source.index("common_speculative_type_from_name_map"):]
     names = re.findall(r'\{"([a-z0-9-]+)",\s*COMMON_SPECULATIVE_TYPE_', table[:table.index("};")])
     assert "draft-simple" in names and len(names) >= 10
-    assert set(names) <= set(SPEC_TYPES) | set(SPEC_TYPE_ALIASES)
-    assert SpecSettings(types=("draft-simple", "ngram-simple")).types == ("draft", "ngram-simple")
+    assert set(names) <= set(SPEC_TYPES) | set(ALIASES)
+    assert canonical(("draft-simple", "ngram-simple")) == ("draft", "ngram-simple")
     assert replace(SpecSettings(), **speculation({"speculative.type": "draft-simple"})).types == ("draft",)
     assert [c.spec.types for c in make_configs(["draft-simple"], {}, SpecSettings())][1:] == [("draft",)]
 

@@ -13,7 +13,8 @@ import pytest
 
 from scripts.tiny_drafters import write_drafter
 from scripts.tiny_model import write_model
-from speculative.decoding.settings import DRAFTER_TYPES, ModelSpec, SamplerSettings, SpecSettings
+from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
+from speculative.drafters.registry import TYPES
 from speculative.engine.engine import Engine
 from tests.conftest import speculate, speculate_here
 from tests.test_mtp import steps_of, tokens_of
@@ -59,7 +60,7 @@ def run(engine: Engine, spec_type: str, sampling: SamplerSettings, draft_max: in
 
 
 @real
-@pytest.mark.parametrize("spec_type", [*DRAFTER_TYPES, "auto"])
+@pytest.mark.parametrize("spec_type", [*TYPES, "auto"])
 def test_greedy_output_under_a_grammar_is_target_only_output(tiny, batch_invariant, spec_type):
     """For every spec type, with a grammar, the same tokens as the target alone under it, the
     answer complete ("stop") and inside the grammar; the models really drafted and were rejected

@@ -25,7 +25,7 @@ from speculative.decoding.events import Prefilled, Step, Token
 from speculative.decoding.loop import generate
 from speculative.decoding.sampling import Sampler
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
-from speculative.drafters import MtpDrafter
+from speculative.drafters import MtpDrafter, registry
 from speculative.drafters.auto import Auto
 from speculative.engine.engine import Engine
 from speculative.errors import UsageError
@@ -259,12 +259,12 @@ def test_fake_auto_plans_with_the_mtp_head():
 
 
 def test_draft_mtp_settings():
-    assert SpecSettings(types=("draft-mtp",)).mtp == "named"
-    assert SpecSettings(types=("auto",)).mtp == "auto"
-    assert SpecSettings(types=("auto", "ngram-simple")).mtp is None
-    assert SpecSettings(types=("draft", "ngram-simple")).mtp is None
+    assert registry.heads(SpecSettings(types=("draft-mtp",)))[0] == "named"
+    assert registry.heads(SpecSettings(types=("auto",)))[0] == "auto"
+    assert registry.heads(SpecSettings(types=("auto", "ngram-simple")))[0] is None
+    assert registry.heads(SpecSettings(types=("draft", "ngram-simple")))[0] is None
     with pytest.raises(UsageError, match="draft-mtp, draft-eagle3, draft-dflash, draft-dspark draft chains only"):
-        SpecSettings(types=("draft", "draft-mtp"), branches=2).validate()
+        registry.check(SpecSettings(types=("draft", "draft-mtp"), branches=2))
 
 
 # -- the tiny Qwen3.5 with a NextN layer ------------------------------------------------

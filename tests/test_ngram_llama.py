@@ -803,7 +803,8 @@ def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     (("--spec-type", "ngram-map-k4v", "--spec-ngram-map-k4v-size-n", "0"), "--spec-ngram-map-k4v-*: n-gram sizes must be in [1, 1024]"),
     (("--spec-type", "ngram-map-k4v", "--spec-ngram-map-k4v-size-m", "2000"), "n-gram sizes must be in [1, 1024]"),
     (("--spec-type", "ngram-map-k4v", "--spec-ngram-map-k4v-min-hits", "0"), "min-hits must be >= 1"),
-    (("--spec-type", "auto,ngram-mod"), "--spec-type auto chooses among ngram-simple, draft and draft-mtp, not ngram-mod"),
+    (("--spec-type", "auto,ngram-mod"), "--spec-type auto chooses among ngram-simple, ngram-pool, draft, draft-mtp, "
+                                        "draft-eagle3, draft-dflash, draft-dspark, not ngram-mod"),
     (("--spec-type", "none", "--spec-default"), "--spec-default adds ngram-mod, which --spec-type none cannot take"),
     (("--spec-type", "ngram-cache,ngram-cache"), "names a type twice"),
     (("-lcs", "x.bin"), "-lcs/--lookup-cache-static is for --spec-type ngram-cache"),

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from speculative.drafters.pool import AGREED, MAGIC, Pool, PoolDrafter, PoolFile, check_pool_file, fingerprint
+from speculative.decoding.drafter import AGREED
+from speculative.drafters.pool import MAGIC, Pool, PoolDrafter, PoolFile, check_pool_file, fingerprint
 from speculative.errors import UsageError
 from speculative.files import locked
 

@@ -15,6 +15,13 @@ from typing import Sequence
 from speculative.decoding.tree import chain_parents
 
 
+# The kinds of proposal auto keeps acceptance estimates of apart (Draft.kind), each with its
+# prior in drafters/registry.py: an n-gram match by how long its context matched (ngram.match_class:
+# SHORT, MEDIUM, LONG, and RESUMED, a short match resuming the passage copied before), earlier
+# outputs that continue alike (pool.py), the text a grammar forces (forced.py)
+SHORT, MEDIUM, LONG, RESUMED, AGREED, FORCED = range(6)
+
+
 @dataclass(frozen=True)
 class Draft:
     tokens: list[int]

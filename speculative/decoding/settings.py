@@ -97,23 +97,6 @@ class SamplerSettings:
         return int.from_bytes(os.urandom(4), "little")
 
 
-# --spec-type's drafter types: the one list of their names. engine/factory.py builds each by
-# its name (tests/test_factory.py holds its table to this list); here they are only checked
-# and bounded, as this layer cannot know how a drafter is built.
-DRAFTER_TYPES = ("draft", "draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
-                 "ngram-pool", "forced")
-SPEC_TYPES = ("none", *DRAFTER_TYPES, "auto")  # none: no drafting; auto: chooses among drafters
-# llama.cpp's names (common/speculative.cpp's map) of speculate's types, read as the type named
-SPEC_TYPE_ALIASES = {"draft-simple": "draft"}
-# llama.cpp's own n-gram drafters, ported as they are (drafters/ngram_mod.py, ngram_map.py,
-# ngram_cache.py): each drafts up to its own maximum, which --draft-max caps only when given.
-LLAMA_NGRAM_TYPES = ("ngram-map-k4v", "ngram-mod", "ngram-cache")
-NGRAM_CACHE_DRAFT = 8  # llama.cpp's ngram-cache type drafts 8 tokens (common/speculative.cpp)
-# The drafters of a file of their own (-md) that read the target's layer inputs.
-FEATURE_TYPES = ("draft-eagle3", "draft-dflash", "draft-dspark")
-# The drafters that read the target's hidden states, drafting in a context beside its own
-# (llamacpp.mtp.MtpHead): its NextN layers or an MTP head file, or a FEATURE_TYPES drafter.
-HEAD_TYPES = ("draft-mtp", *FEATURE_TYPES)
 SPEC_ACCEPT = ("rejection", "match")  # speculative sampling, or the target samples and drafts must match
 DRAFT_MAX_FIXED = 3    # llama.cpp's default --draft-max
 DRAFT_MAX_AUTO = 16    # auto's cap: it picks k <= this each step
@@ -149,6 +132,16 @@ class NgramSettings:
 
 
 @dataclass(frozen=True)
+class NgramMapK4vSettings(NgramSettings):
+    """ngram-map-k4v (llama.cpp's common_ngram_map with values): as the other n-gram lookups,
+    but llama.cpp bounds its drafts by its own m, not by --draft-max."""
+
+    def own_limit(self, draft_max: int | None) -> int:
+        """The most it drafts: its m, and the given --draft-max (None: not given) below that."""
+        return self.m if draft_max is None else min(self.m, draft_max)
+
+
+@dataclass(frozen=True)
 class NgramModSettings:
     """ngram-mod (llama.cpp's common_ngram_mod): a draft continues while the hash table knows
     what follows the last n_match tokens, up to n_max tokens, and is dropped when shorter than
@@ -157,7 +150,11 @@ class NgramModSettings:
     n_min: int = 48
     n_max: int = 64
 
-    def validate(self) -> None:
+    def own_limit(self, draft_max: int | None) -> int:
+        """The most it drafts: its n_max, and the given --draft-max (None: not given) below that."""
+        return self.n_max if draft_max is None else min(self.n_max, draft_max)
+
+    def validate(self, flag: str = "") -> None:
         """llama.cpp's range checks (common/arg.cpp)."""
         for flag, value, least in (("--spec-ngram-mod-n-match", self.n_match, 1),
                                    ("--spec-ngram-mod-n-min", self.n_min, 0),
@@ -166,12 +163,22 @@ class NgramModSettings:
                 raise UsageError(f"{flag} must be between {least} and 1024 inclusive, got {value}")
 
 
+NGRAM_CACHE_DRAFT = 8  # llama.cpp's ngram-cache type drafts 8 tokens (common/speculative.cpp)
+
+
 @dataclass(frozen=True)
-class LookupCacheSettings:
+class NgramCacheSettings:
     """ngram-cache's files, as llama.cpp's -lcs and -lcd: a static cache only read (written by
     llama-lookup-create), a dynamic one read at start and replaced by what it learned."""
     static: Path | None = None
     dynamic: Path | None = None
+
+    def own_limit(self, draft_max: int | None) -> int:
+        """The most it drafts: llama.cpp's 8, or the given --draft-max (llama-lookup's length)."""
+        return NGRAM_CACHE_DRAFT if draft_max is None else draft_max
+
+    def validate(self, flag: str = "") -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -192,16 +199,13 @@ class SpecSettings:
     p_split: float = 0.1    # --draft-p-split: a candidate this likely to the draft starts a branch
     ngram_simple: NgramSettings = NgramSettings()
     ngram_map_k: NgramSettings = NgramSettings()
-    ngram_map_k4v: NgramSettings = NgramSettings()
+    ngram_map_k4v: NgramMapK4vSettings = NgramMapK4vSettings()
     ngram_mod: NgramModSettings = NgramModSettings()
-    lookup_cache: LookupCacheSettings = LookupCacheSettings()
-    draft_max_given: bool = False  # --draft-max was given: it caps llama.cpp's n-gram types
-                                   # (LLAMA_NGRAM_TYPES) too, which otherwise draft up to their own maximum
+    ngram_cache: NgramCacheSettings = NgramCacheSettings()
+    draft_max_given: bool = False  # --draft-max was given: it caps llama.cpp's n-gram types too,
+                                   # which otherwise draft up to their own maximum (own_limit)
     synth_len: float | None = None  # --spec-synth-len: synthetic acceptance's mean length (synthetic_probs)
     synth_rates: tuple[float, ...] = ()  # --spec-synth-rates: its chance per drafted position
-
-    def __post_init__(self):
-        object.__setattr__(self, "types", canonical_types(self.types))
 
     @property
     def drafters(self) -> tuple[str, ...]:
@@ -212,35 +216,18 @@ class SpecSettings:
     def auto(self) -> bool:
         return "auto" in self.types
 
-    @property
-    def mtp(self) -> str | None:
-        """Whether the target's NextN (MTP) layers may draft: "named" (--spec-type draft-mtp),
-        "auto" (auto's default choices, which take them where the target has them), or None."""
-        if "draft-mtp" in self.drafters:
-            return "named"
-        return "auto" if self.auto and not self.drafters else None
-
-    @property
-    def features(self) -> str | None:
-        """Whether a drafter file that reads the target's layer inputs (FEATURE_TYPES) may draft:
-        the type --spec-type names, "auto" (auto's default choices take whichever -md is), or None."""
-        named = [t for t in self.drafters if t in FEATURE_TYPES]
-        if named:
-            return named[0]
-        return "auto" if self.auto and not self.drafters else None
+    def own(self, name: str) -> object | None:
+        """Drafter type `name`'s own settings: the field named after it (ngram-mod: ngram_mod), or
+        None for a type without any (drafters/registry.py declares which types have them)."""
+        return getattr(self, name.replace("-", "_"), None)
 
     def draft_limit(self, name: str) -> int:
         """The most tokens drafter `name` drafts in a step. llama.cpp bounds its own n-gram
-        types by their own settings, not by the draft model's --spec-draft-n-max (our
-        --draft-max): ngram-mod by its n_max, ngram-map-k4v by its m, ngram-cache by 8. An
-        explicit --draft-max caps them too (and is ngram-cache's length, as llama-lookup's
-        --draft-max is); every other drafter drafts up to --draft-max."""
-        if name not in LLAMA_NGRAM_TYPES:
-            return self.draft_max
-        own = {"ngram-mod": self.ngram_mod.n_max, "ngram-map-k4v": self.ngram_map_k4v.m}.get(name)
-        if self.draft_max_given:
-            return self.draft_max if own is None else min(own, self.draft_max)
-        return NGRAM_CACHE_DRAFT if own is None else own
+        types by their own settings (own_limit), not by the draft model's --spec-draft-n-max
+        (our --draft-max), which caps them too only when given; every other drafter drafts up
+        to --draft-max."""
+        own = getattr(self.own(name), "own_limit", None)
+        return self.draft_max if own is None else own(self.draft_max if self.draft_max_given else None)
 
     @property
     def step_max(self) -> int:
@@ -285,15 +272,8 @@ class SpecSettings:
         return tuple(r / before if before > 0 else 0.0 for r, before in zip(rates, (1.0, *rates)))
 
     def validate(self) -> None:
-        unknown = [t for t in self.types if t not in SPEC_TYPES]
-        if unknown or not self.types:
-            aliases = ", ".join(f"llama.cpp's {alias} for {name}" for alias, name in SPEC_TYPE_ALIASES.items())
-            raise UsageError(f"--spec-type: unknown type {', '.join(unknown) or '(empty)'} "
-                             f"(known: {', '.join(SPEC_TYPES)}; {aliases})")
-        if "none" in self.types and len(self.types) > 1:
-            raise UsageError("--spec-type none cannot be combined with other types")
-        if len(set(self.types)) != len(self.types):
-            raise UsageError(f"--spec-type names a type twice: {','.join(self.types)}")
+        """The checks that hold whatever the types: drafters/registry.py's check() runs these after
+        its own of the types and their settings."""
         if self.accept not in SPEC_ACCEPT:
             raise UsageError(f"--spec-accept: expected one of {', '.join(SPEC_ACCEPT)}, got {self.accept!r}")
         if self.draft_max < 1 and self.types != ("none",):
@@ -309,31 +289,10 @@ class SpecSettings:
                              f"got {self.branches}")
         if not 0.0 <= self.p_split <= 1.0:
             raise UsageError(f"--draft-p-split must be in [0, 1], got {self.p_split}")
-        if self.branches > 1 and ("draft" not in self.drafters or self.auto or self.mtp or self.features):
-            raise UsageError(f"{self.branches} draft branches: draft trees come from a draft model; "
-                             f"use --spec-type draft (auto, {', '.join(HEAD_TYPES)} draft chains only)")
         if self.n_predict < -1:
             raise UsageError(f"-n/--n-predict must be -1 (no limit) or >= 0, got {self.n_predict}")
         if self.synthetic_probs() and self.branches > 1:
             raise UsageError("--spec-synth-*: synthetic acceptance verifies draft chains only (no -np branches)")
-        self.ngram_simple.validate("--spec-ngram-simple-*")
-        self.ngram_map_k.validate("--spec-ngram-map-k-*")
-        self.ngram_map_k4v.validate("--spec-ngram-map-k4v-*")
-        self.ngram_mod.validate()
-        llama_types = [t for t in self.drafters if t in LLAMA_NGRAM_TYPES]
-        if self.auto and llama_types:
-            raise UsageError(f"--spec-type auto chooses among ngram-simple, draft and draft-mtp, not "
-                             f"{llama_types[0]}: name the types to try in order instead of auto")
-        cache = self.lookup_cache
-        if (cache.static or cache.dynamic) and "ngram-cache" not in self.drafters:
-            flag = "-lcs/--lookup-cache-static" if cache.static else "-lcd/--lookup-cache-dynamic"
-            raise UsageError(f"{flag} is for --spec-type ngram-cache, which this run does not use")
-
-
-def canonical_types(types: Sequence[str]) -> tuple[str, ...]:
-    """--spec-type's names as speculate's own (llama.cpp's draft-simple is draft), wherever they come
-    from: the flag, a request's speculative.type, bench's -C."""
-    return tuple(SPEC_TYPE_ALIASES.get(t, t) for t in types)
 
 
 @dataclass(frozen=True)

@@ -16,17 +16,22 @@ Drafter): propose up to k tokens, then hear how many the target kept.
   chain.py        several drafters tried in order
   auto.py         the cost-aware choice among them (`--spec-type auto`)
   pool.py         ngram-pool: n-gram lookup in what earlier runs wrote (--spec-pool)
+  registry.py     the drafter types, each declared once: name, settings, flags, needs,
+                  builder, auto's prior
   replay.py       auto's plans replayed over recorded runs (scripts/replay_auto.py)
 """
 
-from speculative.drafters.chain import Chain
-from speculative.drafters.forced import ForcedDrafter
-from speculative.drafters.model import ModelDrafter, top_probability
-from speculative.drafters.mtp import MtpDrafter
-from speculative.drafters.ngram import NgramMapK, NgramSimple
-from speculative.drafters.ngram_cache import LookupFiles, NgramCache
-from speculative.drafters.ngram_map import NgramMapK4v
-from speculative.drafters.ngram_mod import ModTable, NgramMod
+import importlib
 
-__all__ = ["ModelDrafter", "MtpDrafter", "NgramSimple", "NgramMapK", "NgramMapK4v",
-           "NgramMod", "ModTable", "NgramCache", "LookupFiles", "Chain", "ForcedDrafter", "top_probability"]
+# the drafters' classes, imported when first asked for: the registry (names, flags, help) is read
+# by --help and the flags' checks, which answer without numpy
+_EXPORTS = {"Chain": "chain", "ForcedDrafter": "forced", "ModelDrafter": "model", "top_probability": "model",
+            "MtpDrafter": "mtp", "NgramMapK": "ngram", "NgramSimple": "ngram", "LookupFiles": "ngram_cache",
+            "NgramCache": "ngram_cache", "NgramMapK4v": "ngram_map", "ModTable": "ngram_mod", "NgramMod": "ngram_mod"}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -44,17 +44,11 @@ from typing import Callable, Sequence
 import numpy as np
 
 from speculative.decoding.drafter import Draft, Drafter, Outcome
+from speculative.drafters.registry import MODEL_PRIOR, TYPES, DrafterType
 
-# Beliefs before any evidence, worth PRIOR_WEIGHT observations: the first drafted
-# token's acceptance, for a draft model and for each kind of n-gram proposal (the
-# longer the matched context, the likelier; see drafters/ngram.py, match_class) ...
-MODEL_PRIOR = 0.7
-FREE_PRIOR = {0: 0.4, 1: 0.7, 2: 0.9, 3: 0.6, 4: 0.8,  # 4: earlier outputs agree (pool.AGREED)
-              # 5: text a grammar forces, spelled as the tokenizer would, less its last token
-              # (forced.FORCED_KIND): 311 of 311 such tokens accepted over six extraction answers
-              # (docs/grammars.md); it is proposed a few times an answer, too seldom for its
-              # evidence to outlast DECAY, so the prior is most of what auto knows of it
-              5: 0.95}
+# Beliefs before any evidence, worth PRIOR_WEIGHT observations: the first drafted token's
+# acceptance, each drafter type's by the kind of its proposal (registry.py: a draft model's, an
+# n-gram match's by how long its context matched, ...) ...
 CONTINUE_PRIOR = 0.85   # ... and of each later token, given the ones before it
 PRIOR_WEIGHT = 3.0
 DECAY = 0.9                # per step: evidence older than a few dozen tokens fades
@@ -203,8 +197,9 @@ class Auto(Drafter):
     def estimates(self, d: Drafter | str, kind: int = 0) -> Acceptance:
         name = d if isinstance(d, str) else d.name
         if (name, kind) not in self.acceptance:
+            declared = TYPES.get(name)
             free = next(x.free for x in self.drafters if x.name == name)
-            prior = FREE_PRIOR.get(kind, 0.5) if free else MODEL_PRIOR
+            prior = declared.prior_of(kind) if declared else DrafterType.prior if free else MODEL_PRIOR
             self.acceptance[(name, kind)] = Acceptance(self.k_max, prior)
         return self.acceptance[(name, kind)]
 

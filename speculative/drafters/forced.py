@@ -12,9 +12,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from speculative.decoding.constraint import forced
-from speculative.decoding.drafter import Draft, Drafter
-
-FORCED_KIND = 5  # the kind of proposal auto keeps acceptance estimates of (auto.FREE_PRIOR)
+from speculative.decoding.drafter import FORCED, Draft, Drafter
 
 
 class ForcedDrafter(Drafter):
@@ -26,4 +24,4 @@ class ForcedDrafter(Drafter):
             return self.nothing()
         found = forced(self.constraint.state, k)
         tokens = [*found.certain, *found.likely][:k]
-        return Draft(tokens, self.name, FORCED_KIND, certain=min(len(found.certain), k))
+        return Draft(tokens, self.name, FORCED, certain=min(len(found.certain), k))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Sequence
 
-from speculative.decoding.drafter import Draft, Drafter, Outcome
+from speculative.decoding.drafter import LONG, MEDIUM, RESUMED, SHORT, Draft, Drafter, Outcome
 
 RECENT_OCCURRENCES = 16  # how many earlier occurrences of a key are weighed
 MAX_CONTEXT = 32         # how far back a match is compared to rank occurrences
@@ -43,10 +43,10 @@ def match_class(length: int, aligned: bool = False) -> int:
     renamed identifier in otherwise copied code. Length comes first: a medium match
     predicts a long run whether it resumes a passage or not."""
     if length >= 16:
-        return 2
+        return LONG
     if length >= 8:
-        return 1
-    return 3 if aligned else 0
+        return MEDIUM
+    return RESUMED if aligned else SHORT
 
 
 class NgramIndex:

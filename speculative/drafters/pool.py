@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from speculative.decoding.drafter import Draft, Drafter
+from speculative.decoding.drafter import AGREED, Draft, Drafter
 from speculative.decoding.settings import POOL_TOKENS
 from speculative.drafters.ngram import ALIGNED_SLACK, RECENT_OCCURRENCES, match_class, shared_suffix
 from speculative.files import check_ours, locked, write_atomic
@@ -38,7 +38,6 @@ VERSION = 1
 POOL_N = 4              # n-gram length looked up (an output of another request needs more than
                         # the 3 tokens that find a passage in the current one)
 MIN_OUTPUT = 8          # shorter outputs teach nothing
-AGREED = 4              # a proposal's kind (auto's estimates): another earlier output continues alike
 _HEAD = struct.Struct("<8sI32sII")
 
 Notice = Callable[[str], None]

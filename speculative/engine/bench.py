@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from speculative.decoding.settings import DRAFT_MAX_AUTO, NGRAM_N_AUTO, SamplerSettings, SpecSettings, acceptance
+from speculative.decoding.settings import DRAFT_MAX_AUTO, NGRAM_N_AUTO, NgramSettings, SamplerSettings, SpecSettings, acceptance
+from speculative.drafters import registry
 from speculative.engine.chat import prompt_or_messages
 from speculative.engine.stream import complete
 from speculative.errors import UsageError
@@ -138,7 +139,7 @@ def make_configs(spec_types: list[str], grid: dict[str, list], base: SpecSetting
     draft-max applies to fixed types only (auto picks its own k up to its cap)."""
     configs = [Config(BASELINE, replace(base, types=("none",)))]
     for types in spec_types:
-        kinds = tuple(t.strip() for t in types.split(",") if t.strip())
+        kinds = registry.canonical(t.strip() for t in types.split(",") if t.strip())
         if kinds == ("none",):
             continue
         keys = [k for k in grid if not (k == "draft-max" and "auto" in kinds)]
@@ -146,7 +147,7 @@ def make_configs(spec_types: list[str], grid: dict[str, list], base: SpecSetting
             spec = replace(base, types=kinds, draft_max=DRAFT_MAX_AUTO if "auto" in kinds else base.draft_max)
             for key, value in zip(keys, values):
                 spec = _set(spec, key, value)
-            spec.validate()
+            registry.check(spec)
             label = ",".join(kinds) + "".join(f" {k}={v}" for k, v in zip(keys, values))
             configs.append(Config(label, spec))
     return configs
@@ -155,9 +156,8 @@ def make_configs(spec_types: list[str], grid: dict[str, list], base: SpecSetting
 def _set(spec: SpecSettings, key: str, value) -> SpecSettings:
     name = SWEEP_KEYS[key][0]
     if key.startswith("ngram-"):
-        return replace(spec, ngram_simple=replace(spec.ngram_simple, **{name: value}),
-                       ngram_map_k=replace(spec.ngram_map_k, **{name: value}),
-                       ngram_map_k4v=replace(spec.ngram_map_k4v, **{name: value}))
+        return replace(spec, **{t.settings_field: replace(spec.own(t.name), **{name: value}) for t in registry.TYPES.values()
+                                if t.settings is not None and issubclass(t.settings, NgramSettings)})
     if key == "draft-max":  # a draft-max swept caps llama.cpp's n-gram types too, as the flag does
         return replace(spec, draft_max=value, draft_max_given=True)
     return replace(spec, **{name: value})

@@ -156,8 +156,6 @@ class Engine:
         banned = self.target.eog_tokens() if spec.ignore_eos else None
         constraint = (Constraint(self.target.grammar(sampling.grammar, sampling.grammar_triggers))
                       if sampling.grammar else None)
-        if constraint is None and "forced" in spec.drafters:
-            raise UsageError("--spec-type forced drafts what a grammar forces: give --grammar or --json-schema")
         make = functools.partial(self.factory.make, spec, self._draft_sampler(sampling, spec, seed, rule), constraint)
         self.drafter = make(self.drafter if carry else None)  # may calibrate; make(old) after a context shift
         restored = self.persist.restore_pending

@@ -1,33 +1,28 @@
 """The drafter a run asks for, built by its --spec-type names: one drafter, a chain of several
 tried in order, or auto choosing among them each step.
 
-BUILDERS says how each type is built; which types exist is settings.DRAFTER_TYPES, the one
-list of their names (the settings layer checks --spec-type against it and cannot import this
-one; tests/test_factory.py holds the two to each other). What drafters keep between runs lives
-here too: ngram-mod's hash tables, and ngram-cache's -lcs/-lcd files (read once; -lcd written
-back, with what the requests learned, when the engine closes).
+How each type is built, and what it needs, is drafters/registry.py's; what drafters keep between
+runs lives here: ngram-mod's hash tables, and ngram-cache's -lcs/-lcd files (read once; -lcd
+written back, with what the requests learned, when the engine closes).
 """
 
 from __future__ import annotations
 
-from operator import attrgetter
 from typing import Callable
 
 from speculative.decoding.cache import Cache, MtpCache
 from speculative.decoding.constraint import Constraint
 from speculative.decoding.drafter import Drafter
 from speculative.decoding.sampling import Sampler
-from speculative.decoding.settings import HEAD_TYPES, NgramSettings, SpecSettings
-from speculative.drafters import (Chain, ForcedDrafter, LookupFiles, ModelDrafter, ModTable, MtpDrafter, NgramCache, NgramMapK, NgramMapK4v,
-                                  NgramMod, NgramSimple)
+from speculative.decoding.settings import SpecSettings
+from speculative.drafters import Chain, LookupFiles, ModTable
 from speculative.drafters.auto import Auto, Rewind
-from speculative.drafters.block import BlockDrafter
-from speculative.drafters.pool import Pool, PoolDrafter
+from speculative.drafters.pool import Pool
+from speculative.drafters.registry import DRAFT, GRAMMAR, HEAD, POOL, TYPES, DrafterType
 from speculative.engine import calibrate
 from speculative.errors import UsageError
 
 CATCHUP_BATCH = 16  # a draft model catching up decodes about this many tokens at once
-BLOCK_TYPES = ("draft-dflash", "draft-dspark")  # drafters of a whole block per decode (drafters/block.py)
 
 Costs = Callable[..., list[float]]  # (role, max_batch[, sequences]) -> measured decode costs (Engine.costs)
 
@@ -61,12 +56,13 @@ class DrafterFactory:
         `draft_sampler`: the draft model samples with it (else it drafts greedily); `constraint`:
         the run's grammar, which every drafter drafts under (and auto's choices add `forced`);
         `earlier`: an earlier run's drafter whose auto this one's learns from."""
-        names = spec.drafters or ("ngram-simple", *(("ngram-pool",) if self.pool and self.pool_in_auto else ()),
-                                  *(("draft",) if self.draft else ()), *((self.mtp.head.kind,) if self.mtp else ()),
-                                  *(("forced",) if constraint is not None else ()))
         if not spec.auto and not spec.drafters:
             return None
-        drafters = [BUILDERS[name](self, spec, draft_sampler) for name in names]
+        names = spec.drafters or tuple(t.name for t in TYPES.values() if t.auto and self.has(t, constraint, auto=True))
+        for name in names:
+            if not self.has(TYPES[name], constraint):
+                raise UsageError(TYPES[name].refusal(self.target.name))
+        drafters = [TYPES[name].build(self, spec, draft_sampler) for name in names]
         for d in drafters:
             d.constraint = constraint
         if spec.auto:
@@ -75,6 +71,12 @@ class DrafterFactory:
                 auto.learn_from(earlier)
             return auto
         return drafters[0] if len(drafters) == 1 else Chain(drafters, [spec.draft_limit(n) for n in names])
+
+    def has(self, kind: DrafterType, constraint: Constraint | None, auto: bool = False) -> bool:
+        """Whether what `kind` needs is loaded (`auto`: and auto's default choices may take it)."""
+        return {DRAFT: self.draft is not None, HEAD: self.mtp is not None and self.mtp.head.kind == kind.name,
+                POOL: self.pool is not None and (not auto or bool(self.pool) and self.pool_in_auto),
+                GRAMMAR: constraint is not None}.get(kind.needs, True)
 
     def _auto(self, names: tuple[str, ...], drafters: list[Drafter], draft_max: int) -> Auto:
         """auto over `drafters`, with what the models' steps cost as measured (calibrate.py)."""
@@ -86,14 +88,14 @@ class DrafterFactory:
         # drafts (or a prompt's chunk, gone by the next pass), a request's draft would make the
         # pass look cheaper per token to the next, and drafts would grow together
         shared = [self.costs("target", k_max + 1, n) for n in range(2, slots + 1)]
-        drafting = {name: self.costs("draft" if name == "draft" else "mtp", CATCHUP_BATCH)
-                    for name in ("draft", *HEAD_TYPES) if name in names}
+        drafting = {name: self.costs("draft" if TYPES[name].needs == DRAFT else "mtp", CATCHUP_BATCH)
+                    for name in names if TYPES[name].needs in (DRAFT, HEAD)}
         if not all([verify, *shared, *drafting.values()]):  # a request's own auto on a server without it
             raise UsageError("auto: the models' costs were not measured before the requests started: "
                              "start with --spec-type auto")
         # a draft token alone, and one within a batch of CATCHUP_BATCH; a block drafter's tokens
         # decode together, as a catch-up's do
-        draft_costs = {name: costs[-1] / len(costs) if name in BLOCK_TYPES else costs[0]
+        draft_costs = {name: costs[-1] / len(costs) if TYPES[name].block else costs[0]
                        for name, costs in drafting.items()}
         catchup_costs = {name: costs[-1] / len(costs) for name, costs in drafting.items()}
         target = self.target
@@ -117,7 +119,7 @@ class DrafterFactory:
 
     def lookup_files(self, spec: SpecSettings) -> LookupFiles:
         """ngram-cache's files, read the first time a run asks for them (notices for what is unusable)."""
-        key = (spec.lookup_cache.static, spec.lookup_cache.dynamic)
+        key = (spec.ngram_cache.static, spec.ngram_cache.dynamic)
         if key not in self._lookup_files:
             self._lookup_files[key] = LookupFiles(*key, self.target.n_vocab, self.notify or (lambda _: None))
         return self._lookup_files[key]
@@ -135,91 +137,3 @@ def rewind(target: Cache, k_max: int) -> Rewind | None:
     if limit is None or limit >= k_max:
         return None
     return Rewind(limit, *calibrate.checkpoint_costs(target))
-
-
-def no_mtp_layers(name: str) -> str:
-    return (f"--spec-type draft-mtp: {name} has no NextN (MTP) layers to draft with; "
-            "give its MTP head file with -md")
-
-
-DRAFTER_FILES = {"draft-eagle3": "an EAGLE-3 drafter", "draft-dflash": "a DFlash drafter",
-                 "draft-dspark": "a DSpark drafter"}
-
-
-def needs_drafter_file(kind: str) -> str:
-    return f"--spec-type {kind} needs {DRAFTER_FILES[kind]} (a GGUF of its own): give it with -md"
-
-
-Builder = Callable[[DrafterFactory, SpecSettings, "Sampler | None"], Drafter]
-
-
-def _draft(factory: DrafterFactory, spec: SpecSettings, draft_sampler: Sampler | None) -> Drafter:
-    draft, target = factory.draft, factory.target
-    if draft is None:
-        raise UsageError("--spec-type draft needs a draft model: give -md PATH|NAME")
-    if spec.branches > min(draft.n_seq, target.n_seq):
-        raise UsageError(f"{spec.branches} draft branches: the models were loaded for "
-                         f"{min(draft.n_seq, target.n_seq)} branches")
-    return ModelDrafter(factory.caches["draft"], p_min=spec.draft_p_min, sampler=draft_sampler,
-                        branches=spec.branches, p_split=spec.p_split)
-
-
-def _draft_mtp(factory: DrafterFactory, spec: SpecSettings, draft_sampler: Sampler | None) -> Drafter:
-    if factory.mtp is None or factory.mtp.head.kind != "draft-mtp":
-        raise UsageError(no_mtp_layers(factory.target.name))
-    return MtpDrafter(factory.mtp, factory.target.is_eog, p_min=spec.draft_p_min, sampler=draft_sampler)
-
-
-def _features(kind: str) -> Builder:
-    """A drafter of its own file reading the target's layer inputs: EAGLE-3 drafts as an MTP
-    head does, token by token; DFlash and DSpark a block at a time."""
-    def build(factory: DrafterFactory, spec: SpecSettings, draft_sampler: Sampler | None) -> Drafter:
-        if factory.mtp is None or factory.mtp.head.kind != kind:
-            raise UsageError(needs_drafter_file(kind))
-        if kind == "draft-eagle3":
-            return MtpDrafter(factory.mtp, factory.target.is_eog, p_min=spec.draft_p_min, sampler=draft_sampler)
-        if kind == "draft-dspark" and spec.draft_p_min > 0 and not factory.mtp.head.confidence:
-            raise UsageError("--draft-p-min: this DSpark drafter has no confidence head to cut its drafts with; "
-                             "give --draft-p-min 0")
-        return BlockDrafter(factory.mtp, p_min=spec.draft_p_min, sampler=draft_sampler)
-    return build
-
-
-def _ngram(kind: type, settings_of: Callable[[SpecSettings], NgramSettings]) -> Builder:
-    """An n-gram lookup type built from its own --spec-ngram-KIND-* values."""
-    def build(factory: DrafterFactory, spec: SpecSettings, draft_sampler: Sampler | None) -> Drafter:
-        ngram = settings_of(spec)
-        return kind(ngram.size(spec.auto), ngram.m, ngram.min_hits)
-    return build
-
-
-def _ngram_mod(factory: DrafterFactory, spec: SpecSettings, draft_sampler: Sampler | None) -> Drafter:
-    mod = spec.ngram_mod
-    return NgramMod(factory.mod_table(mod.n_match), mod.n_min, mod.n_max)
-
-
-def _ngram_cache(factory: DrafterFactory, spec: SpecSettings, draft_sampler: Sampler | None) -> Drafter:
-    return NgramCache(factory.lookup_files(spec))
-
-
-def _ngram_pool(factory: DrafterFactory, spec: SpecSettings, draft_sampler: Sampler | None) -> Drafter:
-    if factory.pool is None:
-        raise UsageError("--spec-type ngram-pool: the pool is off (--spec-pool-tokens 0)")
-    return PoolDrafter(factory.pool)
-
-
-# How each drafter type is built, by its --spec-type name (in settings.DRAFTER_TYPES' order).
-BUILDERS: dict[str, Builder] = {
-    "draft": _draft,
-    "draft-mtp": _draft_mtp,
-    "draft-eagle3": _features("draft-eagle3"),
-    "draft-dflash": _features("draft-dflash"),
-    "draft-dspark": _features("draft-dspark"),
-    "ngram-simple": _ngram(NgramSimple, attrgetter("ngram_simple")),
-    "ngram-map-k": _ngram(NgramMapK, attrgetter("ngram_map_k")),
-    "ngram-map-k4v": _ngram(NgramMapK4v, attrgetter("ngram_map_k4v")),
-    "ngram-mod": _ngram_mod,
-    "ngram-cache": _ngram_cache,
-    "ngram-pool": _ngram_pool,
-    "forced": lambda factory, spec, draft_sampler: ForcedDrafter(),
-}

@@ -16,6 +16,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 from speculative.chat.request import Plan
 from speculative.decoding.settings import SamplerSettings, SpecSettings
+from speculative.drafters import registry
 from speculative.errors import GrammarError
 from speculative.grammar import given
 
@@ -162,7 +163,7 @@ def speculation(data: dict) -> dict:
         if not valid(value):
             raise ApiError(400, f"{name}: must be {must}", param=name)
         if setting == "types":
-            value = tuple(value.split(",") if isinstance(value, str) else value)
+            value = registry.canonical(value.split(",") if isinstance(value, str) else value)
         chosen[setting] = value
     if "draft_max" in chosen:
         chosen["draft_max_given"] = True  # it caps the n-gram types too, as --draft-max does

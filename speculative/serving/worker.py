@@ -27,6 +27,7 @@ from speculative.decoding.events import Prefilling
 from speculative.decoding.gate import Stopped
 from speculative.decoding.settings import SpecSettings
 from speculative.decoding.stats import Stats
+from speculative.drafters import registry
 from speculative.engine.engine import Engine
 from speculative.engine.parallel import Parallel
 from speculative.engine.stream import Final, Piece, Stream
@@ -229,16 +230,13 @@ def request_spec(engine: Engine, generation: Generation, spec: SpecSettings) -> 
     spec = dataclasses.replace(spec, n_predict=generation.max_tokens or -1, ignore_eos=generation.ignore_eos,
                                **generation.speculation)
     try:
-        spec.validate()
+        registry.check(spec)
     except UsageError as e:
         raise ApiError(400, f"speculative.*: {e}") from None
-    if "draft" in spec.drafters and engine.draft is None:
-        raise ApiError(400, "speculative.type: draft needs a draft model, which this server has not loaded (-md)",
-                       param="speculative.type")
-    for kind, what in (("draft-mtp", "an MTP head"), ("draft-eagle3", "an EAGLE-3 drafter"),
-                       ("draft-dflash", "a DFlash drafter"), ("draft-dspark", "a DSpark drafter")):
-        if kind in spec.drafters and (engine.mtp is None or engine.mtp.head.kind != kind):
-            raise ApiError(400, f"speculative.type: {kind} needs {what}, which this server has not loaded",
+    for name in spec.drafters:
+        kind = registry.TYPES[name]
+        if kind.needs in (registry.DRAFT, registry.HEAD) and not engine.factory.has(kind, None):
+            raise ApiError(400, f"speculative.type: {name} needs {kind.model}, which this server has not loaded (-md)",
                            param="speculative.type")
     return spec
 
