@@ -1,5 +1,5 @@
 """What each drafter of the target's hidden states costs, on tiny random-weight models of
-scripts/tiny_drafters.py and tiny_model.py at a given size.
+tests/tiny_drafters.py and tiny_model.py at a given size.
 
     python scripts/bench_drafters.py [--size 64x4] [--size 1024x16] [--threads 1] [--repeat 3] [-o FILE]
 
@@ -107,8 +107,8 @@ print(json.dumps({"per_token_s": per_token, "catch_up_s": catch_up, "k": k, "rss
 
 
 def write_pair(kind: str, folder: Path, n_embd: int, n_layer: int) -> tuple[Path, Path]:
-    from scripts.tiny_drafters import write_drafter
-    from scripts.tiny_model import write_model
+    from tests.tiny_drafters import write_drafter
+    from tests.tiny_model import write_model
 
     if kind == "draft-mtp":
         return write_model("hy_v3", folder / "hy1.gguf", n_embd=n_embd, n_layer=n_layer, mtp=1), None

@@ -5,7 +5,7 @@
 
 The figures of docs/drafters.md's "Drafting with the target's MTP layers" (the paragraph on what the
 NextN layers cost when auto never uses them). For each --size N_EMBDxN_LAYER (default: the
-default tiny model, 64x4, and 1024x12), `scripts/tiny_model.py qwen35 --mtp` writes a
+default tiny model, 64x4, and 1024x12), `python -m tests.tiny_model qwen35 OUT.gguf --mtp` writes a
 random-weight model with one NextN layer into a temporary folder, and this script measures:
 
 - the file: its bytes, and the bytes of its NextN block's tensors (every `blk.{i}.*` tensor of
@@ -95,7 +95,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gguf  # noqa: E402
 
 from scripts.results import meta  # noqa: E402
-from scripts.tiny_model import write_model  # noqa: E402
+from tests.tiny_model import write_model  # noqa: E402
 from speculative.decoding.cache import Cache, MtpCache  # noqa: E402
 from speculative.decoding.settings import ModelSpec  # noqa: E402
 from speculative.engine.calibrate import measure, measure_mtp  # noqa: E402

@@ -4,7 +4,7 @@
 
 For each architecture (LFM2 and Qwen3.5, whose rollback llama.cpp does with n_rs_seq
 snapshots; Mamba, whose state speculate copies into a checkpoint), on a random-weight model
-written by scripts/tiny_model.py: a target pass over 1 token and over a verify batch of
+written by tests/tiny_model.py: a target pass over 1 token and over a verify batch of
 --draft + 1, with and without the snapshots; the recurrent state's size; the memory llama.cpp
 allocates for it; and the checkpoint's copy and restore. Weights are random, so only the
 costs mean anything (no acceptance rates). Medians of --repeat runs, printed as a table and
@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scripts.results import meta  # noqa: E402
-from scripts.tiny_model import write_model  # noqa: E402
+from tests.tiny_model import write_model  # noqa: E402
 from speculative.decoding.cache import Cache  # noqa: E402
 from speculative.decoding.settings import ModelSpec  # noqa: E402
 from speculative.engine.calibrate import checkpoint_costs  # noqa: E402

@@ -11,7 +11,7 @@ run's output and plan). For each prompt chosen (default: all), over its target-o
 1. the n-gram bound (bench.ngram_bound, checked against the file's) and the bound's plan: where
    it drafts and how many tokens;
 2. auto replayed: speculative's own Auto driven by the real loop over a target that replays the
-   output (speculative/drafters/replay.py) at the calibrated costs, so its timing corrections see those
+   output (scripts/replay.py) at the calibrated costs, so its timing corrections see those
    costs; with the drafters the bench gave it (ngram-simple, the pool of the earlier prompts'
    outputs, the draft model, which it must decline: no model here), compared with the file's
    auto runs (their plans and modelled speedups);
@@ -47,7 +47,7 @@ from typing import Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scripts.results import meta  # noqa: E402
-from speculative.decoding.drafter import Draft, Drafter
+from speculative.decoding.drafter import LONG, MEDIUM, RESUMED, SHORT, Draft, Drafter  # noqa: E402
 from speculative.decoding.events import Step, Token  # noqa: E402
 from speculative.decoding.settings import POOL_TOKENS  # noqa: E402
 from speculative.decoding.settings import DRAFT_MAX_AUTO, NGRAM_N_AUTO, SpecSettings  # noqa: E402
@@ -55,12 +55,12 @@ from speculative.decoding.stats import Stats  # noqa: E402
 from speculative.drafters import NgramMapK, NgramSimple  # noqa: E402
 from speculative.drafters.auto import Auto  # noqa: E402
 from speculative.drafters.pool import Pool, PoolDrafter  # noqa: E402
-from speculative.drafters.replay import replay  # noqa: E402
+from scripts.replay import replay  # noqa: E402
 from speculative.engine import bench  # noqa: E402
 
 RUN_BUCKETS = ((0, 0), (1, 3), (4, 7), (8, None))  # how long the copy has run: 0, 1-3, 4-7, 8+
-CLASSES = (0, 1, 2, 3)  # ngram-simple's match classes (drafters/ngram.py, match_class)
-CLASS_NAMES = {0: "short", 1: "medium", 2: "long", 3: "resumed"}
+CLASSES = (SHORT, MEDIUM, LONG, RESUMED)  # ngram-simple's match classes (drafters/ngram.py, match_class)
+CLASS_NAMES = {SHORT: "short", MEDIUM: "medium", LONG: "long", RESUMED: "resumed"}
 LENGTHS = range(DRAFT_MAX_AUTO + 1)  # a policy's draft lengths, k = 0 (plain decoding) included
 EXHAUSTIVE_MAX = 5000  # policies tried one by one up to this many; beyond, coordinate descent
 DESCENT_STARTS = (0, 1, 2, 4, 8, 16)  # coordinate descent starts from each uniform k of these

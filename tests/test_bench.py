@@ -10,7 +10,7 @@ from speculative.decoding.settings import DRAFT_MAX_AUTO, SamplerSettings, SpecS
 from speculative.engine import bench
 from speculative.engine.bench import expects_identity, load_prompts, make_configs, parse_sweeps
 from speculative.errors import UsageError
-from scripts.tiny_model import write_model
+from tests.tiny_model import write_model
 from tests.conftest import speculate
 
 
@@ -65,7 +65,7 @@ def test_bad_sweeps_are_usage_errors(sweep):
 
 @pytest.mark.real
 def test_a_small_real_bench(batch_invariant, tmp_path):
-    """On the tiny llama of scripts/tiny_model.py, as target and as its own draft (it accepts
+    """On the tiny llama of tests/tiny_model.py, as target and as its own draft (it accepts
     every drafted token, and never ends early: its end-of-text row is zero): 12 runs in about
     a second here, so that no load on the machine brings them near the command's timeout
     (SmolLM2 took over 600 s with both cores busy)."""

@@ -223,7 +223,7 @@ def test_the_pool_keeps_what_a_conversation_said_for_the_next(tmp_path):
 def test_a_recurrent_target_keeps_its_prompt_across_turns(tmp_path):
     """A Mamba target cannot cut its state to any prefix: where the rendered history parts from
     what it generated, the next turn comes back to the checkpoint at the end of the last prompt."""
-    from scripts.tiny_model import write_model
+    from tests.tiny_model import write_model
 
     model = write_model("mamba", tmp_path / "mamba.gguf")
     flags = ("-m", str(model), "--chat-template", "chatml", "--temp", "0", "-n", "24", "--spec-type", "ngram-simple")

@@ -1,7 +1,7 @@
 """--spec-type draft-dflash and draft-dspark: a DFlash or DSpark drafter (-md) drafts a block of
 tokens in one decode from the target's layer inputs.
 
-The real tests run the tiny drafters scripts/tiny_drafters.py writes with their tiny llama
+The real tests run the tiny drafters tests/tiny_drafters.py writes with their tiny llama
 target: DFlash (non-causal, causal, DFlash2 with its candidate selector) and DSpark (from the
 anchor or after it, with a confidence head). DFlash drafts the anchor's successor at every
 mask, DSpark's Markov head follows the successor chain, so drafts are accepted at varied
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.tiny_drafters import write_drafter
+from tests.tiny_drafters import write_drafter
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.drafters.block import BlockDrafter
 from speculative.engine.engine import Engine

@@ -1,5 +1,5 @@
 """tests/spec_driver_harness.cpp, llama.cpp's own speculative drivers run greedily (see
-tests/driver_harness.py), on the tiny EAGLE-3 pair of scripts/tiny_drafters.py: its output has
+tests/driver_harness.py), on the tiny EAGLE-3 pair of tests/tiny_drafters.py: its output has
 the promised shape, and its loop is right: the text it accepts is the target's own greedy text.
 """
 
@@ -9,12 +9,12 @@ import llama_cpp as ll
 import numpy as np
 import pytest
 
-from scripts.tiny_drafters import write_drafter
+from tests.tiny_drafters import write_drafter
 from tests.driver_harness import build_driver_harness, run_driver_harness
 
 pytestmark = pytest.mark.real
 
-BOS = 365  # the tiny models' tokenizer (scripts/tiny_model.py): 365 <s>, 366 </s>
+BOS = 365  # the tiny models' tokenizer (tests/tiny_model.py): 365 <s>, 366 </s>
 PROMPT = [BOS, 72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100]
 N_MAX, N_STEPS = 4, 16
 

@@ -1,6 +1,6 @@
 """--spec-type draft-eagle3: an EAGLE-3 drafter (-md) drafts from the target's layer inputs.
 
-The real tests run the tiny EAGLE-3 drafters scripts/tiny_drafters.py writes with their tiny
+The real tests run the tiny EAGLE-3 drafters tests/tiny_drafters.py writes with their tiny
 llama target: one with its own token embeddings, one with a reduced vocabulary (a d2t map),
 one that takes the target's embeddings through ctx_other. Their drafts follow the target some
 of the time, so drafts are accepted and rejected at varied depths. The bindings' tests need
@@ -16,7 +16,7 @@ import gguf
 import numpy as np
 import pytest
 
-from scripts.tiny_drafters import write_drafter
+from tests.tiny_drafters import write_drafter
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.engine.engine import Engine
 from speculative.errors import ModelError

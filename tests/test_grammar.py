@@ -1,7 +1,7 @@
 """Grammars through real llama.cpp: every spec type keeps target-only output under a grammar, the
 flags and fields reach the run, bad grammars are one line before any model loads.
 
-The tiny models (scripts/tiny_model.py, scripts/tiny_drafters.py) share a byte-level tokenizer of
+The tiny models (tests/tiny_model.py, tests/tiny_drafters.py) share a byte-level tokenizer of
 369 tokens, so a JSON grammar constrains them as it does a real vocabulary; their random weights
 make the grammar, not the model, choose much of the text, and drafts are rejected often."""
 
@@ -11,8 +11,8 @@ import json
 import numpy as np
 import pytest
 
-from scripts.tiny_drafters import write_drafter
-from scripts.tiny_model import write_model
+from tests.tiny_drafters import write_drafter
+from tests.tiny_model import write_model
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.drafters.registry import TYPES
 from speculative.engine.engine import Engine

@@ -1,6 +1,6 @@
 """-hf: models from Hugging Face repositories, chosen, cached, verified and found as llama.cpp
 and huggingface_hub do. The hub is tests/fakehub.py on loopback (HF_ENDPOINT); the models are
-tiny real GGUFs (scripts/tiny_model.py) that llama.cpp loads and runs."""
+tiny real GGUFs (tests/tiny_model.py) that llama.cpp loads and runs."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def test_cache_dirs_follow_llama_cpp_and_huggingface_hub(monkeypatch, tmp_path):
 import json  # noqa: E402
 import subprocess  # noqa: E402
 
-from scripts.tiny_model import write_model  # noqa: E402
+from tests.tiny_model import write_model  # noqa: E402
 from tests.conftest import SPECULATE  # noqa: E402
 from tests.fakehub import FakeHub  # noqa: E402
 

@@ -247,7 +247,7 @@ def test_what_is_stored_is_keyed_by_the_cache_types(model_path, tmp_path):
 
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory):
-    from scripts.tiny_model import write_model
+    from tests.tiny_model import write_model
 
     path = write_model("qwen3moe", tmp_path_factory.mktemp("moe") / "moe.gguf", n_layer=4)
     experts = sorted(name for name in tensor_names(path) if "_exps." in name)

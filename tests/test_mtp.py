@@ -4,7 +4,7 @@ The fast tests run the loop on the fake backend with a fake MTP head that record
 entry it is given, and check after every step that the entries the MTP cache calls exact
 are the token at p with the target's row at p - 1, through rejections, recurrent rewinds,
 prefix reuse and a restored cache. The real ones (marked `real`) run the tiny Qwen3.5 with
-one NextN layer that scripts/tiny_model.py writes (--mtp), whose head favours the same
+one NextN layer that tests/tiny_model.py writes (--mtp), whose head favours the same
 successor as its trunk, so some drafts are accepted and some rejected; and the same model
 published as llama.cpp's converter does, in two files: the model without its NextN layer
 and the MTP head alone (--mtp-only), given with -md.
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scripts.tiny_model import write_model
+from tests.tiny_model import write_model
 from speculative.decoding.cache import Cache, MtpCache
 from speculative.decoding.events import Prefilled, Step, Token
 from speculative.decoding.loop import generate

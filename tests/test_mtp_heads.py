@@ -3,8 +3,8 @@ MTP assistant that reads the target's KV cache.
 
 A model with several NextN (MTP) layers drafts its i-th token with layer i, as llama.cpp's
 draft-mtp driver chains them (Step-3.5, MiMo-V2, Hunyuan-V3). The tiny Hunyuan-V3 of
-scripts/tiny_model.py (`hy_v3 --mtp-heads N`) has N of them, each favouring the successor its
-trunk favours, so drafts are accepted and rejected; scripts/tiny_drafters.py writes a tiny
+tests/tiny_model.py (`hy_v3 --mtp-heads N`) has N of them, each favouring the successor its
+trunk favours, so drafts are accepted and rejected; tests/tiny_drafters.py writes a tiny
 Gemma-4 assistant with its gemma4 target. llama.cpp's driver runs beside ours through
 libllama-common (tests/spec_driver_harness.cpp).
 """
@@ -17,8 +17,8 @@ import pytest
 
 import json
 
-from scripts.tiny_drafters import write_drafter
-from scripts.tiny_model import write_model
+from tests.tiny_drafters import write_drafter
+from tests.tiny_model import write_model
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.drafters import MtpDrafter
 from speculative.engine.engine import Engine

@@ -904,7 +904,7 @@ def test_speculative_sampling_with_ngram_drafts_follows_the_target_distribution(
 def tiny(tmp_path_factory) -> dict:
     """A tiny llama model, and a prompt whose greedy continuation copies a passage of it (so the
     n-gram drafters draft, and the target accepts some)."""
-    from scripts.tiny_model import write_model
+    from tests.tiny_model import write_model
     root = tmp_path_factory.mktemp("tiny-ngram")
     model = write_model("llama", root / "tiny.gguf", seed=0)
     start = "def add(a, b): return a + b"

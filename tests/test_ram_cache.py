@@ -11,8 +11,8 @@ from typing import Callable, Sequence
 
 import pytest
 
-from scripts.tiny_drafters import write_drafter
-from scripts.tiny_model import write_model
+from tests.tiny_drafters import write_drafter
+from tests.tiny_model import write_model
 from speculative.decoding.cache import Cache, _common_prefix
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.decoding.stats import Stats

@@ -1,7 +1,7 @@
 """Recurrent and hybrid models (Mamba, Mamba-2, RWKV-7, LFM2, Qwen3.5, Granite-4-H) run,
 and speculation on them is exact.
 
-The models are tiny random-weight GGUFs written here by scripts/tiny_model.py (no
+The models are tiny random-weight GGUFs written here by tests/tiny_model.py (no
 download, nothing binary committed). A recurrent state is one value per sequence, so a
 rejected draft is undone through llama.cpp's snapshots (n_rs_seq: LFM2, Qwen3.5) or a
 checkpoint of the state and a decode of the accepted tokens again (the others); see
@@ -26,7 +26,7 @@ import gguf
 import llama_cpp as ll
 
 from speculative.cli.main import app
-from scripts.tiny_model import ARCH_INFO, write_model
+from tests.tiny_model import ARCH_INFO, write_model
 from speculative.decoding.cache import Cache
 from speculative.decoding.drafter import Draft, Drafter
 from speculative.decoding.events import Step, Token

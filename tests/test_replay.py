@@ -1,4 +1,4 @@
-"""scripts/replay_auto.py and speculative/drafters/replay.py on a bench file built by hand: the bound's
+"""scripts/replay_auto.py and scripts/replay.py on a bench file built by hand: the bound's
 plan, the best class policy and the continuation shares worked out below, and auto replayed
 through the real loop checked for what must hold. No model."""
 
@@ -10,9 +10,9 @@ import json
 import pytest
 
 from scripts import replay_auto
+from scripts.replay import replay
 from speculative.decoding.events import Done, Step, Token
 from speculative.decoding.settings import SpecSettings
-from speculative.drafters.replay import replay
 from speculative.engine import bench
 
 # The prompt: a passage A = 1..12, ten tokens of filler 30..39, a passage B = 20..27.

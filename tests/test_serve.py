@@ -24,7 +24,7 @@ from pathlib import Path
 import openai  # the test extra (pip install -e '.[test]'): without it this module must fail, not skip
 import pytest
 
-from scripts.tiny_model import write_model
+from tests.tiny_model import write_model
 from speculative.serving.app import GRACE_SECONDS
 from tests.conftest import SMOL, SPECULATE, probe_command, speculate, speculate_json
 from tests.gguf_builder import write_tiny_llama

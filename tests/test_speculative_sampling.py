@@ -100,11 +100,11 @@ def test_first_tokens_follow_target_only_probabilities(model_path):
                                         ("hy_v3", "draft-mtp"), ("gemma4-assistant", "draft-mtp")])
 def test_drafters_of_the_targets_hidden_states_keep_its_probabilities(tmp_path, arch, kind):
     """The same check for the drafters that read the target's hidden states, on the tiny ones of
-    scripts/tiny_drafters.py and tiny_model.py (hy_v3: two chained NextN layers): each drafts
+    tests/tiny_drafters.py and tiny_model.py (hy_v3: two chained NextN layers): each drafts
     its token from its own distribution after a sampler chain of another temperature (the
     Draft's q), and rejection sampling keeps the target's."""
-    from scripts.tiny_drafters import write_drafter
-    from scripts.tiny_model import write_model
+    from tests.tiny_drafters import write_drafter
+    from tests.tiny_model import write_model
     from speculative.drafters import MtpDrafter
     from speculative.drafters.block import BlockDrafter
     from speculative.engine.engine import Engine

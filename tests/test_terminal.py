@@ -358,7 +358,7 @@ def test_doctor_says_each_step_on_a_terminal_and_nothing_in_a_pipe(model_path):
 
 @pytest.mark.real
 def test_bench_shows_which_run_and_fits_its_tables_to_the_terminal(tmp_path):
-    from scripts.tiny_model import write_model
+    from tests.tiny_model import write_model
     from speculative.engine import bench
 
     tiny = str(write_model("llama", tmp_path / "tiny.gguf"))

@@ -1,4 +1,4 @@
-"""scripts/tiny_drafters.py's DFlash, DSpark and Gemma-4 assistant drafters (and hy_v3's chained
+"""tests/tiny_drafters.py's DFlash, DSpark and Gemma-4 assistant drafters (and hy_v3's chained
 NextN heads) load in the pinned llama.cpp and run as its drivers (common/speculative.cpp) run them.
 
 Each drafter is written with its target into a temporary directory and driven through the
@@ -25,9 +25,9 @@ import pytest
 import gguf
 import llama_cpp as ll
 
-from scripts.tiny_drafters import (DFLASH_BLOCK_SIZE, DFLASH_MASK, DFLASH_TARGET_LAYERS, DRAFTER_INFO, DRAFTERS,
+from tests.tiny_drafters import (DFLASH_BLOCK_SIZE, DFLASH_MASK, DFLASH_TARGET_LAYERS, DRAFTER_INFO, DRAFTERS,
                                    target_path, write_drafter)
-from scripts.tiny_model import SPECIALS, tokenizer_vocab, write_model
+from tests.tiny_model import SPECIALS, tokenizer_vocab, write_model
 from speculative.llamacpp import ext
 from speculative.llamacpp.devices import init_once
 
@@ -528,8 +528,8 @@ def test_bad_drafter_arguments_are_refused(tmp_path):
 @pytest.mark.parametrize("arch", ["dflash", "dspark", "gemma4-assistant"])
 def test_command_line_writes_the_drafter_and_its_target(tmp_path, arch):
     out = tmp_path / f"{arch}.gguf"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "tiny_model.py"), arch, str(out), "--seed", "1"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "tests.tiny_drafters", arch, str(out), "--seed", "1"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert str(out) in proc.stdout and str(target_path(out)) in proc.stdout
     api = write_drafter(arch, tmp_path / "api.gguf", seed=1)

@@ -1,4 +1,4 @@
-"""scripts/tiny_model.py writes models the pinned llama.cpp really loads and runs.
+"""tests/tiny_model.py writes models the pinned llama.cpp really loads and runs.
 
 Every architecture of ARCHS is written to a temporary directory and driven through
 llama-cpp-python's low-level bindings (as speculative/llamacpp/ does): it loads, llama.cpp
@@ -25,7 +25,7 @@ import gguf
 import llama_cpp as ll
 from llama_cpp import llama_cpp_ext as ll_ext
 
-from scripts.tiny_model import ARCH_INFO, ARCHS, SPECIALS, tokenizer_vocab, write_model
+from tests.tiny_model import ARCH_INFO, ARCHS, SPECIALS, tokenizer_vocab, write_model
 from speculative.llamacpp.devices import init_once
 
 pytestmark = pytest.mark.real
@@ -481,9 +481,9 @@ def test_rollback_refused_without_snapshots(model_file, arch):
 
 def test_command_line(tmp_path):
     out = tmp_path / "cli.gguf"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "tiny_model.py"), "qwen35", str(out), "--mtp",
+    proc = subprocess.run([sys.executable, "-m", "tests.tiny_model", "qwen35", str(out), "--mtp",
                            "--n-embd", "128", "--n-layer", "3", "--seed", "5"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert str(out) in proc.stdout
     assert out.read_bytes() == write_model("qwen35", tmp_path / "api.gguf", mtp=True, n_embd=128, n_layer=3,
@@ -492,14 +492,14 @@ def test_command_line(tmp_path):
         assert ll.llama_model_n_embd(model.ptr) == 128
         assert ll.llama_model_n_layer(model.ptr) == 3  # the trunk: the NextN block is not counted
         assert ll.llama_model_n_layer_nextn(model.ptr) == 1
-    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "tiny_model.py"), "llama", str(tmp_path / "x.gguf"),
-                          "--mtp"], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run([sys.executable, "-m", "tests.tiny_model", "llama", str(tmp_path / "x.gguf"),
+                          "--mtp"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode == 2 and "MTP" in bad.stderr
     heads = tmp_path / "heads.gguf"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "tiny_model.py"), "qwen35", str(heads),
-                           "--mtp-heads", "2"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "tests.tiny_model", "qwen35", str(heads),
+                           "--mtp-heads", "2"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert heads.read_bytes() == write_model("qwen35", tmp_path / "heads-api.gguf", mtp=2).read_bytes()
-    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "tiny_model.py"), "qwen35", str(tmp_path / "x.gguf"),
-                          "--mtp-heads", "0"], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run([sys.executable, "-m", "tests.tiny_model", "qwen35", str(tmp_path / "x.gguf"),
+                          "--mtp-heads", "0"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode == 2 and "--mtp-heads" in bad.stderr

@@ -18,7 +18,6 @@ Drafter): propose up to k tokens, then hear how many the target kept.
   pool.py         ngram-pool: n-gram lookup in what earlier runs wrote (--spec-pool)
   registry.py     the drafter types, each declared once: name, settings, flags, needs,
                   builder, auto's prior
-  replay.py       auto's plans replayed over recorded runs (scripts/replay_auto.py)
 """
 
 import importlib

@@ -1,6 +1,6 @@
 """Tiny random-weight GGUF models of several architectures that the pinned llama.cpp loads.
 
-    python scripts/tiny_model.py ARCH OUT.gguf [--mtp | --mtp-only] [--mtp-heads N] [--n-embd N] [--n-layer N] [--seed S] [--f16]
+    python -m tests.tiny_model ARCH OUT.gguf [--mtp | --mtp-only] [--mtp-heads N] [--n-embd N] [--n-layer N] [--seed S] [--f16]
 
 or, from Python, ``write_model(arch, path, mtp=False, mtp_only=False, n_embd=None, n_layer=None, seed=0)``.
 ``ARCHS`` lists the architectures and ``ARCH_INFO`` what llama.cpp says of each (recurrent,
@@ -41,7 +41,7 @@ and its MTP graph runs block n_layer + llama_set_nextn_layer_offset, so llama.cp
 driver chains its N heads, one a draft step (ArchInfo.mtp_chain).
 
 gemma4 is Gemma 4's dense text model (sliding-window layers and a full one last, no per-layer
-embeddings), the target of scripts/tiny_drafters.py's Gemma-4 assistant.
+embeddings), the target of tests/tiny_drafters.py's Gemma-4 assistant.
 """
 
 from __future__ import annotations
@@ -796,12 +796,8 @@ def write_model(arch: str, path: str | Path, *, mtp: bool | int = False, mtp_onl
 
 
 def main(argv: list[str] | None = None) -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from scripts.tiny_drafters import DRAFTERS, write_drafter  # which imports this module
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("arch", choices=ARCHS + DRAFTERS,
-                   help=f"a model, or a drafter ({', '.join(DRAFTERS)}: its target is written beside it as OUT.target.gguf)")
+    p.add_argument("arch", choices=ARCHS, help="the architecture (a drafter's: python -m tests.tiny_drafters)")
     p.add_argument("out", type=Path)
     p.add_argument("--mtp", action="store_true", help="add NextN/MTP layer(s) (qwen35, hy_v3)")
     p.add_argument("--mtp-heads", type=int, default=None, metavar="N",
@@ -821,10 +817,6 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--mtp-heads must be at least 1")
     mtp = args.mtp_heads if args.mtp_heads is not None else args.mtp
     try:
-        if args.arch in DRAFTERS:
-            for path in write_drafter(args.arch, args.out, seed=args.seed):
-                print(f"{path} ({path.stat().st_size} bytes)")
-            return 0
         path = write_model(args.arch, args.out, mtp=mtp, mtp_only=args.mtp_only, n_embd=args.n_embd, n_layer=args.n_layer,
                            seed=args.seed, f16=args.f16, split_max_tensors=args.split_max_tensors)
     except ValueError as e:

@@ -6,8 +6,8 @@ sequence is the sequence's next token, so a draft is accepted as far as it match
 and the bonus token is the output's next. Every scoring batch advances a Clock by the
 calibrated verify cost of its size, and `charged(clock)` makes the loop and auto read that
 clock: the step timings auto corrects its costs with are then the calibrated ones, and a
-run's decode time is its modelled time (bench.modelled_speedup). scripts/replay_auto.py
-replays auto's plans over bench outputs with it.
+run's decode time is its modelled time (bench.modelled_speedup). replay_auto.py replays
+auto's plans over bench outputs with it.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Tiny random-weight drafter GGUFs (EAGLE-3, DFlash, DSpark, Gemma-4 assistant) with the target each drafts for.
 
-    python scripts/tiny_model.py eagle3 OUT.gguf      # also writes OUT.target.gguf (so dflash, dspark, gemma4-assistant)
+    python -m tests.tiny_drafters eagle3 OUT.gguf   # also writes OUT.target.gguf (so dflash, dspark, gemma4-assistant)
 
 or, from Python, ``write_drafter(arch, path, ...)``, which returns (draft, target). A drafter of
 these architectures reads the target's hidden states, so it comes with its target: a tiny
-model of scripts/tiny_model.py written first, whose tensors the drafter then reuses where the
+model of tests/tiny_model.py written first, whose tensors the drafter then reuses where the
 pinned llama.cpp's drafter shares them (token embeddings, the output projection).
 
 EAGLE-3 (`eagle3`, src/models/eagle3.cpp): an encoder `fc` fuses the target's inputs of three
@@ -52,6 +52,8 @@ KV cache it shares (its context's ctx_other): see _write_gemma4_assistant.
 
 from __future__ import annotations
 
+import argparse
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,7 +61,7 @@ import numpy as np
 
 import gguf
 
-from scripts.tiny_model import (CHAIN, CONTEXT_LENGTH, GEMMA4_ROPE_BASE, GEMMA4_ROPE_BASE_SWA, GEMMA4_SLIDING_WINDOW,
+from tests.tiny_model import (CHAIN, CONTEXT_LENGTH, GEMMA4_ROPE_BASE, GEMMA4_ROPE_BASE_SWA, GEMMA4_SLIDING_WINDOW,
                                  LOGIT_STD, SPECIALS, Dims, _dims, add_tokenizer, successors, tokenizer_vocab,
                                  write_model)
 
@@ -392,7 +394,7 @@ def write_drafter(arch: str, path: str | Path, *, seed: int = 0, n_embd: int | N
     sample_from_anchor (default True: the anchor's row drafts the first token;
     dflash.sample_from_anchor).
 
-    target_arch: another target of scripts/tiny_model.py than the drafter's own (DRAFTER_INFO),
+    target_arch: another target of tests/tiny_model.py than the drafter's own (DRAFTER_INFO),
     with as many layers (EAGLE-3, DFlash, DSpark: a recurrent or hybrid one, say); target_n_layer:
     a deeper target than DRAFTER_INFO's (for benchmarks at realistic sizes)."""
     if arch not in DRAFTER_INFO:
@@ -442,3 +444,22 @@ def write_drafter(arch: str, path: str | Path, *, seed: int = 0, n_embd: int | N
     w.write_tensors_to_file()
     w.close()
     return path, target
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("arch", choices=DRAFTERS, help="the drafter; its target is written beside it as OUT.target.gguf")
+    p.add_argument("out", type=Path)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    try:
+        paths = write_drafter(args.arch, args.out, seed=args.seed)
+    except ValueError as e:
+        p.error(str(e))
+    for path in paths:
+        print(f"{path} ({path.stat().st_size} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
