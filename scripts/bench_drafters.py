@@ -76,10 +76,10 @@ if alone_only:  # what the target costs without the drafter: its pass, and its m
     sys.exit(0)
 with Engine(ModelSpec(target, "target", n_ctx=512, n_threads=threads, **kw)) as engine:
     loaded = rss()
-    cache, head = engine.caches["target"], engine.mtp.head
+    cache, head = engine.caches["target"], engine.head_cache.head
     context = [(1000 + i) % head.n_vocab for i in range(33)]
     cache.sync(context[:-1])
-    engine.mtp.sync(context)
+    engine.head_cache.sync(context)
     row = np.zeros((1, head.n_embd), dtype=np.float32)
     if kind in ("draft-dflash", "draft-dspark"):
         k = min(k, head.max_draft)
@@ -99,8 +99,8 @@ with Engine(ModelSpec(target, "target", n_ctx=512, n_threads=threads, **kw)) as 
     catch_up = None
     if kind != "gemma4-assistant":
         def one():
-            engine.mtp.rollback(32)
-            engine.mtp.sync(context)
+            engine.head_cache.rollback(32)
+            engine.head_cache.sync(context)
         catch_up = best(one)
 print(json.dumps({"per_token_s": per_token, "catch_up_s": catch_up, "k": k, "rss_mib": loaded}))
 '''

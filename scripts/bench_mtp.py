@@ -95,13 +95,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import gguf  # noqa: E402
 
 from scripts.results import meta  # noqa: E402
-from tests.tiny_model import write_model  # noqa: E402
-from speculative.decoding.cache import Cache, MtpCache  # noqa: E402
+from speculative.decoding.cache import Cache, HeadCache  # noqa: E402
 from speculative.decoding.settings import ModelSpec  # noqa: E402
 from speculative.engine.calibrate import measure, measure_mtp  # noqa: E402
 from speculative.engine.engine import MAX_SNAPSHOTS  # noqa: E402
 from speculative.llamacpp.devices import system_info  # noqa: E402
 from speculative.llamacpp.model import LlamaModel  # noqa: E402
+from tests.tiny_model import write_model  # noqa: E402
 
 PROMPT = "once upon a time there were a cat and a dog. once upon a time there were"  # tests/test_mtp.py's
 CATCH_UP = 16  # the head's batch: the entries it decodes to catch up with the target
@@ -269,7 +269,7 @@ def measure_costs(path: Path, args) -> dict:
     model = LlamaModel(ModelSpec(path, name=path.stem, n_ctx=args.ctx, n_threads=args.threads, n_rs_seq=args.snapshots,
                        mtp=True))
     with model:
-        cache, mtp = Cache(model), MtpCache(model.mtp_head())
+        cache, mtp = Cache(model), HeadCache(model.mtp_head())
         repeats = []
         for r in range(args.repeat):
             first, second = ("target", "head") if r % 2 == 0 else ("head", "target")

@@ -65,7 +65,7 @@ def test_greedy_block_drafts_keep_target_only_output(tiny, batch_invariant, draf
     with Engine(target(tiny)) as alone:
         reference = tokens_of(alone.run(alone.prompt_tokens(PROMPT), GREEDY, spec("none", 1), 1))
     with Engine(target(tiny, drafter)) as engine:
-        assert engine.mtp.head.kind == kind
+        assert engine.head_cache.head.kind == kind
         prompt = engine.prompt_tokens(PROMPT)
         for draft_max in (1, 2, 4, 7):
             events = list(engine.run(prompt, GREEDY, spec(kind, draft_max), 1))

@@ -88,7 +88,7 @@ def test_greedy_eagle3_drafts_keep_target_only_output(tiny, batch_invariant, dra
     with Engine(target(tiny, None)) as alone:
         reference = tokens_of(alone.run(alone.prompt_tokens(PROMPT), GREEDY, spec(("none",)), 1))
     with Engine(target(tiny, drafter)) as engine:
-        assert engine.mtp is not None and engine.mtp.head.kind == "draft-eagle3"
+        assert engine.head_cache is not None and engine.head_cache.head.kind == "draft-eagle3"
         prompt = engine.prompt_tokens(PROMPT)
         lengths = set()
         for draft_max in range(1, 9):
@@ -110,7 +110,7 @@ def test_prefix_reuse_equals_a_fresh_engine(tiny, batch_invariant):
         first = tokens_of(engine.run(prompt, GREEDY, spec(("draft-eagle3",)), 1))
         follow_up = prompt + first[:10] + engine.target.tokenize(" and then", add_special=False)
         reused = list(engine.run(follow_up, GREEDY, spec(("draft-eagle3", "ngram-simple")), 1))
-        assert reused[0].n_cached > 0 and engine.mtp.shared_prefix(follow_up) > len(prompt)
+        assert reused[0].n_cached > 0 and engine.head_cache.shared_prefix(follow_up) > len(prompt)
     with Engine(target(tiny)) as fresh:
         alone = list(fresh.run(follow_up, GREEDY, spec(("draft-eagle3", "ngram-simple")), 1))
     assert tokens_of(reused) == tokens_of(alone)

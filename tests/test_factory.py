@@ -19,28 +19,28 @@ from speculative.errors import UsageError
 from tests.fakes import FakeBackend, ToyModel
 
 
-def factory(draft: bool = True, mtp: str | None = "draft-mtp", pool: bool = True) -> DrafterFactory:
-    """`mtp`: the kind of head loaded (a type that needs registry.HEAD), or None."""
+def factory(draft: bool = True, head_kind: str | None = "draft-mtp", pool: bool = True) -> DrafterFactory:
+    """`head_kind`: the kind of head loaded (a type that needs registry.HEAD), or None."""
     caches = {"target": Cache(FakeBackend(ToyModel())), **({"draft": Cache(FakeBackend(ToyModel()))} if draft else {})}
-    # enough of an MtpCache to build its drafter
-    head = SimpleNamespace(n_ctx=256, head=SimpleNamespace(kind=mtp)) if mtp else None
+    # enough of an HeadCache to build its drafter
+    head = SimpleNamespace(n_ctx=256, head=SimpleNamespace(kind=head_kind)) if head_kind else None
     return DrafterFactory(caches, head, Pool(max_tokens=1000) if pool else None,
                           lambda role, max_batch: [1e-3 * (1 + b) for b in range(max_batch)], target_batch=64)
 
 
 @pytest.mark.parametrize("name", TYPES)
 def test_each_type_builds_a_drafter_of_its_name(name):
-    made = factory(mtp=name if TYPES[name].needs == HEAD else "draft-mtp")
+    made = factory(head_kind=name if TYPES[name].needs == HEAD else "draft-mtp")
     drafter = made.make(SpecSettings(types=(name,)), constraint=object() if name == "forced" else None)
     assert drafter.name == name
 
 
 @pytest.mark.parametrize("name, missing, message", [
     ("draft", {"draft": False}, "needs a draft model"),
-    ("draft-mtp", {"mtp": None}, "no NextN"),
-    ("draft-mtp", {"mtp": "draft-eagle3"}, "no NextN"),
-    ("draft-eagle3", {"mtp": None}, "needs an EAGLE-3 drafter"),
-    ("draft-eagle3", {"mtp": "draft-mtp"}, "needs an EAGLE-3 drafter"),
+    ("draft-mtp", {"head_kind": None}, "no NextN"),
+    ("draft-mtp", {"head_kind": "draft-eagle3"}, "no NextN"),
+    ("draft-eagle3", {"head_kind": None}, "needs an EAGLE-3 drafter"),
+    ("draft-eagle3", {"head_kind": "draft-mtp"}, "needs an EAGLE-3 drafter"),
     ("ngram-pool", {"pool": False}, "the pool is off"),
     ("forced", {}, "drafts what a grammar forces: give --grammar"),
 ])

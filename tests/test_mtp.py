@@ -19,8 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.tiny_model import write_model
-from speculative.decoding.cache import Cache, MtpCache
+from speculative.decoding.cache import Cache, HeadCache
 from speculative.decoding.events import Prefilled, Step, Token
 from speculative.decoding.loop import generate
 from speculative.decoding.sampling import Sampler
@@ -33,6 +32,7 @@ from speculative.llamacpp.doctor import batch_invariance
 from speculative.llamacpp.nextn import NextnRows
 from tests.conftest import alone_and_together, plant_costs, speculate, speculate_json
 from tests.fakes import Clock, FakeBackend, ToyModel, plain_decode
+from tests.tiny_model import write_model
 
 GREEDY = SamplerSettings(temp=0.0)
 N_EMBD = 4
@@ -158,7 +158,7 @@ def fake_pair(seed: int = 3, rollback_limit: int | None = None, n_ctx: int = 256
     target = NextnTarget(toy, n_ctx=n_ctx)
     target.rollback_limit = rollback_limit
     head = FakeHead(target, toy.perturbed(0.4, seed=seed + 1))
-    return toy, Cache(target), MtpCache(head)
+    return toy, Cache(target), HeadCache(head)
 
 
 def run_fake(cache: Cache, prompt: list[int], drafter, n: int = 40, draft_max: int = 4,
@@ -304,7 +304,7 @@ def test_greedy_mtp_drafts_keep_target_only_output(tiny, batch_invariant, form):
     with Engine(target(tiny["mtp"], mtp=False)) as alone:
         reference = tokens_of(alone.run(alone.prompt_tokens(PROMPT), GREEDY, spec(("none",)), 1))
     with Engine(with_head(tiny, form)) as engine:
-        assert engine.target.nextn_layers == (form == "combined") and engine.mtp is not None
+        assert engine.target.nextn_layers == (form == "combined") and engine.head_cache is not None
         differences = [c.max_abs_diff for c in batch_invariance(engine.caches["target"], depths=(16,))]
         if max(differences) > 0:  # qwen35's chunked delta-net, on some CPUs (tests/test_recurrent.py)
             pytest.skip(f"qwen35 scores a batch differently from token by token here (max |logit "
@@ -329,8 +329,8 @@ def test_the_head_file_drafts_what_the_combined_file_drafts(tiny):
         with Engine(with_head(tiny, form)) as engine:
             prompt = engine.prompt_tokens(PROMPT)
             engine.caches["target"].sync(prompt[:-1])  # the target holds them, and its rows of them
-            first = engine.mtp.sync(prompt)
-            drafts[form] = (first[0].copy(), MtpDrafter(engine.mtp, engine.target.is_eog).propose(prompt, 8).tokens)
+            first = engine.head_cache.sync(prompt)
+            drafts[form] = (first[0].copy(), MtpDrafter(engine.head_cache, engine.target.is_eog).propose(prompt, 8).tokens)
             events = list(engine.run(prompt, GREEDY, spec(("draft-mtp",)), 1))
             runs[form] = (tokens_of(events), [(s.n_drafted, s.n_accepted) for s in steps_of(events)])
     assert np.array_equal(drafts["combined"][0], drafts["sidecar"][0])
@@ -358,7 +358,7 @@ def test_prefix_reuse_equals_a_fresh_engine(tiny, batch_invariant):
         follow_up = prompt + first[:10] + engine.target.tokenize(" and then", add_special=False)
         reused = list(engine.run(follow_up, GREEDY, spec(("draft-mtp", "ngram-simple")), 1))
         assert reused[0].n_cached > 0
-        assert engine.mtp.shared_prefix(follow_up) > len(prompt)
+        assert engine.head_cache.shared_prefix(follow_up) > len(prompt)
     with Engine(target(tiny["mtp"])) as fresh:
         alone = list(fresh.run(follow_up, GREEDY, spec(("draft-mtp", "ngram-simple")), 1))
     assert tokens_of(reused) == tokens_of(alone)
@@ -367,11 +367,11 @@ def test_prefix_reuse_equals_a_fresh_engine(tiny, batch_invariant):
 @real
 def test_nextn_layers_load_only_where_they_may_draft(tiny):
     with Engine(target(tiny["mtp"], mtp=False)) as engine:
-        assert engine.target.nextn_layers == 0 and engine.mtp is None
+        assert engine.target.nextn_layers == 0 and engine.head_cache is None
         with pytest.raises(UsageError, match="no NextN"):
             engine.factory.make(spec(("draft-mtp",)))
     with Engine(target(tiny["plain"])) as engine:
-        assert engine.target.nextn_layers == 0 and engine.mtp is None
+        assert engine.target.nextn_layers == 0 and engine.head_cache is None
 
 
 @real

@@ -100,13 +100,13 @@ def test_chained_heads_and_the_assistant_keep_target_only_output(models, batch_i
     with Engine(target(plain, mtp=False)) as alone:
         reference = tokens_of(alone.run(alone.prompt_tokens(PROMPT), GREEDY, spec(("none",), 4), 1))
     with Engine(with_head(models, model)) as engine:
-        assert engine.mtp.head.n_heads == HEADS[model]
+        assert engine.head_cache.head.n_heads == HEADS[model]
         prompt = engine.prompt_tokens(PROMPT)
         for draft_max in range(1, 7):
             events = list(engine.run(prompt, GREEDY, spec(("draft-mtp",), draft_max), 1))
             assert tokens_of(events) == reference, f"draft_max {draft_max}"
             steps = steps_of(events)
-            assert max(s.n_drafted for s in steps) == min(draft_max, engine.mtp.head.max_draft or draft_max)
+            assert max(s.n_drafted for s in steps) == min(draft_max, engine.head_cache.head.max_draft or draft_max)
             assert sum(s.n_accepted for s in steps) > 0 and any(s.n_accepted < s.n_drafted for s in steps)
 
 
@@ -126,7 +126,7 @@ def test_a_head_file_with_several_layers_chains_them_as_the_combined_file(models
     for spec_ in (target(models["hy2"]), ModelSpec(models["hy-plain"], "hy", n_ctx=512, n_threads=1,
                                                    mtp_sidecar=models["hy2-head"])):
         with Engine(spec_) as engine:
-            assert engine.mtp.head.n_heads == 2
+            assert engine.head_cache.head.n_heads == 2
             events = list(engine.run(engine.prompt_tokens(PROMPT), GREEDY, spec(("draft-mtp",), 4), 1))
             runs.append((tokens_of(events), [(s.n_drafted, s.n_accepted) for s in steps_of(events)]))
     assert runs[0] == runs[1]

@@ -116,7 +116,7 @@ def test_drafters_of_the_targets_hidden_states_keep_its_probabilities(tmp_path, 
         model = ModelSpec(target_file, "target", n_ctx=64, n_threads=1, **(
             {"mtp_sidecar": drafter_file} if kind == "draft-mtp" else {"feature_drafter": drafter_file}))
     with Engine(model) as engine:
-        target, head = engine.caches["target"], engine.mtp
+        target, head = engine.caches["target"], engine.head_cache
         prompt = engine.prompt_tokens("once upon a time there were")
         expected = exact_first_token(target.model, prompt)
         spec = SpecSettings(types=(kind,), draft_max=1, n_predict=2, ignore_eos=True)

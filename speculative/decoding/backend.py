@@ -1,4 +1,5 @@
-"""The small interface the loop and the drafters talk to.
+"""The interfaces the loop, the drafters and cache.py read models through: Backend, a model
+and its KV cache; Head and BlockHead, the drafting heads beside the target.
 
 A Backend is one loaded model and its KV cache. The real one lives in
 `speculative/llamacpp/` (the only package that imports llama_cpp); tests use a fake one.
@@ -13,6 +14,7 @@ accepted branch back into sequence 0 with `keep_branch`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal, Protocol, Sequence
 
 import numpy as np
@@ -95,29 +97,59 @@ class Backend(Protocol):
         ...
 
 
-class MtpBackend(Protocol):
-    """A model's NextN (MTP) layers in a context of their own (llamacpp.mtp.MtpHead): entry p is
-    the token at p with a hidden row, and predicts the token at p + 1. cache.MtpCache is the
-    only caller of `decode` and `trim`."""
+class Head(Protocol):
+    """A drafter that reads the target's hidden rows, in a context of its own beside the target's
+    (llamacpp/head.py), drafting token by token: the target's NextN (MTP) layers, an MTP head
+    file or a Gemma-4 assistant (draft-mtp), an EAGLE-3 drafter (draft-eagle3). Entry p is the
+    token at p with a row, and predicts the token at p + 1. cache.HeadCache is the only caller
+    of `decode` and `trim`."""
+    kind: str       # the --spec-type it drafts for
     name: str
-    n_embd: int     # the width of a hidden row
+    file: object    # what it runs, known by content (its costs' identity; None: the target's own layers)
+    rows_key: object  # which of the target's rows it reads (the prompt cache's identity of them)
+    n_embd: int     # the width of a row
     n_vocab: int
     n_ctx: int      # positions 0..n_ctx-1 exist
     n_batch: int
     n_heads: int    # NextN layers chained, one per drafted token (1: one head drafts every token)
+    max_draft: int | None  # the longest draft it makes (chained heads: one per head); None: any
+    shared_memory: bool  # reads the target's cache instead of keeping its own (a Gemma-4 assistant):
+                         # each entry decoded alone at the context's last position, nothing held
 
     def target_rows(self, start: int, end: int) -> np.ndarray | None:
-        """The target's NextN hidden rows for positions start..end-1 of what its cache holds
-        (-1: zeros), or None when any is not known (nextn.py)."""
+        """The target's rows for positions start..end-1 of what its cache holds (-1: zeros), or
+        None when any is not known (nextn.py)."""
         ...
 
     def decode(self, tokens: Sequence[int], pos: int, rows: np.ndarray,
                head: int | None = None) -> tuple[np.ndarray, np.ndarray] | None:
         """Entries for tokens[i] with rows[i] at positions pos, pos+1, ... (the cache holds
         exactly 0..pos-1), in every head's layers or `head`'s alone: the last one's logits and
-        NextN row (views valid until the next decode), or None when the decode failed."""
+        row (views valid until the next decode), or None when the decode failed."""
         ...
 
     def trim(self, n_keep: int) -> None:
         """Hold positions 0..n_keep-1 only."""
+        ...
+
+
+@dataclass(frozen=True)
+class Block:
+    """What a block decode gives, a row per block position: the logits (None for DFlash2), and
+    the pre-norm rows where they are read (DSpark's confidence, DFlash2's lattice)."""
+    logits: np.ndarray | None
+    rows: np.ndarray | None
+
+
+class BlockHead(Head, Protocol):
+    """A head that drafts a whole block in one decode (DFlash, DSpark: llamacpp/dflash.py): its
+    entries inject the target's rows; `block` decodes [token, mask, ...] after them."""
+    anchor: bool      # the block's first row drafts too (DSpark)
+    confidence: bool  # its rows carry a confidence to cut drafts with (DSpark)
+    lattice: bool     # it drafts a lattice of candidates (DFlash2), walked by selector_top_k
+    selector_top_k: int
+
+    def block(self, token: int, pos: int, k: int) -> Block | None:
+        """Up to k drafted tokens after `token` at position `pos` (the cache holds 0..pos-1),
+        dropped again after; None when the decode failed."""
         ...

@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-from speculative.decoding.backend import Backend, MtpBackend, Outputs
+from speculative.decoding.backend import Backend, Head, Outputs
 
 MARKS = 2  # a recurrent state's copies at prompt ends kept (this turn's, and the one before)
 
@@ -269,10 +269,11 @@ class Cache:
             self.extend(kept[start:])
 
 
-class MtpCache:
-    """An MTP head's KV cache (llama.cpp's draft-mtp) and what it holds: its one owner.
+class HeadCache:
+    """A drafting head's KV cache (backend.Head: an MTP head, EAGLE-3, DFlash, ...) and what it
+    holds: its one owner.
 
-    Position p holds the head's entry for the token at p and a hidden row (MtpBackend).
+    Position p holds the head's entry for the token at p and a hidden row.
     Entries made from the target's NextN rows are exact: the one at p depends on the
     tokens up to p only, so, like the target's cache, they are kept from one step and
     one run to the next as far as the context still starts with them (`sync`). Drafted
@@ -292,7 +293,7 @@ class MtpCache:
     nothing: each entry is decoded alone at the position of the context's last token.
     """
 
-    def __init__(self, head: MtpBackend):
+    def __init__(self, head: Head):
         self.head = head
         self._held: list[int] = []  # the token of each entry, from position 0
         self._exact = 0  # leading entries made from the target's rows

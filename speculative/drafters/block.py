@@ -1,6 +1,6 @@
 """The block drafters (llama.cpp's draft-dflash and draft-dspark): a DFlash or DSpark model
 drafts a whole block of tokens in one decode (llamacpp/dflash.py), from the target's layer
-inputs, which its cache follows as an MTP head's does (cache.MtpCache).
+inputs, which its cache follows as an MTP head's does (cache.HeadCache).
 
 Each drafted token is a block position's: greedy, its best token (DFlash stops at the first
 whose probability among the best 10 is below --draft-p-min, DSpark at the first whose

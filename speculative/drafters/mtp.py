@@ -2,7 +2,7 @@
 prediction) layers propose, no second model.
 
 The head's first entry of a step is the context's last token with the target's hidden
-row of the token before it (cache.MtpCache brings it in step with the target first,
+row of the token before it (cache.HeadCache brings it in step with the target first,
 decoding the entries the accepted tokens added); each drafted token then goes back in
 with the head's own row. Greedy, each token is the head's best one; for speculative
 sampling each is drawn from the head's distribution after the sampler chain, kept as
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from speculative.decoding.cache import MtpCache
+from speculative.decoding.cache import HeadCache
 from speculative.decoding.drafter import Draft, Drafter
 from speculative.decoding.sampling import Sampler
 from speculative.decoding.constraint import stepped
@@ -21,12 +21,12 @@ from speculative.drafters.model import pick
 
 
 class HeadDrafter(Drafter):
-    """What the drafters of a head that follows the target's hidden states share (cache.MtpCache):
+    """What the drafters of a head that follows the target's hidden states share (cache.HeadCache):
     its prompt work, whether it can follow a context, and what it says when it could not."""
 
     rows = "NextN hidden states"  # what of the target it follows, for its note
 
-    def __init__(self, cache: MtpCache, p_min: float = 0.0, sampler: Sampler | None = None):
+    def __init__(self, cache: HeadCache, p_min: float = 0.0, sampler: Sampler | None = None):
         self.name = cache.head.kind
         self.cache = cache
         self.p_min = p_min
@@ -37,7 +37,7 @@ class HeadDrafter(Drafter):
         self.cache.sync(prompt[:-1], last=False)  # the target holds those, and its rows of them
 
     def can_draft(self, context: Sequence[int]) -> bool:
-        """Whether the head can follow the target to the end of `context` (see MtpCache)."""
+        """Whether the head can follow the target to the end of `context` (see HeadCache)."""
         ok = self.cache.can_follow(context)
         self.lost += not ok
         return ok
@@ -56,7 +56,7 @@ class HeadDrafter(Drafter):
 class MtpDrafter(HeadDrafter):
     """draft-mtp, or draft-eagle3: the head (cache.head) says which."""
 
-    def __init__(self, cache: MtpCache, is_eog: Callable[[int], bool], p_min: float = 0.0,
+    def __init__(self, cache: HeadCache, is_eog: Callable[[int], bool], p_min: float = 0.0,
                  sampler: Sampler | None = None):
         super().__init__(cache, p_min, sampler)
         self.is_eog = is_eog

@@ -24,7 +24,7 @@ from speculative.errors import UsageError
 
 if TYPE_CHECKING:  # the drafters' modules are imported by the builders that need them: the flags
     # and --help read this table without numpy
-    from speculative.decoding.cache import Cache, MtpCache
+    from speculative.decoding.cache import Cache, HeadCache
     from speculative.decoding.sampling import Sampler
     from speculative.drafters.ngram_cache import LookupFiles
     from speculative.drafters.ngram_mod import ModTable
@@ -38,7 +38,7 @@ class Resources(Protocol):
     """What a builder draws on: the loaded models' caches, the head drafting beside the target,
     the pool, and what drafters share between runs (engine/factory.py's DrafterFactory)."""
     caches: dict[str, Cache]
-    mtp: MtpCache | None
+    head_cache: HeadCache | None
     pool: Pool | None
 
     def mod_table(self, n_match: int) -> ModTable: ...
@@ -121,17 +121,17 @@ def _token_head(res: Resources, spec: SpecSettings, sampler: Sampler | None) -> 
     """A head drafting token by token: the target's NextN layers, an MTP head file, EAGLE-3."""
     from speculative.drafters.mtp import MtpDrafter
 
-    return MtpDrafter(res.mtp, res.caches["target"].model.is_eog, p_min=spec.draft_p_min, sampler=sampler)
+    return MtpDrafter(res.head_cache, res.caches["target"].model.is_eog, p_min=spec.draft_p_min, sampler=sampler)
 
 
 def _block_head(res: Resources, spec: SpecSettings, sampler: Sampler | None) -> Drafter:
     """A head drafting a block in one decode: DFlash, DSpark."""
     from speculative.drafters.block import BlockDrafter
 
-    if res.mtp.head.kind == "draft-dspark" and spec.draft_p_min > 0 and not res.mtp.head.confidence:
+    if res.head_cache.head.kind == "draft-dspark" and spec.draft_p_min > 0 and not res.head_cache.head.confidence:
         raise UsageError("--draft-p-min: this DSpark drafter has no confidence head to cut its drafts with; "
                          "give --draft-p-min 0")
-    return BlockDrafter(res.mtp, p_min=spec.draft_p_min, sampler=sampler)
+    return BlockDrafter(res.head_cache, p_min=spec.draft_p_min, sampler=sampler)
 
 
 def _lookup(cls: str) -> Builder:

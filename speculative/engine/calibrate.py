@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from speculative.decoding.cache import Cache, MtpCache
+from speculative.decoding.cache import Cache, HeadCache
 from speculative.engine.costs import ModelCosts
 
 FILLER_TOKENS = 32   # the batches are scored after a short context, like a real step
@@ -125,7 +125,7 @@ def measure(cache: Cache, sizes: list[int], progress: Progress) -> Timings:
         cache.forget()
 
 
-def measure_mtp(mtp: MtpCache, sizes: list[int], progress: Progress) -> Timings:
+def measure_mtp(mtp: HeadCache, sizes: list[int], progress: Progress) -> Timings:
     """An MTP head's entries, timed as `measure` times a model's, after FILLER_TOKENS of its own,
     on rows of zeros (what a row holds does not change the cost). The head is left empty."""
     head = mtp.head

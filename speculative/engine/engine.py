@@ -21,8 +21,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from speculative.decoding.backend import Backend, MtpBackend
-from speculative.decoding.cache import Cache, MtpCache
+from speculative.decoding.backend import Backend, Head
+from speculative.decoding.cache import Cache, HeadCache
 from speculative.decoding.constraint import Constraint
 from speculative.decoding.drafter import Drafter
 from speculative.decoding.events import Event, Prefilled, PromptCache, Token
@@ -74,7 +74,7 @@ class Engine:
             # file's, or an EAGLE-3, DFlash or DSpark drafter): its cache, kept between runs too.
             head = (self.target.feature_head(target.feature_drafter) if target.feature_drafter else
                     self.target.mtp_head(target.mtp_sidecar) if target.mtp_sidecar or self.target.nextn_layers else None)
-            self.mtp = MtpCache(head) if head is not None else None
+            self.head_cache = HeadCache(head) if head is not None else None
         except BaseException:
             self._close_models()
             raise
@@ -90,7 +90,7 @@ class Engine:
             if model is not None:
                 model.on_pass = functools.partial(self.book.model(model.identity()).record, unified=model.kv_unified)
         self._saved_at = time.monotonic()
-        self.persist = CachePersistence(self.caches, self.mtp, notify, prompt_cache_file, prompt_cache_ro,
+        self.persist = CachePersistence(self.caches, self.head_cache, notify, prompt_cache_file, prompt_cache_ro,
                                         cache_ram_mib)
         self._whole_prompt = False  # forget() was called: the next run keeps and restores nothing
         # What earlier runs wrote (pool.py): learnt after each run while `learn` is set (bench
@@ -98,7 +98,7 @@ class Engine:
         self.pool = Pool(max_tokens=pool_tokens) if pool_tokens > 0 else None
         self.learn = True
         self.pool_file = self._open_pool_file(pool_file, target_vocab) if self.pool is not None else None
-        self.factory = DrafterFactory(self.caches, self.mtp, self.pool, self.costs, _largest_batch(self.target),
+        self.factory = DrafterFactory(self.caches, self.head_cache, self.pool, self.costs, _largest_batch(self.target),
                                       notify, pool_asked=pool_file is not None)
         self._owner = True  # it loaded the models (a view does not: see view)
         # False once slots run requests on its models (parallel.py): measuring costs then would
@@ -179,7 +179,7 @@ class Engine:
     def _draft_sampler(self, sampling: SamplerSettings, spec: SpecSettings, seed: int, rule: str) -> Sampler | None:
         """What the draft model or MTP head samples its drafts with for speculative sampling
         (None: it drafts greedily)."""
-        if (self.draft is None and self.mtp is None) or rule != "rejection":
+        if (self.draft is None and self.head_cache is None) or rule != "rejection":
             return None
         drafting = self.draft or self.target
         return Sampler(sampling, (seed + DRAFT_SEED_OFFSET) % 2**32, drafting.eog_tokens() if spec.ignore_eos else None,
@@ -196,17 +196,17 @@ class Engine:
             self._saved_at = time.monotonic()
             self.book.save()
 
-    def view(self, target: Backend, draft: Backend | None, head: MtpBackend | None) -> "Engine":
+    def view(self, target: Backend, draft: Backend | None, head: Head | None) -> "Engine":
         """The engine of one of several requests that run at once (parallel.py), on `target`'s,
         `draft`'s and the MTP `head`'s sequences of this engine's models (llamacpp.slots):
         caches and drafters of its own; the pool, the measured costs, ngram-mod's tables and the
         RAM cache shared. It closes nothing: the models are this engine's."""
         view = copy.copy(self)
         view.target, view.draft, view.drafter, view._whole_prompt = target, draft, None, False
-        view.mtp = MtpCache(head) if head is not None else None
+        view.head_cache = HeadCache(head) if head is not None else None
         view.caches = {"target": Cache(target), **({"draft": Cache(draft)} if draft else {})}
-        view.persist = self.persist.view(view.caches, view.mtp)
-        view.factory = self.factory.view(view.caches, view.mtp)
+        view.persist = self.persist.view(view.caches, view.head_cache)
+        view.factory = self.factory.view(view.caches, view.head_cache)
         view.pool_file, view._owner = None, False
         return view
 
@@ -219,8 +219,8 @@ class Engine:
         self._whole_prompt = True
         for cache in self.caches.values():
             cache.forget()
-        if self.mtp is not None:
-            self.mtp.forget()
+        if self.head_cache is not None:
+            self.head_cache.forget()
 
     def notes(self) -> list[str]:
         """What the latest run's drafter has to say about it (why auto declined a drafter)."""
@@ -236,7 +236,7 @@ class Engine:
         target's hidden states) at, in seconds, for b = 1..max_batch tokens of one request, and one of
         each of sequences - 1 others. From the book of costs (costs.py), calibrated first where it
         lacks sizes, unless requests run on the model (may_measure): then [] if nothing was timed."""
-        model = self.mtp.head if role == "mtp" else self.caches[role].model
+        model = self.head_cache.head if role == "mtp" else self.caches[role].model
         costs = self._model_costs(role)
         max_batch = min(max_batch, _largest_batch(model) - (sequences - 1))
         sizes = calibrate.target_sizes(max_batch) if role == "target" else sorted({1, max_batch})
@@ -253,7 +253,7 @@ class Engine:
         beside the target it reads)."""
         if role != "mtp":
             return self.book.model(self.caches[role].model.identity())
-        head = self.mtp.head
+        head = self.head_cache.head
         own = head.file or {"nextn": True}  # its file, by content; or the target's NextN layers
         return self.book.model({**self.target.identity(), "head": own})
 
@@ -261,7 +261,7 @@ class Engine:
         """Time a model's passes of these sizes into the book (calibrate.into), its own passes
         meanwhile not recorded as live ones."""
         measure = calibrate.measure_mtp if role == "mtp" else calibrate.measure
-        cache = self.mtp if role == "mtp" else self.caches[role]
+        cache = self.head_cache if role == "mtp" else self.caches[role]
         hook, model.on_pass = getattr(model, "on_pass", None), None
         try:
             calibrate.into(costs, model.name, lambda sizes, report: measure(cache, sizes, report), sizes,
@@ -272,7 +272,7 @@ class Engine:
 
     def busy_seconds(self) -> float:
         """Seconds both models have spent inside llama.cpp so far."""
-        heads = (self.mtp.head,) if self.mtp is not None else ()
+        heads = (self.head_cache.head,) if self.head_cache is not None else ()
         return sum(m.busy_seconds for m in (self.target, self.draft, *heads) if m is not None)
 
     def close(self) -> None:

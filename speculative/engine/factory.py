@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from speculative.decoding.cache import Cache, MtpCache
+from speculative.decoding.cache import Cache, HeadCache
 from speculative.decoding.constraint import Constraint
 from speculative.decoding.drafter import Drafter
 from speculative.decoding.sampling import Sampler
@@ -31,11 +31,11 @@ class DrafterFactory:
     """Builds the drafters of a loaded target (and draft model, MTP head, pool), keeping what
     they share between runs."""
 
-    def __init__(self, caches: dict[str, Cache], mtp: MtpCache | None, pool: Pool | None, costs: Costs,
+    def __init__(self, caches: dict[str, Cache], head_cache: HeadCache | None, pool: Pool | None, costs: Costs,
                  target_batch: int, notify: Callable[[str], None] | None = None, pool_asked: bool = False):
         """`target_batch`: the largest batch the target verifies in one step; `pool_asked`: a pool
         file was given (--spec-pool FILE)."""
-        self.caches, self.mtp, self.pool, self.costs = caches, mtp, pool, costs
+        self.caches, self.head_cache, self.pool, self.costs = caches, head_cache, pool, costs
         # The pool drafts a request from earlier ones' output, which would shape its verify passes by
         # what ran before it: where those shapes change the logits' last bits (a batch-variant build,
         # or a GPU's, not known to be invariant), identical requests could then get other answers,
@@ -74,7 +74,7 @@ class DrafterFactory:
 
     def has(self, kind: DrafterType, constraint: Constraint | None, auto: bool = False) -> bool:
         """Whether what `kind` needs is loaded (`auto`: and auto's default choices may take it)."""
-        return {DRAFT: self.draft is not None, HEAD: self.mtp is not None and self.mtp.head.kind == kind.name,
+        return {DRAFT: self.draft is not None, HEAD: self.head_cache is not None and self.head_cache.head.kind == kind.name,
                 POOL: self.pool is not None and (not auto or bool(self.pool) and self.pool_in_auto),
                 GRAMMAR: constraint is not None}.get(kind.needs, True)
 
@@ -103,10 +103,10 @@ class DrafterFactory:
                     rewind(self.caches["target"], k_max), (lambda: target.load(plain=True)) if slots > 1 else None,
                     shared)
 
-    def view(self, caches: dict[str, Cache], mtp: MtpCache | None) -> "DrafterFactory":
+    def view(self, caches: dict[str, Cache], head_cache: HeadCache | None) -> "DrafterFactory":
         """The factory of another request's caches on the same models (parallel.py), sharing
         ngram-mod's tables and ngram-cache's files with this one."""
-        view = DrafterFactory(caches, mtp, self.pool, self.costs, self.target_batch, self.notify)
+        view = DrafterFactory(caches, head_cache, self.pool, self.costs, self.target_batch, self.notify)
         view.pool_in_auto = self.pool_in_auto
         view._mod_tables, view._lookup_files = self._mod_tables, self._lookup_files
         return view

@@ -49,7 +49,7 @@ class Parallel:
                 model.clear()
         target = SharedModel(engine.target, self.gate, TARGET, prefill_budget, self._streaming)
         draft = SharedModel(engine.draft, self.gate, DRAFT, prefill_budget, self._streaming) if engine.draft else None
-        head = SharedHead(engine.mtp.head, self.gate, DRAFT) if engine.mtp else None
+        head = SharedHead(engine.head_cache.head, self.gate, DRAFT) if engine.head_cache else None
         return [engine.view(target.slot(i), draft.slot(i) if draft else None, head.slot(i) if head else None)
                 for i in range(n_slots)]
 

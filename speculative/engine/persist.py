@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from speculative.decoding.cache import Cache, MtpCache
+from speculative.decoding.cache import Cache, HeadCache
 from speculative.engine import prompt_cache, ram_cache
 from speculative.errors import GenerationError, UsageError
 
@@ -26,9 +26,9 @@ class CachePersistence:
     """The prompt cache file and the RAM cache of one engine's caches (role -> Cache, and the
     target's MTP head, whose rows are saved with the target's part)."""
 
-    def __init__(self, caches: dict[str, Cache], mtp: MtpCache | None, notify: Callable[[str], None] | None = None,
+    def __init__(self, caches: dict[str, Cache], head_cache: HeadCache | None, notify: Callable[[str], None] | None = None,
                  file: Path | None = None, read_only: bool = False, ram_mib: int = 0):
-        self.caches, self.mtp, self.notify = caches, mtp, notify
+        self.caches, self.head_cache, self.notify = caches, head_cache, notify
         self.target = caches["target"].model
         self.file = file
         self.read_only = read_only
@@ -41,10 +41,10 @@ class CachePersistence:
         ) if ram_mib else None
         self._ram_lock = threading.Lock()  # requests that run at once share the RAM cache
 
-    def view(self, caches: dict[str, Cache], mtp: MtpCache | None) -> "CachePersistence":
+    def view(self, caches: dict[str, Cache], head_cache: HeadCache | None) -> "CachePersistence":
         """The persistence of another request's caches on the same models (parallel.py): the
         same RAM cache, and no prompt cache file (a file holds one conversation)."""
-        view = CachePersistence(caches, mtp, self.notify)
+        view = CachePersistence(caches, head_cache, self.notify)
         view.ram_cache, view._ram_lock = self.ram_cache, self._ram_lock
         return view
 
@@ -141,8 +141,8 @@ class CachePersistence:
     def _cache_identities(self) -> dict[str, dict]:
         """What produced each part the prompt cache file may hold (LlamaModel.cache_identity)."""
         identities = {role: cache.model.cache_identity() for role, cache in self.caches.items()}
-        if self.mtp is not None:
-            identities[NEXTN_ROLE] = {**identities["target"], "nextn_rows": self.mtp.head.rows_key}
+        if self.head_cache is not None:
+            identities[NEXTN_ROLE] = {**identities["target"], "nextn_rows": self.head_cache.head.rows_key}
         return identities
 
     def _load_state(self, role: str, tokens: tuple[int, ...], state: bytes,

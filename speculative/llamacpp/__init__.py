@@ -7,8 +7,9 @@
   tokenizer.py  Tokenizer: a model's vocabulary (tokens, their text, the special tokens)
   templates.py  llama.cpp's built-in chat formats (--no-jinja, --chat-template NAME)
   grammar.py    llama.cpp's grammar sampler, asked which tokens a grammar admits
-  decode.py     the decode path LlamaModel and MtpHead share: context parameters, Batch, Context,
+  decode.py     the decode path LlamaModel and the heads share: context parameters, Batch, Context,
                 and the one thread every llama_decode runs on
+  head.py       HeadContext: what every drafting head's context shares (a token and a row an entry)
   mtp.py        MtpHead: a model's NextN (MTP) layers in a context of their own
   heads.py      the heads that draft from the target's hidden states (NextN, MTP files, EAGLE-3) and
                 their rows

@@ -1,4 +1,4 @@
-"""The decode path the target (model.LlamaModel) and its MTP head (mtp.MtpHead) share.
+"""The decode path the target (model.LlamaModel) and its drafting heads (head.HeadContext) share.
 
 A context's parameters as speculate sets them, and one llama_batch per context reused for
 every call: its arrays filled through numpy views, run with llama_decode (the time inside

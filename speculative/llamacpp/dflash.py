@@ -11,8 +11,8 @@ the positions from there, attending over that cache and the whole block (non-cau
 decode. The block is then dropped from its cache.
 
 Numbered by the token it follows, the injection at position p - 1 is an MTP head's entry p
-(the token at p with the row of p - 1; the token itself goes unused), so DflashHead is an
-MtpHead as the EAGLE-3 head is one, and cache.MtpCache keeps its cache in step with the
+(the token at p with the row of p - 1; the token itself goes unused), so DflashHead is a head
+(head.HeadContext) as the EAGLE-3 head is one, and cache.HeadCache keeps its cache in step with the
 target's, through rollbacks, prefix reuse, the prompt cache and slots.
 
 DSpark (a DFlash GGUF with a Markov head, `markov_w1`) drafts the same way, from the block's
@@ -27,38 +27,28 @@ the position before (drafters/block.py walks it).
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import llama_cpp as ll
 import numpy as np
 
+from speculative.decoding.backend import Block
 from speculative.errors import ModelError
 from speculative.files import content_identity
 from speculative.llamacpp import ext
 from speculative.llamacpp.decode import Batch
 from speculative.llamacpp.eagle3 import open_drafter
-from speculative.llamacpp.mtp import HeadOutputs, HeadPart, MtpHead
+from speculative.llamacpp.head import HeadContext, HeadOutputs, HeadPart
 from speculative.llamacpp.nextn import NextnRows
 
 DEFAULT_BLOCK = 16  # llama.cpp's block size where the file names none
 
 
-@dataclass(frozen=True)
-class Block:
-    """What a block decode gives, a row per block position: the logits (None for DFlash2), and
-    the pre-norm rows where they are read (DSpark's confidence, DFlash2's lattice)."""
-    logits: np.ndarray | None
-    rows: np.ndarray | None
-
-
-class DflashHead(MtpHead):
-    """A DFlash or DSpark drafter in a context of its own beside the target's (see the top): an
-    MtpBackend whose entry p injects the target's rows of position p - 1 there, and which drafts
+class DflashHead(HeadContext):
+    """A DFlash or DSpark drafter in a context of its own beside the target's (see the top): a
+    BlockHead whose entry p injects the target's rows of position p - 1 there, and which drafts
     a block at a time (`block`)."""
-
-    n_heads, shared_memory, _seqs_per_slot, every_output = 1, False, 1, False
 
     def __init__(self, target, features: Sequence[NextnRows], path: Path, layers: tuple[int, ...], dspark: bool):
         """The drafter at `path` (checked by features.target_layers) for `target` (a
@@ -100,11 +90,6 @@ class DflashHead(MtpHead):
             self.close()
             raise ModelError(f"{path}: a DFlash drafter without a mask token (tokenizer.ggml.mask_token_id)")
         self.max_draft = self.block_size if self.anchor else self.block_size - 1
-
-    def target_rows(self, start: int, end: int, slot: int = 0) -> np.ndarray | None:
-        """The target's rows for positions start..end-1 of slot's cache (-1: zeros, never
-        injected), None where unknown."""
-        return self._rows[slot].get(start, end)
 
     def decode_parts(self, parts: Sequence[HeadPart]) -> list[HeadOutputs | None]:
         """The injections of several slots' entries in one decode: entry p's row at position

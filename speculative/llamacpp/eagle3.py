@@ -10,9 +10,9 @@ copies NextN rows for an MTP head (nextn.NextnRows, here three layers wide). The
 pair (token at P + 1, g at P), and predicts the token at P + 2.
 
 Numbered by the token it carries, that is the MTP head's entry at p = P + 1 (the token at p
-with the row of p - 1), so EagleHead is an MtpHead with two differences: `target_rows` runs the
+with the row of p - 1), so EagleHead is a head as MtpHead is, with two differences: `target_rows` runs the
 encoder over the target's rows, and entry p sits at KV position p - 1 (the token at position 0
-has no entry: nothing comes before it). cache.MtpCache owns it as it owns an MTP head. Drafted
+has no entry: nothing comes before it). cache.HeadCache owns it as it owns an MTP head. Drafted
 entries carry the decoder's own pre-norm row of the entry before (llama.cpp's "prenorm"), as a
 drafted MTP entry carries the head's NextN row.
 
@@ -35,7 +35,7 @@ from speculative.files import content_identity
 from speculative.llamacpp import ext
 from speculative.llamacpp.decode import Batch, head_context_params
 from speculative.llamacpp.devices import head_model_params
-from speculative.llamacpp.mtp import HeadOutputs, HeadPart, MtpHead
+from speculative.llamacpp.head import HeadContext, HeadOutputs, HeadPart
 from speculative.llamacpp.nextn import NextnRows
 
 def open_drafter(path: Path, target, what: str):
@@ -55,16 +55,15 @@ def open_drafter(path: Path, target, what: str):
     return model, ctx
 
 
-class EagleHead(MtpHead):
-    """An EAGLE-3 draft in a context of its own beside the target's (see the top): an MtpBackend
-    whose entry p, the token at p with a row g of p - 1, sits at KV position p - 1."""
+class EagleHead(HeadContext):
+    """An EAGLE-3 draft in a context of its own beside the target's (see the top): a Head, token
+    by token, whose entry p, the token at p with a row g of p - 1, sits at KV position p - 1."""
 
     kind = "draft-eagle3"
     # llama.cpp's EAGLE-3 decoder graph computes logits and pre-norm rows for every entry and
     # does not pick the outputs asked for: with only the last entry of several asked for, the
     # first entry's row came back as the last's. Every entry is an output instead.
     every_output = True
-    n_heads, max_draft, shared_memory, _seqs_per_slot = 1, None, False, 1
 
     def __init__(self, target, features: Sequence[NextnRows], path: Path, layers: tuple[int, ...]):
         """The drafter at `path` (checked by target_layers) for `target` (a model.LlamaModel), and
@@ -115,7 +114,7 @@ class EagleHead(MtpHead):
         return g
 
     def decode_parts(self, parts: Sequence[HeadPart]) -> list[HeadOutputs | None]:
-        """As MtpHead's, with entry p at KV position p - 1; the entry of the token at position 0
+        """As every head's, with entry p at KV position p - 1; the entry of the token at position 0
         is left out (its part gives None when nothing else is in it)."""
         shifted = [HeadPart(p.tokens[1:], 0, p.rows[1:], p.slot) if p.pos == 0 else
                    HeadPart(p.tokens, p.pos - 1, p.rows, p.slot) for p in parts]

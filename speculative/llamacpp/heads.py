@@ -21,6 +21,7 @@ from speculative.llamacpp.decode import Context
 from speculative.llamacpp.dflash import DflashHead
 from speculative.llamacpp.eagle3 import EagleHead
 from speculative.llamacpp.features import target_layers
+from speculative.llamacpp.head import HeadContext
 from speculative.llamacpp.mtp import MtpHead
 from speculative.llamacpp.nextn import NextnRows
 from speculative.models.gguf_meta import feature_drafter_kind
@@ -31,7 +32,7 @@ class HeadRows(Context):
     (each slot's kept rows, NextN-wide until an EAGLE-3 head says otherwise)."""
 
     _model = None
-    _mtp: MtpHead | None = None
+    _head: HeadContext | None = None
     _nextn: list[NextnRows]
     _layers: tuple[int, ...] = ()  # the layers whose inputs an EAGLE-3 head reads (else NextN rows)
 
@@ -39,7 +40,7 @@ class HeadRows(Context):
         """Copy the latest decode's NextN rows while an MTP head drafts from them (llama.cpp
         keeps them only until the next decode): (slot, first position, count) for each run of
         the batch's tokens in order, a slot of None for rows not kept."""
-        if self._mtp is not None:
+        if self._head is not None:
             rows = self._latest_rows(sum(n for _, _, n in spans))
             start = 0
             for slot, pos, n in spans:
@@ -62,19 +63,19 @@ class HeadRows(Context):
     def mtp_head(self, sidecar: Path | None = None) -> "MtpHead":
         """The MTP head on this model's NextN layers, or on those of the MTP head file
         `sidecar` (made on the first call; this model then keeps its NextN rows for it)."""
-        if self._mtp is None:
+        if self._head is None:
             if sidecar is None and not self.nextn_layers:
                 raise ModelError(f"{self.path}: no NextN (MTP) layers loaded")
             ext.require("draft-mtp")
-            self._mtp = MtpHead(self, self._nextn, sidecar)
+            self._head = MtpHead(self, self._nextn, sidecar)
             ext.set_embeddings_nextn(self._ctx, True, False)  # unmasked: a row per token
-        return self._mtp
+        return self._head
 
     def feature_head(self, path: Path) -> EagleHead | DflashHead:
         """The drafter at `path` that reads this model's layer inputs: EAGLE-3, DFlash or DSpark, as
         the file says (made on the first call; this model then keeps the inputs of the layers it
         reads). ModelError where it cannot draft for this model."""
-        if self._mtp is None:
+        if self._head is None:
             kind = feature_drafter_kind(path)
             ext.require(kind)
             arch = "eagle3" if kind == "draft-eagle3" else "dflash"
@@ -82,25 +83,25 @@ class HeadRows(Context):
             layers = target_layers(path, arch, self.name, self.arch, n_layer, n_embd, self.n_vocab)
             self._nextn = [NextnRows(len(layers) * n_embd) for _ in range(self.n_slots)]
             self._layers = layers
-            self._mtp = (EagleHead(self, self._nextn, path, layers) if arch == "eagle3" else
+            self._head = (EagleHead(self, self._nextn, path, layers) if arch == "eagle3" else
                          DflashHead(self, self._nextn, path, layers, dspark=kind == "draft-dspark"))
             for layer in layers:
                 if layer < n_layer:
                     ext.set_embeddings_layer_inp(self._ctx, layer, True)
                 else:
                     ext.set_embeddings_nextn(self._ctx, True, False)
-        return self._mtp
+        return self._head
 
     def nextn_state(self, n_tokens: int, slot: int = 0) -> bytes | None:
         """The NextN rows of positions 0..n_tokens-1 of slot's cache, for the prompt cache file;
         None when not all are known."""
-        rows = self._nextn[slot].get(0, n_tokens) if self._mtp is not None else None
+        rows = self._nextn[slot].get(0, n_tokens) if self._head is not None else None
         return None if rows is None else rows.tobytes()
 
     def load_nextn_state(self, data: bytes, n_tokens: int, slot: int = 0) -> bool:
         """Rows that nextn_state gave, for a cache that holds those n_tokens again (restored)."""
         rows, kept = np.frombuffer(data, dtype=np.float32), self._nextn[slot]
-        if self._mtp is None or rows.size != n_tokens * kept.n_embd:
+        if self._head is None or rows.size != n_tokens * kept.n_embd:
             return False
         kept.cut(0)
         kept.put(0, rows.reshape(n_tokens, kept.n_embd))

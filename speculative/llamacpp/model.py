@@ -59,7 +59,7 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
         self.path = Path(spec.path)
         self.loras = tuple((Path(lora), float(scale)) for lora, scale in spec.loras)
         self._model = None
-        self._mtp = None  # the head that drafts from its hidden states (heads.py)
+        self._head = None  # the head that drafts from its hidden states (heads.py)
         self._adapters = None  # the LoRA adapters and their scales, as llama.cpp takes them
         self.devices = None if spec.devices is None else tuple(spec.devices)  # None: llama.cpp's choice
         self.n_gpu_layers = spec.n_gpu_layers
@@ -281,9 +281,9 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
     # -- lifetime --------------------------------------------------------
 
     def close(self) -> None:
-        if self._mtp is not None:
-            self._mtp.close()
-            self._mtp = None
+        if self._head is not None:
+            self._head.close()
+            self._head = None
         self._free_context()
         if self._model:
             ll.llama_model_free(self._model)

@@ -4,7 +4,7 @@ A model with NextN (multi-token prediction) layers drafts with them (`--spec-typ
 draft-mtp`): the MTP head's entry at position p is the token at p with the target's
 hidden state at p - 1 (its last hidden state, the row llama.cpp calls h_nextn). llama.cpp
 hands those rows out only until the next decode, so the target copies them here after
-each one (llamacpp.model.LlamaModel); cache.MtpCache reads them when it brings the MTP head up
+each one (llamacpp.model.LlamaModel); cache.HeadCache reads them when it brings the MTP head up
 to date. A row stays valid while the target's cache still holds the tokens it was
 computed from, so every change to that cache goes through here too: a decode at p
 replaces the rows from p on, a rollback to n drops those from n on, a restored cache

@@ -9,9 +9,9 @@ it: it puts the waiting parts in one batch, and when the cache has no cell left 
 (a unified pool of cells, shared by every request), the part that asks for the most ends
 its request (ContextFull) and the rest run.
 
-The target's MTP head has a sequence per slot too (mtp.py): SharedHead runs the slots' head
-entries of a step in one decode, and SlotHead is one slot's MtpBackend, drafting from the
-NextN rows the target kept for that slot.
+A drafting head has a sequence per slot too (head.py): SharedHead runs the slots' head
+entries of a step in one decode, and SlotHead is one slot's Head, drafting from the
+rows the target kept for that slot.
 
 A prompt is decoded a chunk per batch, each no longer than the prefill budget allows while
 another request streams its answer, so a long prompt does not stall a stream's steps: the
@@ -32,7 +32,7 @@ from speculative.decoding.gate import Gate
 from speculative.errors import ContextFull, GenerationError
 from speculative.llamacpp.decode import Part
 from speculative.llamacpp.model import LlamaModel
-from speculative.llamacpp.mtp import HeadOutputs, HeadPart, MtpHead, decode_chunks
+from speculative.llamacpp.head import HeadContext, HeadOutputs, HeadPart, decode_chunks
 
 FIRST_CHUNK = 32  # prompt tokens in a batch with others before their cost is known
 LEAST_CHUNK = 4   # however tight the budget, a prompt moves on by at least this much per batch
@@ -173,10 +173,10 @@ class SlotModel:
 
 
 class SharedHead:
-    """An MTP head as the gate runs it (decoding.gate.Runner): the slots' entries of a step in
+    """A drafting head as the gate runs it (decoding.gate.Runner): the slots' entries of a step in
     one decode."""
 
-    def __init__(self, head: MtpHead, gate: Gate, priority: int):
+    def __init__(self, head: HeadContext, gate: Gate, priority: int):
         self.head = head
         self.gate = gate
         self.priority = priority
@@ -193,8 +193,8 @@ class SharedHead:
 
 
 class SlotHead:
-    """One slot's sequence of a shared MTP head: an MtpBackend whose entries decode in the gate's
-    batches, from the target's NextN rows of that slot."""
+    """One slot's sequence of a shared drafting head: a Head whose entries decode in the gate's
+    batches, from the target's rows of that slot."""
 
     def __init__(self, shared: SharedHead, slot: int):
         self.shared = shared
