@@ -26,12 +26,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scripts.results import meta  # noqa: E402
-from tests.tiny_model import write_model  # noqa: E402
 from speculative.decoding.cache import Cache  # noqa: E402
 from speculative.decoding.settings import ModelSpec  # noqa: E402
 from speculative.engine.calibrate import checkpoint_costs  # noqa: E402
 from speculative.llamacpp.devices import system_info  # noqa: E402
 from speculative.llamacpp.model import LlamaModel  # noqa: E402
+from tests.tiny_model import write_model  # noqa: E402
 
 CONTEXT = 256  # tokens in the cache before each measured pass
 

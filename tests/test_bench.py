@@ -10,8 +10,8 @@ from speculative.decoding.settings import DRAFT_MAX_AUTO, SamplerSettings, SpecS
 from speculative.engine import bench
 from speculative.engine.bench import expects_identity, load_prompts, make_configs, parse_sweeps
 from speculative.errors import UsageError
-from tests.tiny_model import write_model
 from tests.conftest import speculate
+from tests.tiny_model import write_model
 
 
 def test_prompts_accept_text_or_chat_messages(tmp_path):

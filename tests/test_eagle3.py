@@ -16,7 +16,6 @@ import gguf
 import numpy as np
 import pytest
 
-from tests.tiny_drafters import write_drafter
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.engine.engine import Engine
 from speculative.errors import ModelError
@@ -26,6 +25,7 @@ from speculative.drafters import MtpDrafter
 from tests.conftest import alone_and_together, speculate, speculate_json
 from tests.driver_harness import build_driver_harness, harness_drafts, record_drafts
 from tests.test_mtp import steps_of, tokens_of
+from tests.tiny_drafters import write_drafter
 
 GREEDY = SamplerSettings(temp=0.0)
 PROMPT = "once upon a time there were a cat and a dog. once upon a time there were"

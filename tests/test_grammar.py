@@ -11,13 +11,13 @@ import json
 import numpy as np
 import pytest
 
-from tests.tiny_drafters import write_drafter
-from tests.tiny_model import write_model
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.drafters.registry import TYPES
 from speculative.engine.engine import Engine
 from tests.conftest import speculate, speculate_here
 from tests.test_mtp import steps_of, tokens_of
+from tests.tiny_drafters import write_drafter
+from tests.tiny_model import write_model
 
 real = pytest.mark.real
 PROMPT = "once upon a time there were a cat and a dog. once upon a time there were"

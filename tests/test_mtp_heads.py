@@ -17,14 +17,14 @@ import pytest
 
 import json
 
-from tests.tiny_drafters import write_drafter
-from tests.tiny_model import write_model
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.drafters import MtpDrafter
 from speculative.engine.engine import Engine
 from tests.conftest import alone_and_together, speculate
 from tests.driver_harness import build_driver_harness, harness_drafts, record_drafts
 from tests.test_mtp import steps_of, tokens_of
+from tests.tiny_drafters import write_drafter
+from tests.tiny_model import write_model
 
 GREEDY = SamplerSettings(temp=0.0)
 PROMPT = "once upon a time there were a cat and a dog. once upon a time there were"

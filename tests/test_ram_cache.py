@@ -11,8 +11,6 @@ from typing import Callable, Sequence
 
 import pytest
 
-from tests.tiny_drafters import write_drafter
-from tests.tiny_model import write_model
 from speculative.decoding.cache import Cache, _common_prefix
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.decoding.stats import Stats
@@ -24,6 +22,8 @@ from speculative.errors import GenerationError
 from speculative.llamacpp.doctor import batch_invariance
 from tests.conftest import SMOL
 from tests.fakes import FakeBackend, ToyModel
+from tests.tiny_drafters import write_drafter
+from tests.tiny_model import write_model
 
 MIB = 1 << 20
 

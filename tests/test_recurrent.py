@@ -26,7 +26,6 @@ import gguf
 import llama_cpp as ll
 
 from speculative.cli.main import app
-from tests.tiny_model import ARCH_INFO, write_model
 from speculative.decoding.cache import Cache
 from speculative.decoding.drafter import Draft, Drafter
 from speculative.decoding.events import Step, Token
@@ -43,6 +42,7 @@ from tests.conftest import speculate, speculate_json
 from tests.fakes import FakeBackend, ToyModel
 from tests.gguf_builder import write_out
 from tests.test_serve import start_server, stop_server
+from tests.tiny_model import ARCH_INFO, write_model
 
 real = pytest.mark.real  # all but the fake-backend test of doctor's probe
 

@@ -24,11 +24,11 @@ from pathlib import Path
 import openai  # the test extra (pip install -e '.[test]'): without it this module must fail, not skip
 import pytest
 
-from tests.tiny_model import write_model
 from speculative.serving.app import GRACE_SECONDS
 from tests.conftest import SMOL, SPECULATE, probe_command, speculate, speculate_json
 from tests.gguf_builder import write_tiny_llama
 from tests.probe import HOLD_PROMPT, HOLD_STEP
+from tests.tiny_model import write_model
 
 pytestmark = pytest.mark.real
 

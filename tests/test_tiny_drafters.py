@@ -25,11 +25,11 @@ import pytest
 import gguf
 import llama_cpp as ll
 
+from speculative.llamacpp import ext
+from speculative.llamacpp.devices import init_once
 from tests.tiny_drafters import (DFLASH_BLOCK_SIZE, DFLASH_MASK, DFLASH_TARGET_LAYERS, DRAFTER_INFO, DRAFTERS,
                                    target_path, write_drafter)
 from tests.tiny_model import SPECIALS, tokenizer_vocab, write_model
-from speculative.llamacpp import ext
-from speculative.llamacpp.devices import init_once
 
 pytestmark = pytest.mark.real
 

@@ -25,8 +25,8 @@ import gguf
 import llama_cpp as ll
 from llama_cpp import llama_cpp_ext as ll_ext
 
-from tests.tiny_model import ARCH_INFO, ARCHS, SPECIALS, tokenizer_vocab, write_model
 from speculative.llamacpp.devices import init_once
+from tests.tiny_model import ARCH_INFO, ARCHS, SPECIALS, tokenizer_vocab, write_model
 
 pytestmark = pytest.mark.real
 
