@@ -4,8 +4,8 @@
     python scripts/batch_ceiling.py MODEL.gguf [-t THREADS] [--ns 1,2,4,8] [--steps 16] [--rounds 3]
 
 Run it with the Python of the build to measure (scripts/bench_parallel.py runs it with the
-speculate executable's). One context of -c 4096 with a unified cache, as speculate's `-np N`
-makes; each of N sequences gets a prompt of its own (150 tokens), then `--steps` steps of one
+speculate executable's): the model loads through speculate's binding, as speculate loads it.
+One context of -c 4096 with a unified cache, as speculate's `-np N` makes; each of N sequences gets a prompt of its own (150 tokens), then `--steps` steps of one
 token per sequence, two ways: one llama_decode carrying a token of each of the N sequences,
 and N llama_decode calls of one token each. The two ways alternate, `--rounds` times; the gain
 is the time of the N single decodes over the batch's, per round. Prints one JSON object:
@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
-import llama_cpp as ll
+from speculative.decoding.settings import ModelSpec
+from speculative.llamacpp.model import LlamaModel
 
 PROMPT = 150
 
@@ -32,48 +34,45 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     ns = [int(n) for n in args.ns.split(",")]
-    ll.llama_backend_init()
-    model = ll.llama_model_load_from_file(args.model.encode(), ll.llama_model_default_params())
-    params = ll.llama_context_default_params()
-    params.n_ctx, params.n_batch, params.n_ubatch = 4096, 512, 512
-    params.n_seq_max, params.kv_unified = max(ns), True
-    params.n_threads = params.n_threads_batch = args.threads
-    ctx = ll.llama_init_from_model(model, params)
-    batch = ll.llama_batch_init(512, 0, 1)
+    path = Path(args.model)
+    # loaded through the binding, as speculate loads it (weights where its CPU kernels run, not in
+    # llama.cpp's default extra buffer types: the AMX one crashes a batch on the stock build)
+    spec = ModelSpec(path, path.name, n_ctx=4096, n_batch=512, n_ubatch=512, n_threads=args.threads,
+                     n_slots=max(ns), kv_unified=True)
+    with LlamaModel(spec) as model:
+        return measure(model, ns, args.steps, args.rounds)
+
+
+def measure(model: LlamaModel, ns: list[int], steps: int, rounds: int) -> int:
     pos = [0] * max(ns)
 
     def decode(entries: list[tuple[int, int]]) -> None:  # (token, sequence), each at its next position
-        batch.n_tokens = len(entries)
-        for i, (token, seq) in enumerate(entries):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0], batch.logits[i] = \
-                token, pos[seq], 1, seq, True
+        positions = []
+        for _, seq in entries:
+            positions.append(pos[seq])
             pos[seq] += 1
-        if ll.llama_decode(ctx, batch):
-            raise SystemExit("llama_decode failed")
+        model.decode_branches([token for token, _ in entries], positions, [(seq,) for _, seq in entries])
 
     for seq in range(max(ns)):  # a prompt of its own each
         for start in range(0, PROMPT, 50):
             decode([(100 + (seq * 977 + i * 31) % 5000, seq) for i in range(start, start + 50)])
     gains: dict[int, list[float]] = {n: [] for n in ns}
     single_ms = []
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         for n in ns:
             t0 = time.perf_counter()
-            for step in range(args.steps):
+            for step in range(steps):
                 decode([(200 + step, seq) for seq in range(n)])
             together = time.perf_counter() - t0
             t0 = time.perf_counter()
-            for step in range(args.steps):
+            for step in range(steps):
                 for seq in range(n):
                     decode([(300 + step, seq)])
             apart = time.perf_counter() - t0
             gains[n].append(apart / together)
             if n == 1:
-                single_ms.append(apart / args.steps * 1000)
+                single_ms.append(apart / steps * 1000)
     print(json.dumps({"n": {str(n): g for n, g in gains.items()}, "single_ms": single_ms}))
-    ll.llama_batch_free(batch)
-    ll.llama_free(ctx)
-    ll.llama_model_free(model)
     return 0
 
 
