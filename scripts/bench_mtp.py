@@ -18,7 +18,7 @@ random-weight model with one NextN layer into a temporary folder, and this scrip
   (SPECULATE_LLAMA_LOG=1: the model's mapped weights, the target context's KV, RS, output and
   compute buffers). The file is read once before (it sits in the page cache: llama.cpp maps
   it, so these are page-cache loads, not reads from disk). With the layers, the same child
-  then makes the MTP head (`mtp_head()`: llama.cpp's MTP context on the same weights and its
+  then makes the MTP head (`tap.mtp_head()`: llama.cpp's MTP context on the same weights and its
   first decode), and reports its seconds, the memory it added and its own buffers from the
   log; then it decodes --context-tokens tokens through the target and reads back the NextN
   rows it kept for the head (`nextn_state`): their bytes per token of context;
@@ -191,7 +191,7 @@ def load_child(path: Path, case: str, args) -> None:
     if case == "nextn":
         mark("head")
         t0 = time.perf_counter()
-        model.mtp_head()
+        model.tap.mtp_head()
         out["head_s"] = time.perf_counter() - t0
         out["rss_head_mib"] = rss()["VmRSS"]
         mark("rows")
@@ -269,7 +269,7 @@ def measure_costs(path: Path, args) -> dict:
     model = LlamaModel(ModelSpec(path, name=path.stem, n_ctx=args.ctx, n_threads=args.threads, n_rs_seq=args.snapshots,
                        mtp=True))
     with model:
-        cache, mtp = Cache(model), HeadCache(model.mtp_head())
+        cache, mtp = Cache(model), HeadCache(model.tap.mtp_head())
         repeats = []
         for r in range(args.repeat):
             first, second = ("target", "head") if r % 2 == 0 else ("head", "target")

@@ -1,7 +1,8 @@
 """The llama.cpp binding: the only package that imports llama_cpp.
 
   model.py      LlamaModel: one model and its context, the backend the loop talks to
-  memory.py     the KV cache's sequences: rolled back, forked into branches, saved and restored
+  memory.py     the KV cache's sequences, a SlotSequences per slot: rolled back, forked into
+                branches, saved and restored
   slots.py      one model shared by requests at once (-np): a slot's sequences, one batch for all
   load.py       a model file's checks before llama.cpp sees it, its weights, its LoRA adapters
   tokenizer.py  Tokenizer: a model's vocabulary (tokens, their text, the special tokens)
@@ -11,8 +12,8 @@
                 and the one thread every llama_decode runs on
   head.py       HeadContext: what every drafting head's context shares (a token and a row an entry)
   mtp.py        MtpHead: a model's NextN (MTP) layers in a context of their own
-  heads.py      the heads that draft from the target's hidden states (NextN, MTP files, EAGLE-3) and
-                their rows
+  heads.py      Tap: the target's hidden rows kept per slot for the head it makes (NextN layers, an
+                MTP head file, EAGLE-3, DFlash, DSpark)
   eagle3.py     the EAGLE-3 drafter of its own file, run as common/speculative.cpp runs it
   dflash.py     DFlash and DSpark drafters: a block of tokens drafted in one decode
   features.py   what the drafters reading the target's layer inputs need of it, checked first

@@ -187,6 +187,23 @@ class Batch:
                 self._raw.seq_id[i][j] = s
         self._n_branched = max(self._n_branched, len(seqs))
 
+    def put_parts(self, parts: Sequence[Part], output_all_ends: bool = False) -> list[Sequence[int]]:
+        """Several requests' parts, one after another from entry 0: the entries whose rows each
+        wants. `output_all_ends`: each part's last entry is an output even where it wants none
+        (on RPC servers an output is what waits for the compute)."""
+        start, wanted = 0, []
+        for part in parts:
+            end = start + len(part.tokens)
+            self.tok[start:end] = part.tokens
+            self.pos[start:end] = part.positions
+            self.out[start:end] = part.outputs == "all"
+            if part.outputs == "last" or (output_all_ends and part.outputs == "none"):
+                self.out[end - 1] = 1
+            wanted.append(range(start, end) if part.outputs == "all" else [end - 1] if part.outputs == "last" else [])
+            start = end
+        self.set_seqs([ids for part in parts for ids in part.seqs])
+        return wanted
+
     def reset_seqs(self) -> None:
         """Every entry back in sequence 0 alone."""
         n, self._n_branched = self._n_branched, 0
@@ -225,6 +242,13 @@ class Batch:
             self._raw = None
 
 
+def roll_back(mem, name: str, seq: int, n_keep: int) -> None:
+    """Drop sequence seq's cells (-1: every sequence's) from position n_keep on, in the memory
+    `mem` of the context of `name`."""
+    if not ll.llama_memory_seq_rm(mem, seq, n_keep, -1):
+        raise GenerationError(f"{name}: the KV cache refused to roll back to position {n_keep}")
+
+
 class Context:
     """A llama.cpp context and the Batch it decodes with, as the target and its MTP head hold them."""
 
@@ -253,8 +277,7 @@ class Context:
 
     def _roll_back(self, seq: int, n_keep: int) -> None:
         """Drop sequence seq's cells (-1: every sequence's) from position n_keep on."""
-        if not ll.llama_memory_seq_rm(self._mem, seq, n_keep, -1):
-            raise GenerationError(f"{self.name}: the KV cache refused to roll back to position {n_keep}")
+        roll_back(self._mem, self.name, seq, n_keep)
 
     def _free_context(self) -> None:
         if self._batch is not None:

@@ -109,8 +109,8 @@ def _slot0_rows(model: LlamaModel, streams: list[list[int]], cached: int) -> np.
     model.clear()
 
     def part(slot: int, start: int, end: int, outputs: str) -> Part:
-        return Part(streams[slot][start:end], list(range(start, end)), [(slot * model.n_seq,)] * (end - start),
-                    outputs, slot)
+        seq = model.memory.slots[slot].base
+        return Part(streams[slot][start:end], list(range(start, end)), [(seq,)] * (end - start), outputs, slot)
 
     for i in range(cached):  # one token of every stream per batch: their cells interleave
         model.decode_parts([part(s, i, i + 1, "none") for s in range(len(streams))])

@@ -51,15 +51,21 @@ def load_weights(path: Path, mparams, arch: str, causal: bool):
     return model
 
 
-def load_adapters(model, loras: Sequence[tuple[Path, float]], model_name: str):
-    """The LoRA adapters of `model` and their scales, as llama_set_adapters_lora takes them (None
+class Adapters:
+    """A model's LoRA adapters and their scales, as llama_set_adapters_lora takes them (none
     without any). llama.cpp frees them with the model."""
-    if not loras:
-        return None
-    adapters = (ll.llama_adapter_lora_p_ctypes * len(loras))()
-    for i, (lora, _) in enumerate(loras):
-        adapter = ll.llama_adapter_lora_init(model, str(lora).encode())
-        if not adapter:
-            raise ModelError(f"{lora}: llama.cpp could not load this LoRA adapter for {model_name}")
-        adapters[i] = adapter
-    return adapters, (ctypes.c_float * len(loras))(*(scale for _, scale in loras))
+
+    def __init__(self, model, loras: Sequence[tuple[Path, float]], model_name: str):
+        self.n = len(loras)
+        self._adapters = (ll.llama_adapter_lora_p_ctypes * len(loras))()
+        for i, (lora, _) in enumerate(loras):
+            adapter = ll.llama_adapter_lora_init(model, str(lora).encode())
+            if not adapter:
+                raise ModelError(f"{lora}: llama.cpp could not load this LoRA adapter for {model_name}")
+            self._adapters[i] = adapter
+        self._scales = (ctypes.c_float * len(loras))(*(scale for _, scale in loras))
+
+    def set_on(self, ctx) -> None:
+        """Set them on a context of the model (its own, its MTP head's)."""
+        if self.n:
+            ll.llama_set_adapters_lora(ctx, self._adapters, self.n, self._scales)

@@ -12,13 +12,14 @@ llm_arch_supports_rs_rollback) the context keeps n_rs_seq snapshots of that stat
 so the latest decode can be undone by up to that many tokens; everything else goes
 through checkpoints of the recurrent state (cache.py).
 
-A model with NextN (MTP) layers, loaded with ModelSpec.mtp, drafts for itself: `mtp_head()`
+A model with NextN (MTP) layers, loaded with ModelSpec.mtp, drafts for itself: `tap.mtp_head()`
 gives the MtpHead (mtp.py), a second context on the same weights that runs only those layers, and
 from then on the model copies its NextN hidden rows after every decode (nextn.py). Those
 layers may also come as a file of their own (an MTP head, `convert_hf_to_gguf.py --mtp`),
-given with -md: `mtp_head(path)` loads it and runs the head on its weights instead. EAGLE-3,
+given with -md: `tap.mtp_head(path)` loads it and runs the head on its weights instead. EAGLE-3,
 DFlash and DSpark drafters (eagle3.py, dflash.py) draft from the inputs of some of its layers:
-`feature_head(path)`. Both live in heads.py.
+`tap.feature_head(path)`. The tap (heads.py) keeps those rows; the memory (memory.py) its
+sequences, a SlotSequences per slot.
 """
 
 from __future__ import annotations
@@ -34,21 +35,20 @@ from speculative.decoding.backend import Outputs
 from speculative.decoding.settings import CACHE_TYPES, ModelSpec
 from speculative.errors import ContextFull, GenerationError, ModelError
 from speculative.llamacpp import identity
-from speculative.llamacpp.decode import (Batch, Part, context_kernels, context_params, default_threads,
+from speculative.llamacpp.decode import (Batch, Context, Part, context_kernels, context_params, default_threads,
                                          flash_attn_type)
 from speculative.llamacpp.devices import init_once, log_errors, model_params, placement
-from speculative.llamacpp.load import check_file, load_adapters, load_weights
-from speculative.llamacpp.memory import Sequences
-from speculative.llamacpp.heads import HeadRows
-from speculative.llamacpp.nextn import NextnRows
+from speculative.llamacpp.heads import Tap
+from speculative.llamacpp.load import Adapters, check_file, load_weights
+from speculative.llamacpp.memory import Memory
 from speculative.llamacpp.tokenizer import Tokenizer
 from speculative.models.gguf_meta import kv_cache_bytes
 
 
-class LlamaModel(Sequences, HeadRows, Tokenizer):
+class LlamaModel(Context, Tokenizer):
     """A GGUF model with one context: sequence 0 is its cache, and n_seq - 1 more hold draft-tree
     branches within a step (see backend.Backend). Loaded as `spec` says (its mtp_sidecar is
-    the engine's: see mtp_head)."""
+    the engine's: see heads.Tap.mtp_head)."""
 
     rollback_limit: int | None = None  # an attention cache drops any suffix; see _create_context for recurrent ones
 
@@ -59,8 +59,8 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
         self.path = Path(spec.path)
         self.loras = tuple((Path(lora), float(scale)) for lora, scale in spec.loras)
         self._model = None
-        self._head = None  # the head that drafts from its hidden states (heads.py)
-        self._adapters = None  # the LoRA adapters and their scales, as llama.cpp takes them
+        self.tap: Tap | None = None  # its hidden rows, for a head that drafts from them (heads.py)
+        self.adapters: Adapters | None = None  # its LoRA adapters (load.py)
         self.devices = None if spec.devices is None else tuple(spec.devices)  # None: llama.cpp's choice
         self.n_gpu_layers = spec.n_gpu_layers
         self.flash_attn = spec.flash_attn
@@ -68,10 +68,17 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
         # NextN (MTP) layers cost memory and load time: loaded only where they may draft
         self._load_weights(spec.mtp and nextn != "none", causal)
         self._create_context(spec)
-        self._apply_loras()
+        try:
+            self.adapters = Adapters(self._model, self.loras, self.path.name)
+        except ModelError:
+            self.close()
+            raise
+        self.adapters.set_on(self._ctx)  # before the warm-up decode sizes the compute buffers
         Tokenizer.__init__(self, ll.llama_model_get_vocab(self._model))
-        # each slot's NextN rows, filled once an MTP head drafts (an EAGLE-3 head's: its layers' inputs)
-        self._nextn = [NextnRows(ll.llama_model_n_embd(self._model)) for _ in range(self.n_slots)]
+        self.tap = Tap(self)
+        self.memory = Memory(self.name, self._ctx, self.n_seq, self.n_slots, self.n_ubatch, self.recurrent,
+                             self.rollback_limit, self.tap)
+        self._cache = self.memory.slots[0]  # a request alone: slot 0's sequences
         self._batch = Batch(self._ctx, self.n_batch, self.n_vocab, n_seq=self.n_seq, interruptible=True)
         self._warm_up()
 
@@ -114,7 +121,6 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
             self.n_ctx = min(self.n_ctx // spec.n_slots, ll.llama_n_ctx_seq(ctx))
         self.n_batch = ll.llama_n_batch(ctx)
         self.n_ubatch = ll.llama_n_ubatch(ctx)
-        self._undoable = set()
         self.n_seq = spec.n_seq
         self.n_slots = spec.n_slots
         self.kv_unified = spec.kv_unified
@@ -127,21 +133,6 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
         self._flash_attn_type = cparams.flash_attn_type
         self.flash_attn_on = self._flash_attn_type != ll.LLAMA_FLASH_ATTN_TYPE_DISABLED  # auto: a GPU's choice
         self.kernels = context_kernels(self.placement == "gpu", self._flash_attn_type, spec.repack)
-
-    def _apply_loras(self) -> None:
-        """Load the adapters and set them, with their scales, on the context before the
-        warm-up decode sizes the compute buffers."""
-        try:
-            self._adapters = load_adapters(self._model, self.loras, self.path.name)
-        except ModelError:
-            self.close()
-            raise
-        self._set_loras(self._ctx)
-
-    def _set_loras(self, ctx) -> None:
-        """Set the adapters on a context of this model (the target's, its MTP head's)."""
-        if self._adapters is not None:
-            ll.llama_set_adapters_lora(ctx, self._adapters[0], len(self.loras), self._adapters[1])
 
     def _warm_up(self) -> None:
         """One throw-away decode, as llama.cpp's tools do: the first decode allocates
@@ -187,8 +178,8 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
                 # processing would end in the first generated token's time
                 self._batch.out[n - 1] = 1
             self._run(n, pos + start)
-            self._decoded(0, n)
-            self._keep_nextn([(0, pos + start, n)])
+            self.memory.decoded(0, n)
+            self.tap.keep([(0, pos + start, n)])
             self._timed(n, scored=outputs == "all" or (outputs == "last" and len(tokens) == 1))
         if outputs == "all":
             return [self._batch.logits(i) for i in range(len(tokens))]
@@ -206,68 +197,70 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
         self._batch.out[:n] = 1
         self._batch.set_seqs(seqs)
         self._run(n, min(positions, default=0))
-        self._decoded(0, n)
+        self.memory.decoded(0, n)
         self._timed(n)
         if all(len(ids) == 1 and ids[0] == 0 for ids in seqs):  # a chain: positions follow each other
-            self._keep_nextn([(0, positions[0], n)])
+            self.tap.keep([(0, positions[0], n)])
         else:  # rows of other branches would sit at the same positions
-            self._nextn[0].cut(min(positions))
+            self.tap.cut(0, min(positions))
         return [self._batch.logits(i) for i in range(n)]
 
     def decode_parts(self, parts: Sequence[Part]) -> list:
-        """Several requests' tokens in one llama_decode (slots.py): each part's rows, as decode
-        and decode_branches give them. Raises ContextFull, having decoded nothing, when the
-        cache has no cells left for the batch. Where a recurrent state needs its parts decoded
-        one at a time (Sequences.batch_plan), a part that finds no room has its ContextFull in
-        place of its rows, and the others run."""
-        order, together = self.batch_plan(parts)
-        results: list = [None] * len(parts)
-        if together:
-            for i, rows in zip(order, self._decode_together([parts[i] for i in order])):
-                results[i] = rows
-            return results
-        for i in order:
-            try:
-                results[i] = self._decode_together([parts[i]])[0]
-            except ContextFull as e:
-                results[i] = e
-                continue
-            if i != order[-1]:  # the next decode overwrites what these views read
-                results[i] = [row.copy() for row in results[i]]
-        return results
+        """Several requests' tokens in one llama_decode (slots.py), as the memory plans them
+        (memory.Memory.decode_parts): each part's rows, as decode and decode_branches give them."""
+        return self.memory.decode_parts(parts, self._decode_together)
 
     def _decode_together(self, parts: Sequence[Part]) -> list[list[np.ndarray]]:
         """The parts in one llama_decode, in this order (decode_parts)."""
         n = sum(len(part.tokens) for part in parts)
         if n > self.n_batch:
             raise GenerationError(f"batch of {n} tokens exceeds -b/--batch-size {self.n_batch}")
-        batch, start, wanted, spans = self._batch, 0, [], []
+        spans = []
         for part in parts:
-            end = start + len(part.tokens)
-            # its NextN rows kept for its slot's MTP head: a chain's; a draft tree's branches would
+            # its hidden rows kept for its slot's head: a chain's; a draft tree's branches would
             # sit at the same positions, so its slot keeps only what came before them
-            chain = all(tuple(ids) == (part.slot * self.n_seq,) for ids in part.seqs)
+            chain = all(tuple(ids) == (self.memory.slots[part.slot].base,) for ids in part.seqs)
             if not chain:
-                self._nextn[part.slot].cut(min(part.positions))
+                self.tap.cut(part.slot, min(part.positions))
             spans.append((part.slot if chain else None, part.positions[0] if part.tokens else 0, len(part.tokens)))
-            batch.tok[start:end] = part.tokens
-            batch.pos[start:end] = part.positions
-            batch.out[start:end] = part.outputs == "all"
-            if part.outputs == "last" or (self.placement == "rpc" and part.outputs == "none"):
-                batch.out[end - 1] = 1  # on RPC servers, an output is what waits for the compute (decode)
-            wanted.append(range(start, end) if part.outputs == "all" else [end - 1] if part.outputs == "last" else [])
-            start = end
-        batch.set_seqs([ids for part in parts for ids in part.seqs])
+        batch = self._batch
+        wanted = batch.put_parts(parts, output_all_ends=self.placement == "rpc")
         ret = batch.run(n, slots=len({part.slot for part in parts}))
         if ret == 1:  # llama.cpp found no cells for it before decoding anything
             raise ContextFull(f"{self.name}: the KV cache has no room left for a batch of {n} tokens")
         if ret != 0:
             raise GenerationError(f"llama_decode failed on {self.name} (code {ret})")
-        self._keep_nextn(spans)
+        self.tap.keep(spans)
         for part in parts:
-            self._decoded(part.slot, len(part.tokens))
+            self.memory.decoded(part.slot, len(part.tokens))
         self._timed(n, len(parts), scored=sum(map(len, wanted)) == n)
         return [[batch.logits(i) for i in rows] for rows in wanted]
+
+    def trim(self, n_keep: int) -> None:
+        self._cache.trim(n_keep)
+
+    def copy_branch(self, src: int, dst: int) -> None:
+        self._cache.copy_branch(src, dst)
+
+    def keep_branch(self, seq: int, n_keep: int) -> None:
+        self._cache.keep_branch(seq, n_keep)
+
+    def save_state(self, partial: bool = False) -> bytes:
+        return self._cache.save_state(partial)
+
+    def load_state(self, data: bytes, n_tokens: int, partial: bool = False) -> bool:
+        return self._cache.load_state(data, n_tokens, partial)
+
+    def clear(self) -> None:
+        """Every sequence of every slot empty."""
+        self.memory.clear()
+
+    def nextn_state(self, n_tokens: int) -> bytes | None:
+        """The hidden rows kept for its cache's positions 0..n_tokens-1 (the prompt cache's)."""
+        return self.tap.state(n_tokens)
+
+    def load_nextn_state(self, data: bytes, n_tokens: int) -> bool:
+        return self.tap.load_state(data, n_tokens)
 
     def load(self, plain: bool = False) -> tuple[int, int]:
         return 0, 0  # its batches are its own (a slot's are not: slots.SlotModel)
@@ -281,9 +274,8 @@ class LlamaModel(Sequences, HeadRows, Tokenizer):
     # -- lifetime --------------------------------------------------------
 
     def close(self) -> None:
-        if self._head is not None:
-            self._head.close()
-            self._head = None
+        if self.tap is not None:
+            self.tap.close()
         self._free_context()
         if self._model:
             ll.llama_model_free(self._model)

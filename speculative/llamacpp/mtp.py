@@ -121,7 +121,7 @@ class MtpHead(HeadContext):
             raise ModelError(f"{sidecar or target.path}: llama.cpp could not create an MTP context")
         ext.set_embeddings_nextn(self._ctx, True, False)  # unmasked: rows by batch index
         if sidecar is None:
-            target._set_loras(self._ctx)  # the target's adapters change its NextN layers too
+            target.adapters.set_on(self._ctx)  # the target's adapters change its NextN layers too
 
     def decode_parts(self, parts: Sequence[HeadPart]) -> list[HeadOutputs | None]:
         """Several slots' entries in one decode (together no more than n_batch; a decode per

@@ -112,7 +112,8 @@ class SlotModel:
         self.shared = shared
         self.slot = slot
         self._model = shared.model
-        self._base = slot * self._model.n_seq  # its first sequence
+        self._seqs = self._model.memory.slots[slot]
+        self._base = self._seqs.base  # its first sequence
 
     def __getattr__(self, name: str):
         return getattr(self._model, name)
@@ -138,10 +139,10 @@ class SlotModel:
         return self.shared.gate.submit(self.shared, Part(list(tokens), list(positions), seqs, outputs, self.slot))
 
     def nextn_state(self, n_tokens: int) -> bytes | None:
-        return self._model.nextn_state(n_tokens, self.slot)
+        return self._model.tap.state(n_tokens, self.slot)
 
     def load_nextn_state(self, data: bytes, n_tokens: int) -> bool:
-        return self._model.load_nextn_state(data, n_tokens, self.slot)
+        return self._model.tap.load_state(data, n_tokens, self.slot)
 
     def load(self, plain: bool = False) -> tuple[int, int]:
         others = [part for slot, part in self.shared.last_batch.items() if slot != self.slot]
@@ -150,23 +151,23 @@ class SlotModel:
 
     def trim(self, n_keep: int) -> None:
         with self.shared.gate.lock:
-            self._model.trim(n_keep, self.slot)
+            self._seqs.trim(n_keep)
 
     def copy_branch(self, src: int, dst: int) -> None:
         with self.shared.gate.lock:
-            self._model.copy_branch(src, dst, self.slot)
+            self._seqs.copy_branch(src, dst)
 
     def keep_branch(self, seq: int, n_keep: int) -> None:
         with self.shared.gate.lock:
-            self._model.keep_branch(seq, n_keep, self.slot)
+            self._seqs.keep_branch(seq, n_keep)
 
     def save_state(self, partial: bool = False) -> bytes:
         with self.shared.gate.lock:
-            return self._model.save_state(partial, self.slot)
+            return self._seqs.save_state(partial)
 
     def load_state(self, data: bytes, n_tokens: int, partial: bool = False) -> bool:
         with self.shared.gate.lock:
-            return self._model.load_state(data, n_tokens, partial, self.slot)
+            return self._seqs.load_state(data, n_tokens, partial)
 
     def close(self) -> None:
         """The shared model is its owner's to close."""
