@@ -21,7 +21,7 @@ from speculative.engine.engine import Engine
 from speculative.errors import ModelError
 from speculative.files import content_identity
 from speculative.llamacpp import ext
-from speculative.drafters import MtpDrafter
+from speculative.drafters import TokenHeadDrafter
 from tests.conftest import alone_and_together, speculate, speculate_json
 from tests.driver_harness import build_driver_harness, harness_drafts, record_drafts
 from tests.test_mtp import steps_of, tokens_of
@@ -208,7 +208,7 @@ def test_its_drafts_are_llama_cpps_own(tiny, harness, batch_invariant, monkeypat
     harness) and speculate's port draft the same token ids after every context both draft
     after. Their loops cut steps differently (llama.cpp drafts first after its first generated
     token, speculate after the prompt), so the contexts compared are those both reach."""
-    ours = record_drafts(monkeypatch, MtpDrafter)
+    ours = record_drafts(monkeypatch, TokenHeadDrafter)
     with Engine(target(tiny, drafter)) as engine:
         prompt = engine.prompt_tokens(PROMPT)
         list(engine.run(prompt, GREEDY, spec(("draft-eagle3",), 4, n=64), 1))

@@ -24,7 +24,7 @@ from speculative.decoding.events import Prefilled, Step, Token
 from speculative.decoding.loop import generate
 from speculative.decoding.sampling import Sampler
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
-from speculative.drafters import MtpDrafter, registry
+from speculative.drafters import TokenHeadDrafter, registry
 from speculative.drafters.auto import Auto
 from speculative.engine.engine import Engine
 from speculative.errors import UsageError
@@ -135,7 +135,7 @@ class FakeHead:
         del self.entries[n_keep:]
 
 
-class Checked(MtpDrafter):
+class Checked(TokenHeadDrafter):
     """Checks, before and after every proposal, that the entries called exact are exact."""
 
     def propose(self, context, k):
@@ -330,7 +330,7 @@ def test_the_head_file_drafts_what_the_combined_file_drafts(tiny):
             prompt = engine.prompt_tokens(PROMPT)
             engine.caches["target"].sync(prompt[:-1])  # the target holds them, and its rows of them
             first = engine.head_cache.sync(prompt)
-            drafts[form] = (first[0].copy(), MtpDrafter(engine.head_cache, engine.target.is_eog).propose(prompt, 8).tokens)
+            drafts[form] = (first[0].copy(), TokenHeadDrafter(engine.head_cache, engine.target.is_eog).propose(prompt, 8).tokens)
             events = list(engine.run(prompt, GREEDY, spec(("draft-mtp",)), 1))
             runs[form] = (tokens_of(events), [(s.n_drafted, s.n_accepted) for s in steps_of(events)])
     assert np.array_equal(drafts["combined"][0], drafts["sidecar"][0])

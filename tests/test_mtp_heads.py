@@ -18,7 +18,7 @@ import pytest
 import json
 
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
-from speculative.drafters import MtpDrafter
+from speculative.drafters import TokenHeadDrafter
 from speculative.engine.engine import Engine
 from tests.conftest import alone_and_together, speculate
 from tests.driver_harness import build_driver_harness, harness_drafts, record_drafts
@@ -66,7 +66,7 @@ def spec(types: tuple[str, ...], draft_max: int, n: int = 48) -> SpecSettings:
 
 def drafts_by_context(spec_: ModelSpec, draft_max: int, monkeypatch) -> tuple[dict[int, list[int]], list[int]]:
     """What speculate's draft-mtp drafts after each context of a greedy run, by its length; and the prompt."""
-    drafts = record_drafts(monkeypatch, MtpDrafter)
+    drafts = record_drafts(monkeypatch, TokenHeadDrafter)
     with Engine(spec_) as engine:
         prompt = engine.prompt_tokens(PROMPT)
         list(engine.run(prompt, GREEDY, spec(("draft-mtp",), draft_max, n=64), 1))

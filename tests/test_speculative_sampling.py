@@ -105,7 +105,7 @@ def test_drafters_of_the_targets_hidden_states_keep_its_probabilities(tmp_path, 
     Draft's q), and rejection sampling keeps the target's."""
     from tests.tiny_drafters import write_drafter
     from tests.tiny_model import write_model
-    from speculative.drafters import MtpDrafter
+    from speculative.drafters import TokenHeadDrafter
     from speculative.drafters.block import BlockDrafter
     from speculative.engine.engine import Engine
 
@@ -124,7 +124,7 @@ def test_drafters_of_the_targets_hidden_states_keep_its_probabilities(tmp_path, 
         def drafter_of(seed: int):
             sampler = Sampler(DRAFT, seed + 10**6)
             return (BlockDrafter(head, sampler=sampler) if kind in ("draft-dflash", "draft-dspark")
-                    else MtpDrafter(head, target.model.is_eog, sampler=sampler))
+                    else TokenHeadDrafter(head, target.model.is_eog, sampler=sampler))
 
         counts, kept, drafted = first_tokens(target, prompt, spec, drafter_of, head.forget, expected)
     assert drafted == RUNS and 0 < kept < drafted

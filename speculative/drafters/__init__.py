@@ -4,7 +4,8 @@ Every drafter implements the contract in speculative/decoding/drafter.py (Draft,
 Drafter): propose up to k tokens, then hear how many the target kept.
 
   model.py        a small draft model (its greedy or sampled continuation)
-  mtp.py          the target's own NextN (MTP) layers
+  head.py         a head drafting from the target's hidden states, token by token (NextN
+                  layers, an MTP head file, EAGLE-3)
   block.py        DFlash and DSpark: a block of tokens drafted in one decode
   ngram.py        n-gram lookup in the prompt and output: no model at all
   ngram_mod.py    llama.cpp's ngram-mod: a hash table of n-grams, shared by requests
@@ -25,7 +26,7 @@ import importlib
 # the drafters' classes, imported when first asked for: the registry (names, flags, help) is read
 # by --help and the flags' checks, which answer without numpy
 _EXPORTS = {"Chain": "chain", "ForcedDrafter": "forced", "ModelDrafter": "model", "top_probability": "model",
-            "MtpDrafter": "mtp", "NgramMapK": "ngram", "NgramSimple": "ngram", "LookupFiles": "ngram_cache",
+            "TokenHeadDrafter": "head", "NgramMapK": "ngram", "NgramSimple": "ngram", "LookupFiles": "ngram_cache",
             "NgramCache": "ngram_cache", "NgramMapK4v": "ngram_map", "ModTable": "ngram_mod", "NgramMod": "ngram_mod"}
 __all__ = list(_EXPORTS)
 

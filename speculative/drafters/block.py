@@ -18,8 +18,8 @@ import numpy as np
 
 from speculative.decoding.drafter import Draft
 from speculative.decoding.constraint import stepped
+from speculative.drafters.head import HeadDrafter
 from speculative.drafters.model import pick
-from speculative.drafters.mtp import HeadDrafter
 
 
 class BlockDrafter(HeadDrafter):

@@ -119,9 +119,9 @@ def _draft(res: Resources, spec: SpecSettings, sampler: Sampler | None) -> Draft
 
 def _token_head(res: Resources, spec: SpecSettings, sampler: Sampler | None) -> Drafter:
     """A head drafting token by token: the target's NextN layers, an MTP head file, EAGLE-3."""
-    from speculative.drafters.mtp import MtpDrafter
+    from speculative.drafters.head import TokenHeadDrafter
 
-    return MtpDrafter(res.head_cache, res.caches["target"].model.is_eog, p_min=spec.draft_p_min, sampler=sampler)
+    return TokenHeadDrafter(res.head_cache, res.caches["target"].model.is_eog, p_min=spec.draft_p_min, sampler=sampler)
 
 
 def _block_head(res: Resources, spec: SpecSettings, sampler: Sampler | None) -> Drafter:

@@ -1,5 +1,8 @@
-"""The MTP drafter (llama.cpp's draft-mtp): the target's own NextN (multi-token
-prediction) layers propose, no second model.
+"""The drafters of a head that drafts from the target's hidden states (decoding.backend.Head):
+HeadDrafter, what they share, and TokenHeadDrafter, a head drafting token by token: the
+target's own NextN (multi-token prediction) layers, an MTP head file or a Gemma-4 assistant
+(llama.cpp's draft-mtp), or an EAGLE-3 drafter (draft-eagle3). DFlash and DSpark draft a block
+at a time: block.py.
 
 The head's first entry of a step is the context's last token with the target's hidden
 row of the token before it (cache.HeadCache brings it in step with the target first,
@@ -8,7 +11,6 @@ with the head's own row. Greedy, each token is the head's best one; for speculat
 sampling each is drawn from the head's distribution after the sampler chain, kept as
 the Draft's q, as the draft model does (drafters/model.py), so acceptance stays exact.
 """
-
 from __future__ import annotations
 
 from typing import Callable, Sequence
@@ -53,8 +55,8 @@ class HeadDrafter(Drafter):
         return len(context) - self.cache.shared_prefix(context)
 
 
-class MtpDrafter(HeadDrafter):
-    """draft-mtp, or draft-eagle3: the head (cache.head) says which."""
+class TokenHeadDrafter(HeadDrafter):
+    """draft-mtp or draft-eagle3, token by token: the head (cache.head) says which."""
 
     def __init__(self, cache: HeadCache, is_eog: Callable[[int], bool], p_min: float = 0.0,
                  sampler: Sampler | None = None):
