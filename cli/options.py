@@ -319,6 +319,7 @@ JSON_SCHEMA_FILE = typer.Option(None, "-jf", "--json-schema-file", rich_help_pan
 IGNORE_EOS = typer.Option(SpecSettings.ignore_eos, "--ignore-eos", rich_help_panel=S,
                           help="Never stop at end-of-generation tokens.")
 
+
 def sampler_settings(*, temp: float, top_k: int, top_p: float, min_p: float, typical_p: float,
                      repeat_penalty: float, repeat_last_n: int, presence_penalty: float, frequency_penalty: float,
                      sampling_seq: str, seed: int, grammar: Optional[str] = None, grammar_file: Optional[Path] = None,
@@ -334,11 +335,6 @@ def sampler_settings(*, temp: float, top_k: int, top_p: float, min_p: float, typ
     return sampling
 
 
-# the n-gram lookup types' common flags, each a fallback for the types' own (registry.Flag.common)
-COMMON_NGRAM = {"--spec-ngram-size-n": "ngram_n", "--spec-ngram-size-m": "ngram_m",
-                "--spec-ngram-min-hits": "ngram_min_hits"}
-
-
 def spec_settings(*, spec_type: Optional[List[str]], draft_max: Optional[int], draft_min: int, draft_p_min: float,
                   spec_accept: str, branches: int, draft_p_split: float, ngram_n: Optional[int] = None,
                   ngram_m: Optional[int] = None, ngram_min_hits: Optional[int] = None,
@@ -350,8 +346,8 @@ def spec_settings(*, spec_type: Optional[List[str]], draft_max: Optional[int], d
     are checked here, before any model loads."""
     named = registry.canonical([t.strip() for value in spec_type for t in value.split(",")]) if spec_type else None
     types = with_spec_default(named, spec_default)
-    common = {flag: {"ngram_n": ngram_n, "ngram_m": ngram_m, "ngram_min_hits": ngram_min_hits}[name]
-              for flag, name in COMMON_NGRAM.items()}
+    # the n-gram lookup types' common flags, each a fallback for the types' own (registry.Flag.common)
+    common = {"--spec-ngram-size-n": ngram_n, "--spec-ngram-size-m": ngram_m, "--spec-ngram-min-hits": ngram_min_hits}
     settings = {}
     for kind in registry.TYPES.values():
         given = {flag.field: _first(own.get(f"{kind.settings_field}__{flag.field}"), common.get(flag.common))

@@ -178,7 +178,8 @@ class NgramCacheSettings:
         return NGRAM_CACHE_DRAFT if draft_max is None else draft_max
 
     def validate(self, flag: str = "") -> None:
-        pass
+        """Nothing to check in the settings themselves: the files are checked where they are
+        named (the flags, before any model loads) and read (drafters/ngram_cache.py)."""
 
 
 @dataclass(frozen=True)

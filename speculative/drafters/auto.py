@@ -44,7 +44,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from speculative.decoding.drafter import Draft, Drafter, Outcome
-from speculative.drafters.registry import MODEL_PRIOR, TYPES, DrafterType
+from speculative.drafters.registry import MODEL_PRIOR, OTHER_PRIOR, TYPES
 
 # Beliefs before any evidence, worth PRIOR_WEIGHT observations: the first drafted token's
 # acceptance, each drafter type's by the kind of its proposal (registry.py: a draft model's, an
@@ -199,7 +199,7 @@ class Auto(Drafter):
         if (name, kind) not in self.acceptance:
             declared = TYPES.get(name)
             free = next(x.free for x in self.drafters if x.name == name)
-            prior = declared.prior_of(kind) if declared else DrafterType.prior if free else MODEL_PRIOR
+            prior = declared.prior_of(kind) if declared else OTHER_PRIOR if free else MODEL_PRIOR
             self.acceptance[(name, kind)] = Acceptance(self.k_max, prior)
         return self.acceptance[(name, kind)]
 

@@ -30,6 +30,9 @@ if TYPE_CHECKING:  # the drafters' modules are imported by the builders that nee
     from speculative.drafters.ngram_mod import ModTable
     from speculative.drafters.pool import Pool
 
+OTHER_PRIOR = 0.5  # auto's prior of a proposal of no declared kind (a free drafter the registry lacks too)
+MODEL_PRIOR = 0.7  # a drafting model's first token
+
 # what a type needs loaded besides the target
 DRAFT, HEAD, POOL, GRAMMAR = "a draft model", "a head", "the pool", "a grammar"
 
@@ -69,10 +72,9 @@ class DrafterType:
     model: str = ""               # DRAFT, HEAD: the model it drafts with (-md), as the errors name it
     settings: type | None = None  # its own settings' class: SpecSettings' field of its name
     flags: tuple[Flag, ...] = ()
-    # auto's belief in its first drafted token, by the kind of proposal (Draft.kind), and of
-    # any other kind (also a free drafter's the registry does not know: auto.py)
+    # auto's belief in its first drafted token, by the kind of proposal (Draft.kind), and of any other
     priors: Mapping[int, float] = field(default_factory=dict)
-    prior: float = 0.5
+    prior: float = OTHER_PRIOR
     aliases: tuple[str, ...] = ()  # llama.cpp's other names for it
     auto: bool = False            # auto's default choices take it where what it needs is loaded
     trees: bool = False           # drafts trees (-np branches)
@@ -180,7 +182,6 @@ def _lookup_flags(kind: str) -> tuple[Flag, ...]:
 # auto's prior of an n-gram match's first token: the longer the context matched, the likelier
 # (ngram.match_class)
 MATCHES = {SHORT: 0.4, MEDIUM: 0.7, LONG: 0.9, RESUMED: 0.6}
-MODEL_PRIOR = 0.7  # a drafting model's first token
 
 _TYPES = (
     DrafterType("ngram-simple", _lookup("NgramSimple"), settings=NgramSettings, flags=_lookup_flags("simple"),

@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from speculative.decoding.settings import DRAFT_MAX_AUTO, NGRAM_N_AUTO, NgramSettings, SamplerSettings, SpecSettings, acceptance
+from speculative.decoding.settings import (DRAFT_MAX_AUTO, NGRAM_N_AUTO, NgramSettings, SamplerSettings, SpecSettings,
+                                           acceptance)
 from speculative.drafters import registry
 from speculative.engine.chat import prompt_or_messages
 from speculative.engine.stream import complete
@@ -156,8 +157,8 @@ def make_configs(spec_types: list[str], grid: dict[str, list], base: SpecSetting
 def _set(spec: SpecSettings, key: str, value) -> SpecSettings:
     name = SWEEP_KEYS[key][0]
     if key.startswith("ngram-"):
-        return replace(spec, **{t.settings_field: replace(spec.own(t.name), **{name: value}) for t in registry.TYPES.values()
-                                if t.settings is not None and issubclass(t.settings, NgramSettings)})
+        lookups = [t for t in registry.TYPES.values() if t.settings and issubclass(t.settings, NgramSettings)]
+        return replace(spec, **{t.settings_field: replace(spec.own(t.name), **{name: value}) for t in lookups})
     if key == "draft-max":  # a draft-max swept caps llama.cpp's n-gram types too, as the flag does
         return replace(spec, draft_max=value, draft_max_given=True)
     return replace(spec, **{name: value})

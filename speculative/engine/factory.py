@@ -74,7 +74,8 @@ class DrafterFactory:
 
     def has(self, kind: DrafterType, constraint: Constraint | None, auto: bool = False) -> bool:
         """Whether what `kind` needs is loaded (`auto`: and auto's default choices may take it)."""
-        return {DRAFT: self.draft is not None, HEAD: self.head_cache is not None and self.head_cache.head.kind == kind.name,
+        head = self.head_cache.head.kind if self.head_cache is not None else None
+        return {DRAFT: self.draft is not None, HEAD: head == kind.name,
                 POOL: self.pool is not None and (not auto or bool(self.pool) and self.pool_in_auto),
                 GRAMMAR: constraint is not None}.get(kind.needs, True)
 
