@@ -399,7 +399,7 @@ def test_a_slots_rollback_survives_the_batches_of_others(tiny, arch, unified, fi
             else:
                 shared.decode_parts([part(0, 10, 19, "all")])
                 shared.decode_parts([part(1, 10, 11, "last"), part(2, 10, 11, "last")])
-            shared.trim(16, 0)
+            shared.memory.slots[0].trim(16)
             got = shared.decode_parts([Part(tokens[30:31], [16], [(0,)], "last", 0)])[0][0]
             # a unified cache's other cells change the attention's sums in their last bits; a wrong
             # state changes logits by units
