@@ -537,7 +537,7 @@ class ModelOptions:
         """Whether a draft model is loaded: named in --spec-type, or auto with one at hand."""
         if "draft" in spec.drafters:
             if not self.draft_available:
-                raise UsageError("--spec-type draft needs a draft model: give -md PATH|NAME")
+                raise UsageError(registry.TYPES["draft"].refusal())
             return True
         return spec.auto and not spec.drafters and self.draft_available and not self.head_given
 

@@ -93,7 +93,7 @@ class DrafterType:
     def prior_of(self, kind: int) -> float:
         return self.priors.get(kind, self.prior)
 
-    def refusal(self, target: str) -> str:
+    def refusal(self, target: str = "the target") -> str:
         """Why it cannot draft here: what it needs is not loaded (`target`: the target's name)."""
         if self.needs == HEAD and self.name == "draft-mtp":
             return (f"--spec-type draft-mtp: {target} has no NextN (MTP) layers to draft with; "
