@@ -38,7 +38,7 @@ def test_readme_and_help_name_every_type():
     named = {name for cell in re.findall(r"^\| ([^|]+) \|", table, re.MULTILINE)
              for name in re.findall(r"`([a-z0-9-]+)`", cell)}
     assert set(SPEC_TYPES) <= named <= set(SPEC_TYPES) | set(ALIASES)
-    from cli.options import SPEC_TYPE
+    from speculative.cli.options import SPEC_TYPE
 
     for name in SPEC_TYPES:
         assert re.search(rf"\b{name}\b", SPEC_TYPE.help), name
