@@ -58,7 +58,8 @@ def batch_command(
             from speculative.engine.engine import Engine  # loads llama.cpp: imported when a model runs (start-up time)
             from speculative.engine.parallel import Parallel
 
-            target, draft = models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft, *registry.heads(spec))
+            target, draft = models.specs(models.uses_draft(spec), spec.branches, spec.longest_draft,
+                                         *registry.heads(spec))
             with StatusLine() as status:  # while the models load and auto measures (a terminal's only)
                 def notice(message: str) -> None:
                     status.clear()

@@ -349,11 +349,10 @@ def spec_settings(*, spec_type: Optional[List[str]], draft_max: Optional[int], d
     # the n-gram lookup types' common flags, each a fallback for the types' own (registry.Flag.common)
     common = {"--spec-ngram-size-n": ngram_n, "--spec-ngram-size-m": ngram_m, "--spec-ngram-min-hits": ngram_min_hits}
     settings = {}
-    for kind in registry.TYPES.values():
+    for kind in (t for t in registry.TYPES.values() if t.settings is not None):
         given = {flag.field: _first(own.get(f"{kind.settings_field}__{flag.field}"), common.get(flag.common))
-                 for flag in kind.flags}
-        if kind.settings is not None:  # what is not given: the settings' default
-            settings[kind.settings_field] = kind.settings(**{k: v for k, v in given.items() if v is not None})
+                 for flag in kind.flags}  # what is not given: the settings' default
+        settings[kind.settings_field] = kind.settings(**{k: v for k, v in given.items() if v is not None})
     spec = SpecSettings(
         types=types, draft_min=draft_min, draft_p_min=draft_p_min, n_predict=n_predict,
         draft_max=draft_max if draft_max is not None else DRAFT_MAX_AUTO if "auto" in types else DRAFT_MAX_FIXED,

@@ -5,9 +5,10 @@
 
 Run it with the Python of the build to measure (scripts/bench_parallel.py runs it with the
 speculate executable's): the model loads through speculate's binding, as speculate loads it.
-One context of -c 4096 with a unified cache, as speculate's `-np N` makes; each of N sequences gets a prompt of its own (150 tokens), then `--steps` steps of one
-token per sequence, two ways: one llama_decode carrying a token of each of the N sequences,
-and N llama_decode calls of one token each. The two ways alternate, `--rounds` times; the gain
+One context of -c 4096 with a unified cache, as speculate's `-np N` makes; each of N sequences
+gets a prompt of its own (150 tokens), then `--steps` steps of one token per sequence, two
+ways: one llama_decode carrying a token of each of the N sequences, and N llama_decode calls of
+one token each. The two ways alternate, `--rounds` times; the gain
 is the time of the N single decodes over the batch's, per round. Prints one JSON object:
 {"n": {"N": [gain per round, ...]}, "single_ms": [a single decode's ms per round]}.
 """

@@ -73,7 +73,8 @@ class Engine:
             # The head that drafts from the target's hidden states (its own NextN layers, an MTP head
             # file's, or an EAGLE-3, DFlash or DSpark drafter): its cache, kept between runs too.
             head = (self.target.tap.feature_head(target.feature_drafter) if target.feature_drafter else
-                    self.target.tap.mtp_head(target.mtp_sidecar) if target.mtp_sidecar or self.target.nextn_layers else None)
+                    self.target.tap.mtp_head(target.mtp_sidecar) if target.mtp_sidecar or self.target.nextn_layers
+                    else None)
             self.head_cache = HeadCache(head) if head is not None else None
         except BaseException:
             self._close_models()

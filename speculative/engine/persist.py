@@ -26,8 +26,9 @@ class CachePersistence:
     """The prompt cache file and the RAM cache of one engine's caches (role -> Cache, and the
     target's MTP head, whose rows are saved with the target's part)."""
 
-    def __init__(self, caches: dict[str, Cache], head_cache: HeadCache | None, notify: Callable[[str], None] | None = None,
-                 file: Path | None = None, read_only: bool = False, ram_mib: int = 0):
+    def __init__(self, caches: dict[str, Cache], head_cache: HeadCache | None,
+                 notify: Callable[[str], None] | None = None, file: Path | None = None, read_only: bool = False,
+                 ram_mib: int = 0):
         self.caches, self.head_cache, self.notify = caches, head_cache, notify
         self.target = caches["target"].model
         self.file = file

@@ -231,7 +231,8 @@ def generation_settings(generation: Generation, n_predict: int, spec_types: str 
         "n_keep": generation.speculation.get("n_keep", 0), "n_discard": generation.speculation.get("n_discard", 0),
         "ignore_eos": generation.ignore_eos, "stream": generation.stream, "logit_bias": bias,
         "n_probs": s.n_probs, "min_keep": 0, "grammar": s.grammar, "samplers": [SAMPLER_NAMES[c] for c in s.sequence],
-        "speculative.types": spec_types, "timings_per_token": generation.timings_per_token, "post_sampling_probs": s.post_sampling_probs,
+        "speculative.types": spec_types, "timings_per_token": generation.timings_per_token,
+        "post_sampling_probs": s.post_sampling_probs,
         "lora": [],
     }
 
