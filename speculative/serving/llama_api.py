@@ -22,7 +22,7 @@ from speculative.engine.stream import Final, Piece
 from speculative.serving.generation import Vocab as BiasVocab
 from speculative.serving.generation import (ApiError, Defaults, Generation, logit_bias, probs_json, refuse_unsupported,
                                             request_grammar, speculation)
-from speculative.serving.openai_api import timings
+from speculative.serving.openai_api import timed, timings
 from speculative.serving.worker import Metrics, Progress
 
 INT32_MAX = 2**31 - 1
@@ -379,9 +379,7 @@ class Reply:
         else:
             chunks = [{**self._chunk(text, (token,)), "completion_probabilities": self._probs((token,), (probs,))}
                       for (text, _), token, probs in zip(piece.parts, piece.ids, piece.probs)]
-        if self.options.per_token and piece.stats is not None:
-            chunks[-1]["timings"] = timings(piece.stats)  # the step's: on its last token's chunk
-        return chunks
+        return timed(chunks, piece.stats, self.options.per_token)  # on the step's last token's chunk
 
     def _chunk(self, text: str, ids: Sequence[int]) -> dict:
         self.n_sent += len(ids)

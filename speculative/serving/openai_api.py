@@ -333,6 +333,14 @@ def usage(stats: Stats) -> dict:
             "prompt_tokens_details": {"cached_tokens": stats.n_cached}}
 
 
+def timed(chunks: list[dict], stats: Stats | None, per_token: bool) -> list[dict]:
+    """A step's chunks, the last with the timings so far where timings_per_token asks for them
+    (llama-server's, on /v1 and /completion alike)."""
+    if chunks and per_token and stats is not None:
+        chunks[-1]["timings"] = timings(stats)
+    return chunks
+
+
 def timings(stats: Stats) -> dict:
     """llama-server's `timings` (its names), and the acceptance rate and tokens per target pass."""
     prompt_n = stats.n_prompt - stats.n_cached  # tokens processed; the rest the cache held from the last run
@@ -443,9 +451,7 @@ class Reply:
                                                               "logprobs": None, "finish_reason": None}))]
         else:
             chunks = self._carrying([self._chunk(self._delta(change)) for change in self.reading.push(piece.text)])
-        if chunks and self.per_token and piece.stats is not None:
-            chunks[-1]["timings"] = timings(piece.stats)
-        return chunks
+        return timed(chunks, piece.stats, self.per_token)
 
     def last_chunks(self, final: Final, verbose: dict | None = None, include_usage: bool = True) -> list[dict]:
         """The stream's end, as llama-server's: a completion's last chunk with its usage; a chat's
