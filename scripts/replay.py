@@ -19,6 +19,7 @@ import numpy as np
 
 from speculative.decoding import loop
 from speculative.decoding.cache import Cache
+from speculative.decoding.scheduler import run_alone
 from speculative.decoding.drafter import Drafter
 from speculative.decoding.events import Event
 from speculative.decoding.sampling import Sampler
@@ -71,9 +72,6 @@ class ReplayBackend:
         self.n_seq = 1
         self.held: list[int] = []
         self._on = 0  # leading tokens held that are the sequence's
-
-    def load(self, plain: bool = False) -> tuple[int, int]:
-        return 0, 0  # a replay runs alone
 
     def tokenize(self, text: str, add_special: bool) -> list[int]:
         raise NotImplementedError("a replayed target has no tokenizer: it is given tokens")
@@ -143,5 +141,5 @@ def replay(prompt: Sequence[int], output: Sequence[int], stopped: bool, verify_c
     n_ctx = len(prompt) + max(spec.n_predict, len(output)) + 1
     target = Cache(ReplayBackend(sequence, verify_costs, clock, eog, n_ctx))
     with charged(clock):
-        events = list(loop.generate(target, list(prompt), Sampler(GREEDY, 0), spec, drafter))
+        events = list(run_alone(loop.generate(target, list(prompt), Sampler(GREEDY, 0), spec, drafter)))
     return events, clock.now

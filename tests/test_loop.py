@@ -10,11 +10,12 @@ import pytest
 
 from speculative.decoding.cache import Cache
 from speculative.decoding.events import Done, Prefilled, Prefilling, Step, Token
-from speculative.decoding.loop import generate
+from tests.fakes import generate
 from speculative.decoding.sampling import Sampler, softmax
 from speculative.decoding.settings import SamplerSettings, SpecSettings, check_prompt
 from speculative.drafters import ModelDrafter, top_probability
 from speculative.errors import GenerationError
+from speculative.decoding import scheduler
 from tests.fakes import EOG, FakeBackend, ToyModel, plain_decode
 
 GREEDY = SamplerSettings(temp=0.0)
@@ -309,7 +310,7 @@ def test_the_prompts_progress_is_reported_after_each_batch(model, n_cached, repo
     but its last token reports at once that it is done."""
     prompt = [*PROMPT, *PROMPT, *PROMPT][:11]
     cache = Cache(FakeBackend(model, n_batch=4))
-    cache.extend(prompt[:n_cached])
+    scheduler.run(cache.extend(prompt[:n_cached]))
     events = list(generate(cache, prompt, Sampler(GREEDY, 1), SpecSettings(n_predict=3)))
     progress = [e for e in events if isinstance(e, Prefilling)]
     assert [p.n_done for p in progress] == reports
@@ -323,10 +324,10 @@ def test_a_prefix_kept_in_the_caches_is_not_processed_again(model):
     fail on any decode that is not contiguous with what they hold."""
     target = FakeBackend(model)
     target_cache = Cache(target)
-    target_cache.extend(PROMPT[:3])
+    scheduler.run(target_cache.extend(PROMPT[:3]))
     draft = FakeBackend(model.perturbed(0.4, seed=7), name="draft")
     draft_cache = Cache(draft)
-    draft_cache.extend([*PROMPT[:2], 9, 9, 9])
+    scheduler.run(draft_cache.extend([*PROMPT[:2], 9, 9, 9]))
     events = list(generate(target_cache, PROMPT, Sampler(GREEDY, 1), SpecSettings(n_predict=30, draft_max=4),
                            ModelDrafter(draft_cache)))
     prefilled = next(e for e in events if isinstance(e, Prefilled))
@@ -341,7 +342,7 @@ def test_the_last_prompt_token_is_always_scored_again(model):
     """A cache holding the whole prompt and more keeps all of it but the last token, whose
     logits the first step needs."""
     target = Cache(FakeBackend(model))
-    target.extend([*PROMPT, 9, 9])
+    scheduler.run(target.extend([*PROMPT, 9, 9]))
     events = list(generate(target, PROMPT, Sampler(GREEDY, 1), SpecSettings(n_predict=10)))
     assert events[0].n_cached == len(PROMPT) - 1
     assert tokens_of(events) == plain_decode(model, PROMPT, 10, Sampler(GREEDY, 1))

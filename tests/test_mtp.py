@@ -21,7 +21,7 @@ import pytest
 
 from speculative.decoding.cache import Cache, HeadCache
 from speculative.decoding.events import Prefilled, Step, Token
-from speculative.decoding.loop import generate
+from tests.fakes import generate
 from speculative.decoding.sampling import Sampler
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.drafters import TokenHeadDrafter, registry
@@ -30,6 +30,7 @@ from speculative.engine.engine import Engine
 from speculative.errors import UsageError
 from speculative.llamacpp.doctor import batch_invariance
 from speculative.llamacpp.nextn import NextnRows
+from speculative.decoding.scheduler import run
 from tests.conftest import alone_and_together, plant_costs, speculate, speculate_json
 from tests.fakes import Clock, FakeBackend, ToyModel, plain_decode
 from tests.tiny_model import write_model
@@ -210,7 +211,7 @@ def test_fake_mtp_drafts_nothing_where_the_targets_rows_are_unknown():
     toy, cache, mtp = fake_pair()
     prompt = [1, 2, 3, 4, 5, 6, 7]
     saved = Cache(FakeBackend(toy))
-    saved.sync(prompt[:-1])
+    run(saved.sync(prompt[:-1]))
     assert cache.restore(saved.save(), prompt[:-1])
     drafter = Checked(mtp, cache.model.is_eog)
     events = run_fake(cache, prompt, drafter, n=10)
@@ -328,8 +329,8 @@ def test_the_head_file_drafts_what_the_combined_file_drafts(tiny):
     for form in ("combined", "sidecar"):
         with Engine(with_head(tiny, form)) as engine:
             prompt = engine.prompt_tokens(PROMPT)
-            engine.caches["target"].sync(prompt[:-1])  # the target holds them, and its rows of them
-            first = engine.head_cache.sync(prompt)
+            run(engine.caches["target"].sync(prompt[:-1]))  # the target holds them, and its rows of them
+            first = run(engine.head_cache.sync(prompt))
             drafts[form] = (first[0].copy(), TokenHeadDrafter(engine.head_cache, engine.target.is_eog).propose(prompt, 8).tokens)
             events = list(engine.run(prompt, GREEDY, spec(("draft-mtp",)), 1))
             runs[form] = (tokens_of(events), [(s.n_drafted, s.n_accepted) for s in steps_of(events)])

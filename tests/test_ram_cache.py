@@ -20,6 +20,7 @@ from speculative.engine.ram_cache import MIN_TOKENS, RamCache, State
 from speculative.engine.stream import complete
 from speculative.errors import GenerationError
 from speculative.llamacpp.doctor import batch_invariance
+from speculative.decoding.scheduler import run
 from tests.conftest import SMOL
 from tests.fakes import FakeBackend, ToyModel
 from tests.tiny_drafters import write_drafter
@@ -119,10 +120,10 @@ def test_what_a_cache_would_keep_is_what_it_keeps(rollback_limit):
             for limit in (None, len(prompt) - 1):
                 source = Cache(FakeBackend(ToyModel()))
                 source.model.rollback_limit = rollback_limit
-                source.extend(held[:checkpoint_at] if checkpoint_at is not None else held)
+                run(source.extend(held[:checkpoint_at] if checkpoint_at is not None else held))
                 if checkpoint_at is not None:
                     source.checkpoint()
-                    source.extend(held[checkpoint_at:])
+                    run(source.extend(held[checkpoint_at:]))
                 case = (checkpoint_at, prompt, limit)
                 predicted = source.keepable(prompt, limit)
                 assert source.keep_prefix(prompt, limit) == predicted, case

@@ -29,7 +29,7 @@ from speculative.cli.main import app
 from speculative.decoding.cache import Cache
 from speculative.decoding.drafter import Draft, Drafter
 from speculative.decoding.events import Step, Token
-from speculative.decoding.loop import generate
+from tests.fakes import generate
 from speculative.decoding.sampling import Sampler
 from speculative.decoding.settings import ModelSpec, SamplerSettings, SpecSettings
 from speculative.engine.engine import Engine

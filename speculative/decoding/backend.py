@@ -1,5 +1,6 @@
 """The interfaces the loop, the drafters and cache.py read models through: Backend, a model
-and its KV cache; Head and BlockHead, the drafting heads beside the target.
+and its KV cache; Head and BlockHead, the drafting heads beside the target; and the decodes a
+step needs of them (Decode, HeadDecode), which it yields instead of running them.
 
 A Backend is one loaded model and its KV cache. The real one lives in
 `speculative/llamacpp/` (the only package that imports llama_cpp); tests use a fake one.
@@ -10,14 +11,21 @@ cache-changing methods below.
 Between steps the cache is one sequence (id 0). Draft trees (tree.py) use
 sequences 1..n_seq-1 for their other branches within a step, and fold the
 accepted branch back into sequence 0 with `keep_branch`.
+
+The loop, the drafters and the caches do not run their decodes: they are generators (Work)
+that yield each decode they need and, resumed, read its `result()` (its rows, or its error
+raised). Whatever lies between them and the scheduler passes a Need up as it is. The scheduler
+(scheduler.py) runs the decodes of every running request of one model in one llama_decode, or
+one alone (`run_alone`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol, Sequence
+from typing import TYPE_CHECKING, Generator, Literal, Protocol, Sequence, TypeVar, Union
 
-import numpy as np
+if TYPE_CHECKING:  # annotations only: the command line's --help imports this without numpy
+    import numpy as np
 
 Outputs = Literal["all", "last", "none"]
 
@@ -76,13 +84,6 @@ class Backend(Protocol):
     def keep_branch(self, seq: int, n_keep: int) -> None:
         """Keep sequence seq's positions 0..n_keep-1 as the cache (sequence 0); drop
         everything else."""
-        ...
-
-    def load(self, plain: bool = False) -> tuple[int, int]:
-        """What other requests put in the latest batch this model ran with ours (requests at once,
-        llamacpp/slots.py): their tokens, and how many of them get a token from it; (0, 0) for
-        a model of its own. `plain`: as if each of them took a plain step, one token (no draft, no
-        prompt: auto's steady state of the batch)."""
         ...
 
     def save_state(self, partial: bool = False) -> bytes:
@@ -153,3 +154,84 @@ class BlockHead(Head, Protocol):
         """Up to k drafted tokens after `token` at position `pos` (the cache holds 0..pos-1),
         dropped again after; None when the decode failed."""
         ...
+
+
+class _Need:
+    """What a decode a step needs gives back, once the scheduler has run it (`done`, `fail`)."""
+    _value: object = None
+    _error: BaseException | None = None
+
+    def done(self, value: object) -> None:
+        self._value, self._error = value, None
+
+    def fail(self, error: BaseException) -> None:
+        self._error = error
+
+    def result(self):
+        """What the decode gave; raises what it failed with."""
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+@dataclass(eq=False)  # each is itself: two alike are two decodes
+class Decode(_Need):
+    """A decode of `model` a step needs: tokens at positions, each in sequence 0 (seqs None) or in
+    the sequences of seqs[i] (a draft tree's), and the rows it wants (Backend.decode's outputs;
+    a tree's are "all"); its result is those rows. The scheduler says what else ran in the same
+    llama_decode: other requests' tokens, and how many of those got a token from it."""
+    model: Backend
+    tokens: Sequence[int]
+    positions: Sequence[int]
+    seqs: Sequence[Sequence[int]] | None
+    outputs: Outputs
+    others: int = 0
+    others_scored: int = 0
+
+    @property
+    def splits(self) -> bool:
+        """Whether it may run in chunks (a prompt's: it wants no row but the last)."""
+        return self.seqs is None and self.outputs != "all"
+
+    def split(self, n: int) -> "Decode":
+        """Its first n tokens as a decode of their own, which wants no row; it keeps the rest."""
+        first = Decode(self.model, self.tokens[:n], self.positions[:n], None, "none")
+        self.tokens, self.positions = self.tokens[n:], self.positions[n:]
+        return first
+
+    def run(self) -> list[np.ndarray]:
+        """Alone: in a llama_decode of its own."""
+        if self.seqs is None:
+            return self.model.decode(self.tokens, self.positions[0] if len(self.positions) else 0, self.outputs)
+        return self.model.decode_branches(self.tokens, self.positions, self.seqs)
+
+
+@dataclass(eq=False)
+class HeadDecode(_Need):
+    """Entries of a drafting head a step needs (Head.decode's): its result is the last one's logits
+    and row, or None when the decode failed."""
+    head: Head
+    tokens: Sequence[int]
+    pos: int
+    rows: np.ndarray
+    index: int | None = None  # chained heads: the one head that decodes them
+
+    splits = True  # its result is its last entry's
+
+    def split(self, n: int) -> "HeadDecode":
+        """Its first n entries as a decode of their own; it keeps the rest."""
+        first = HeadDecode(self.head, self.tokens[:n], self.pos, self.rows[:n], self.index)
+        self.tokens, self.pos, self.rows = self.tokens[n:], self.pos + n, self.rows[n:]
+        return first
+
+    def run(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Alone: in a decode of its own."""
+        if self.index is None:
+            return self.head.decode(self.tokens, self.pos, self.rows)
+        return self.head.decode(self.tokens, self.pos, self.rows, head=self.index)
+
+
+Need = Union[Decode, HeadDecode]
+NEEDS = (Decode, HeadDecode)
+T = TypeVar("T")
+Work = Generator[Need, None, T]  # what yields the decodes it needs and returns T (a drafter's proposal)

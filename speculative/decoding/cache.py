@@ -28,7 +28,8 @@ from typing import Sequence
 
 import numpy as np
 
-from speculative.decoding.backend import Backend, Head, Outputs
+from speculative.decoding import scheduler
+from speculative.decoding.backend import Backend, Decode, Head, HeadDecode, Outputs, Work
 
 MARKS = 2  # a recurrent state's copies at prompt ends kept (this turn's, and the one before)
 
@@ -56,6 +57,7 @@ class Cache:
         self._undoable = 0
         self._checkpoint: tuple[int, bytes] | None = None  # (length, recurrent state at that length)
         self._marks: list[tuple[int, bytes]] = []  # the same at prompt ends, oldest first (mark)
+        self.load = (0, 0)  # what other requests put in its latest pass: their tokens, and those scored
 
     def __len__(self) -> int:
         """Tokens sequence 0 holds."""
@@ -104,15 +106,27 @@ class Cache:
         """Every recurrent state copy it can come back to."""
         return [*self._marks, *([self._checkpoint] if self._checkpoint is not None else [])]
 
-    def extend(self, tokens: Sequence[int], outputs: Outputs = "none") -> list[np.ndarray]:
+    def extend(self, tokens: Sequence[int], outputs: Outputs = "none") -> Work[list[np.ndarray]]:
         """Decode `tokens` after what sequence 0 holds (Backend.decode's rows)."""
         self._settle()
-        self._dirty = True
-        rows = self.model.decode(tokens, len(self._seqs[0]), outputs)
-        self._dirty = False
+        if not tokens:
+            return []
+        n = len(self._seqs[0])
+        need = Decode(self.model, tokens, range(n, n + len(tokens)), None, outputs)
+        yield need
+        rows = self._decoded(need)
         self._seqs[0].extend(tokens)
         if tokens:  # an empty decode changes nothing, what can be undone included
             self._undoable = len(tokens) - 1
+        return rows
+
+    def _decoded(self, need: Decode) -> list[np.ndarray]:
+        """A decode's rows; where it failed, the model may hold cells of it, which go before
+        anything else happens (_settle). What other requests put in its pass is `load`."""
+        self._dirty = True
+        rows = need.result()
+        self._dirty = False
+        self.load = (need.others, need.others_scored)
         return rows
 
     def checkpoint(self, ahead: int | None = None) -> None:
@@ -137,11 +151,11 @@ class Cache:
         if all(length != len(self) for length, _ in self._marks):
             self._marks = [*self._marks, (len(self), self.model.save_state(partial=True))][-MARKS:]
 
-    def sync(self, tokens: Sequence[int], outputs: Outputs = "none") -> list[np.ndarray]:
+    def sync(self, tokens: Sequence[int], outputs: Outputs = "none") -> Work[list[np.ndarray]]:
         """Make sequence 0 hold exactly `tokens`, decoding only what it does not share with
         them (for "last", at least the last token, whose logits are wanted)."""
         n = self.keep_prefix(tokens, len(tokens) - 1 if outputs == "last" else None)
-        return self.extend(tokens[n:], outputs) if len(tokens) > n else []
+        return (yield from self.extend(tokens[n:], outputs)) if len(tokens) > n else []
 
     def rollback(self, n: int) -> None:
         """Hold positions 0..n-1 only, in every sequence."""
@@ -162,10 +176,13 @@ class Cache:
         """Hold nothing (before the model is used for something else)."""
         self.rollback(0)
 
-    def decode_tree(self, tokens: Sequence[int], seqs: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    def decode_tree(self, tokens: Sequence[int], seqs: Sequence[Sequence[int]],
+                    ahead: int | None = None) -> Work[list[np.ndarray]]:
         """Score draft-tree tokens in one batch: token i goes into every sequence of seqs[i],
         right after what they hold, and sees what its first one holds before it. One row
-        of logits per token."""
+        of logits per token. `ahead`: `checkpoint(ahead)` first (drafted tokens among them)."""
+        if ahead:
+            self.checkpoint(ahead)
         self._settle()
         length = {s: len(held) for s, held in self._seqs.items()}
         positions = []
@@ -173,9 +190,9 @@ class Cache:
             positions.append(length.setdefault(ids[0], 0))
             for s in ids:
                 length[s] = positions[-1] + 1
-        self._dirty = True
-        rows = self.model.decode_branches(tokens, positions, seqs)
-        self._dirty = False
+        need = Decode(self.model, tokens, positions, seqs, "all")
+        yield need
+        rows = self._decoded(need)
         for token, ids in zip(tokens, seqs):
             for s in ids:
                 self._seqs.setdefault(s, []).append(token)
@@ -265,8 +282,8 @@ class Cache:
         self._drop_checkpoints_past(start)
         self._seqs = {0: held[:start]}
         self._undoable = 0
-        if redecode and n > start:
-            self.extend(kept[start:])
+        if redecode and n > start:  # alone, at once: rare (past what llama.cpp can undo)
+            scheduler.run(self.extend(kept[start:]))
 
 
 class HeadCache:
@@ -314,7 +331,7 @@ class HeadCache:
             return self.head.target_rows(len(tokens) - 2, len(tokens) - 1) is not None
         return self.head.target_rows(self._kept(tokens, True) - 1, len(tokens) - 1) is not None
 
-    def sync(self, tokens: Sequence[int], last: bool = True) -> tuple[np.ndarray, np.ndarray] | None:
+    def sync(self, tokens: Sequence[int], last: bool = True) -> Work[tuple[np.ndarray, np.ndarray] | None]:
         """Hold exact entries for `tokens`, of which the target's cache holds all but the last,
         decoding those it lacks (with `last`, at least the last one, whose outputs are wanted):
         the last entry's logits and NextN row, or None when nothing was decoded or the target's
@@ -323,33 +340,33 @@ class HeadCache:
         if self.head.shared_memory:
             rows = self.head.target_rows(len(tokens) - 2, len(tokens) - 1) if last else None
             self._seed_pos = len(tokens) - 1
-            return None if rows is None else self.head.decode(tokens[-1:], self._seed_pos, rows)
+            return None if rows is None else (yield from self._decode(tokens[-1:], self._seed_pos, rows))
         n = self._kept(tokens, last)
         self.rollback(n)
         rows = self.head.target_rows(n - 1, len(tokens) - 1)
         if n == len(tokens) or rows is None:
             return None
-        out = self.extend(tokens[n:], rows)
+        out = yield from self.extend(tokens[n:], rows)
         if out is not None:
             self._exact = len(self._held)
             self._seed, self._seed_pos, self._drafted = (tokens[-1], rows[-1].copy()), len(self._held) - 1, []
         return out
 
-    def draft(self, token: int, row: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    def draft(self, token: int, row: np.ndarray) -> Work[tuple[np.ndarray, np.ndarray] | None]:
         """The entry of a drafted token after the last sync and the drafts since, with the head's
         row of the entry before: its logits and NextN row, or None (nothing held) on failure.
         Chained heads: the i-th drafted token's entry comes from head i, which decodes the last
         exact entry and the drafted ones again."""
         if self.head.shared_memory:  # at the last token's position, as llama.cpp's driver decodes it
-            return self.head.decode([token], self._seed_pos, row[None])
+            return (yield from self._decode([token], self._seed_pos, row[None]))
         if self.head.n_heads == 1:
-            return self.extend([token], row[None])
+            return (yield from self.extend([token], row[None]))
         self._drafted.append((token, row.copy()))
         pos0 = self._seed_pos  # the last exact entry: only there does every head's layer hold it
         self.rollback(pos0)
         entries = [self._seed, *self._drafted]
-        out = self.head.decode([t for t, _ in entries], pos0, np.stack([r for _, r in entries]),
-                               head=len(self._drafted))
+        out = yield from self._decode([t for t, _ in entries], pos0, np.stack([r for _, r in entries]),
+                                      len(self._drafted))
         if out is None:
             self.head.trim(0)
             self._held, self._exact = [], 0
@@ -361,17 +378,24 @@ class HeadCache:
         """The entries sync keeps: those it shares with `tokens`, less the last one for `last`."""
         return max(0, min(self.shared_prefix(tokens), len(tokens) - 1 if last else len(tokens)))
 
-    def extend(self, tokens: Sequence[int], rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    def extend(self, tokens: Sequence[int], rows: np.ndarray) -> Work[tuple[np.ndarray, np.ndarray] | None]:
         """Entries for `tokens` with `rows` after what it holds (drafted ones, unless sync makes
         them): the last one's logits and NextN row, or None (and nothing held) when the head
         fails."""
-        out = self.head.decode(tokens, len(self._held), rows)
+        out = yield from self._decode(tokens, len(self._held), rows)
         if out is None:  # the head may hold some of them: start again from nothing
             self.head.trim(0)
             self._held, self._exact = [], 0
             return None
         self._held.extend(tokens)
         return out
+
+    def _decode(self, tokens: Sequence[int], pos: int, rows: np.ndarray,
+                index: int | None = None) -> Work[tuple[np.ndarray, np.ndarray] | None]:
+        """The head's decode of these entries (Head.decode), as a step needs it."""
+        need = HeadDecode(self.head, tokens, pos, rows, index)
+        yield need
+        return need.result()
 
     def rollback(self, n: int) -> None:
         """Hold positions 0..n-1 only."""

@@ -5,6 +5,10 @@
 drafter do its prompt work up front, so it is timed as prompt processing rather than drafting,
 and `finish(context)` tells it the run is over (a drafter that learns across runs keeps what it
 saw). The drafters themselves live in speculative/drafters/.
+
+The loop asks through `proposing` and `prefilling`, which are work (backend.Work): a drafter
+that decodes (a draft model, a head: a DecodingDrafter) implements those, yielding each decode
+it needs; one that decodes nothing implements `propose` and `prefill`, which they call.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from speculative.decoding import scheduler
+from speculative.decoding.backend import Work
 from speculative.decoding.tree import chain_parents
 
 
@@ -68,6 +74,16 @@ class Drafter:
         """Up to k tokens that might follow `context` (prompt + generated so far)."""
         raise NotImplementedError
 
+    def prefilling(self, prompt: Sequence[int]) -> Work[None]:
+        """`prefill` as the loop runs it: the decodes it needs yielded."""
+        yield from ()
+        self.prefill(prompt)
+
+    def proposing(self, context: Sequence[int], k: int) -> Work[Draft]:
+        """`propose` as the loop runs it: the decodes it needs yielded, then its Draft."""
+        yield from ()
+        return self.propose(context, k)
+
     def accept(self, outcome: Outcome) -> None:
         """Optional: learn from what the target kept."""
 
@@ -88,3 +104,21 @@ class Drafter:
 
     def nothing(self) -> Draft:
         return Draft([], self.name)
+
+
+class DecodingDrafter(Drafter):
+    """A drafter that decodes (a draft model, a head, or drafters among which one may): it
+    implements `prefilling` and `proposing`; `prefill` and `propose` run them with their decodes
+    alone, here (a tool, a test)."""
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        scheduler.run(self.prefilling(prompt))
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        return scheduler.run(self.proposing(context, k))
+
+    def prefilling(self, prompt: Sequence[int]) -> Work[None]:
+        raise NotImplementedError
+
+    def proposing(self, context: Sequence[int], k: int) -> Work[Draft]:
+        raise NotImplementedError

@@ -17,10 +17,11 @@ The target cache always holds every token except the last one, whose logits the
 next step computes. Without a drafter k is 0 and the same loop is plain
 target-only decoding, so baseline and speculation share every line of code.
 
-Requests that run at once each run this loop, their decodes batched together
-(gate.py); when their shared cache has no cell left for one, it ends there
-(ContextFull), as at the end of its context. With context shift (shift), a run at the end
-of its context drops older tokens and goes on.
+The loop runs no decode itself: it yields each one it needs (backend.Decode, from the caches
+and the drafters) and reads its result when resumed, so that the scheduler (scheduler.py) runs
+the decodes of every request running at once together, one batch per model and tick. When their
+shared cache has no cell left for one, it ends there (ContextFull), as at the end of its context.
+With context shift (shift), a run at the end of its context drops older tokens and goes on.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from speculative.decoding.backend import NEEDS, Work
 from speculative.decoding.cache import Cache
 from speculative.decoding.constraint import Constraint, check_draft, path_states
 from speculative.decoding.drafter import Draft, Drafter, Outcome
@@ -65,8 +67,7 @@ def generate(target: Cache, prompt: Sequence[int], sampler: Sampler, settings: S
         k = room(target, settings, len(context), n_generated) - 1  # a step emits up to k + 1 tokens
         if k < 0 and (dropped := shift_full(target, settings, context, len(prompt), n_generated)):
             drafter = renew(drafter)  # the drafters index a history that only grew: they start again
-            for _ in prefill(target, drafter, context):
-                pass
+            yield from _needs(prefill(target, drafter, context))  # its progress is no prompt's
             n_shifted += dropped
             k = room(target, settings, len(context), n_generated) - 1
         if k < 0:
@@ -74,12 +75,12 @@ def generate(target: Cache, prompt: Sequence[int], sampler: Sampler, settings: S
             return
         t_draft = time.perf_counter()
         try:
-            draft = propose(drafter, context, min(k, target.model.n_batch - 1), settings)  # one verify batch
+            draft = yield from propose(drafter, context, min(k, target.model.n_batch - 1), settings)  # one batch
             if constraint is not None:
                 draft = check_draft(draft, constraint.state)
             t_verify = time.perf_counter()
             tree = Tree(draft.tree)
-            rows = score(target, context[-1], draft, tree)
+            rows = yield from score(target, context[-1], draft, tree)
             raw = [row.copy() for row in rows] if sampler.settings.n_probs else None  # before sampling edits them
             history, state = row_inputs(sampler, context, draft, tree, constraint)
             path, bonus = verify(rule, sampler, draft, tree, rows, history, state, keep)
@@ -90,7 +91,7 @@ def generate(target: Cache, prompt: Sequence[int], sampler: Sampler, settings: S
         t_done = time.perf_counter()
         if drafter is not None:
             drafter.accept(Outcome(draft, len(path), bonus, t_verify - t_draft, t_done - t_verify))
-        others, others_scored = target.model.load()  # requests at once: what they put in the pass
+        others, others_scored = target.load  # requests at once: what they put in the pass
         yield Step(index, draft.source if draft.tokens else None, len(draft.tokens), len(path),
                    t_verify - t_draft, t_done - t_verify, tree.n_branches, branch, 1 + others_scored,
                    len(draft.tokens) + 1 + others, draft.certain)
@@ -104,7 +105,7 @@ def generate(target: Cache, prompt: Sequence[int], sampler: Sampler, settings: S
         n_generated += len(emitted)
 
 
-def prefill(target: Cache, drafter: Drafter | None, context: list[int]) -> Iterator[Prefilling]:
+def prefill(target: Cache, drafter: Drafter | None, context: list[int]) -> Iterator[Prefilling]:  # and needs
     """Put the prompt in the caches: the target's gets all of it but the last token, which
     the first step scores. Returns how many of its tokens the target cache already held, and
     yields the progress (llama-server's prompt_progress): before the first batch (-b) and after
@@ -113,13 +114,13 @@ def prefill(target: Cache, drafter: Drafter | None, context: list[int]) -> Itera
     todo, size = context[n_cached:-1], target.model.n_batch
     yield Prefilling(len(context), n_cached, n_cached)
     for start in range(0, len(todo), size):
-        target.extend(todo[start:start + size])
+        yield from target.extend(todo[start:start + size])
         yield Prefilling(len(context), n_cached, n_cached + start + size if start + size < len(todo) else len(context))
     if not todo:
         yield Prefilling(len(context), n_cached, len(context))
     target.mark()  # a recurrent state: the next run's prompt may share this one, not the output
     if drafter is not None:
-        drafter.prefill(context)
+        yield from drafter.prefilling(context)
     return n_cached
 
 
@@ -152,24 +153,24 @@ def room(target: Cache, settings: SpecSettings, n_context: int, n_generated: int
     return left
 
 
-def propose(drafter: Drafter | None, context: list[int], k: int, settings: SpecSettings) -> Draft:
+def propose(drafter: Drafter | None, context: list[int], k: int, settings: SpecSettings) -> Work[Draft]:
     """Up to k drafted tokens (and at most the drafters' limits, --draft-max for most): none
     without a drafter, or when fewer than --draft-min would come."""
     k = min(k, settings.step_max)
     if drafter is None or k < max(1, settings.draft_min):
         return Draft([], "none")
-    draft = drafter.propose(context, k)
+    draft = yield from drafter.proposing(context, k)
     return draft.head(k if len(draft.tokens) >= settings.draft_min else 0)
 
 
-def score(target: Cache, last: int, draft: Draft, tree: Tree) -> list[np.ndarray]:
+def score(target: Cache, last: int, draft: Draft, tree: Tree) -> Work[list[np.ndarray]]:
     """The target's logits after the last token and after each drafted token, in one batch;
-    each branch is a cache sequence of its own, so a token sees only its ancestors."""
+    each branch is a cache sequence of its own, so a token sees only its ancestors. A recurrent
+    state may need a copy to come back to (Cache.checkpoint) before drafted tokens."""
     for b in range(1, tree.n_branches):  # every branch sees the cache so far
         target.fork(0, b)
-    if draft.tokens:  # a recurrent state may need a copy to come back to (cache.py)
-        target.checkpoint(len(draft.tokens))
-    return target.decode_tree([last, *draft.tokens], [tuple(range(tree.n_branches)), *tree.seqs])
+    return (yield from target.decode_tree([last, *draft.tokens], [tuple(range(tree.n_branches)), *tree.seqs],
+                                          ahead=len(draft.tokens)))
 
 
 def row_inputs(sampler: Sampler, context: list[int], draft: Draft, tree: Tree, constraint: Constraint | None
@@ -224,6 +225,17 @@ def emit(target: Cache, settings: SpecSettings, context: list[int], tokens: list
         context.append(token)
         yield Token(token, from_draft=i < n_accepted, step=step, probs=probs[i] if probs else None)
     return False
+
+
+def _needs(work: Iterator) -> Work[object]:
+    """The decodes a work needs, what else it yields left out; what it returns."""
+    while True:
+        try:
+            item = next(work)
+        except StopIteration as end:
+            return end.value
+        if isinstance(item, NEEDS):
+            yield item
 
 
 def _cut(constraint: Constraint | None) -> bool:

@@ -43,7 +43,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from speculative.decoding.drafter import Draft, Drafter, Outcome
+from speculative.decoding.backend import Work
+from speculative.decoding.drafter import DecodingDrafter, Draft, Drafter, Outcome
 from speculative.drafters.registry import MODEL_PRIOR, OTHER_PRIOR, TYPES
 
 # Beliefs before any evidence, worth PRIOR_WEIGHT observations: the first drafted token's
@@ -155,7 +156,7 @@ def best_plan(rates: np.ndarray, verify: np.ndarray, draft_cost: float, k_max: i
     return int(ks[i]), float(speed[i])
 
 
-class Auto(Drafter):
+class Auto(DecodingDrafter):
     """Chooses among `drafters` and the draft length, step by step."""
 
     name = "auto"
@@ -164,7 +165,8 @@ class Auto(Drafter):
                  draft_costs: dict[str, float] | None = None, catchup_costs: dict[str, float] | None = None,
                  rewind: Rewind | None = None, load: Callable[[], tuple[int, int]] | None = None,
                  shared_costs: Sequence[Sequence[float]] = ()):
-        """`load`: what other requests put in the target's passes (Backend.load), when several run
+        """`load`: what other requests put in the target's passes (cache.Cache.load: their tokens,
+        as if each took a plain step, and those scored), when several run
         at once: each step then plans for the whole pass; shared_costs[o - 1][b - 1] is its
         price with b tokens of this request and one of each of o others."""
         self.drafters = drafters
@@ -203,7 +205,7 @@ class Auto(Drafter):
             self.acceptance[(name, kind)] = Acceptance(self.k_max, prior)
         return self.acceptance[(name, kind)]
 
-    def prefill(self, prompt: Sequence[int]) -> None:
+    def prefilling(self, prompt: Sequence[int]) -> Work[None]:
         """Every drafter's prefill, but a model's that auto would not draft with now, at its
         estimates and in this pass: on a CPU a draft model's prompt costs about a third of the
         target's, which a model never drafted with wastes. It catches up, priced, if that
@@ -215,16 +217,16 @@ class Auto(Drafter):
             if d.free or (not self._hopeless(d, self.k_max, verify, scored) and
                           best_plan(self.estimates(d).rates(), verify, self.draft_cost[d.name], self.k_max,
                                     rewind=self.rewind, others=scored)[1] > plain):
-                d.prefill(prompt)
+                yield from d.prefilling(prompt)
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
+    def proposing(self, context: Sequence[int], k: int) -> Work[Draft]:
         t0, self._t_drafters = time.perf_counter(), 0.0
         try:
-            return self._propose(context, k)
+            return (yield from self._propose(context, k))
         finally:
             self.t_plan += time.perf_counter() - t0 - self._t_drafters
 
-    def _propose(self, context: Sequence[int], k: int) -> Draft:
+    def _propose(self, context: Sequence[int], k: int) -> Work[Draft]:
         self._score_pending(context)
         k = min(k, self.k_max)
         others, scored = self.load() if self.load is not None else (0, 0)
@@ -245,7 +247,7 @@ class Auto(Drafter):
             draft = self._proposals[chosen.name]
             return replace(draft.head(plan_k), source=chosen.name)
         t0 = time.perf_counter()
-        draft = chosen.propose(context, plan_k)
+        draft = yield from chosen.proposing(context, plan_k)
         self._t_drafters += time.perf_counter() - t0
         return draft
 

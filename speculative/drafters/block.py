@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from speculative.decoding.backend import Work
 from speculative.decoding.drafter import Draft
 from speculative.decoding.constraint import stepped
 from speculative.drafters.head import HeadDrafter
@@ -27,11 +28,11 @@ class BlockDrafter(HeadDrafter):
 
     rows = "layer inputs"
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
+    def proposing(self, context: Sequence[int], k: int) -> Work[Draft]:
         head = self.cache.head
         # the block sits at positions len(context) - 1 on
         k = min(k, head.max_draft, head.n_ctx - len(context) + (1 if head.anchor else 0))
-        if k <= 0 or not self.can_draft(context) or self.cache.sync(context) is None:
+        if k <= 0 or not self.can_draft(context) or (yield from self.cache.sync(context)) is None:
             return self.nothing()
         block = head.block(context[-1], len(context) - 1, k)
         if block is None:

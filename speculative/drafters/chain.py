@@ -7,22 +7,23 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from speculative.decoding.drafter import Draft, Drafter, Outcome
+from speculative.decoding.backend import Work
+from speculative.decoding.drafter import DecodingDrafter, Draft, Drafter, Outcome
 
 
-class Chain(Drafter):
+class Chain(DecodingDrafter):
     def __init__(self, drafters: list[Drafter], limits: Sequence[int] | None = None):
         self.drafters = drafters
         self.limits = list(limits) if limits is not None else [None] * len(drafters)
         self.name = ",".join(d.name for d in drafters)
 
-    def prefill(self, prompt: Sequence[int]) -> None:
+    def prefilling(self, prompt: Sequence[int]) -> Work[None]:
         for d in self.drafters:
-            d.prefill(prompt)
+            yield from d.prefilling(prompt)
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
+    def proposing(self, context: Sequence[int], k: int) -> Work[Draft]:
         for d, limit in zip(self.drafters, self.limits):
-            draft = d.propose(context, k if limit is None else min(k, limit))
+            draft = yield from d.proposing(context, k if limit is None else min(k, limit))
             if draft.tokens:
                 return draft
         return self.nothing()

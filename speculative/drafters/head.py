@@ -15,14 +15,15 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from speculative.decoding.backend import Work
 from speculative.decoding.cache import HeadCache
-from speculative.decoding.drafter import Draft, Drafter
+from speculative.decoding.drafter import DecodingDrafter, Draft
 from speculative.decoding.sampling import Sampler
 from speculative.decoding.constraint import stepped
 from speculative.drafters.model import pick
 
 
-class HeadDrafter(Drafter):
+class HeadDrafter(DecodingDrafter):
     """What the drafters of a head that follows the target's hidden states share (cache.HeadCache):
     its prompt work, whether it can follow a context, and what it says when it could not."""
 
@@ -35,8 +36,8 @@ class HeadDrafter(Drafter):
         self.sampler = sampler
         self.lost = 0  # steps it could not follow the target in (drafting nothing)
 
-    def prefill(self, prompt: Sequence[int]) -> None:
-        self.cache.sync(prompt[:-1], last=False)  # the target holds those, and its rows of them
+    def prefilling(self, prompt: Sequence[int]) -> Work[None]:
+        yield from self.cache.sync(prompt[:-1], last=False)  # the target holds those, and its rows of them
 
     def can_draft(self, context: Sequence[int]) -> bool:
         """Whether the head can follow the target to the end of `context` (see HeadCache)."""
@@ -65,10 +66,10 @@ class TokenHeadDrafter(HeadDrafter):
         if self.name == "draft-eagle3":
             self.rows = "layer inputs"
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
+    def proposing(self, context: Sequence[int], k: int) -> Work[Draft]:
         # drafted entries go up to position len(context) + k - 2; chained heads draft a token each
         k = min(k, self.cache.head.n_ctx - len(context) + 1, self.cache.head.max_draft or k)
-        start = self.cache.sync(context) if k > 0 and self.can_draft(context) else None
+        start = (yield from self.cache.sync(context)) if k > 0 and self.can_draft(context) else None
         if start is None:
             return self.nothing()
         logits, hidden = start
@@ -81,7 +82,7 @@ class TokenHeadDrafter(HeadDrafter):
             if len(tokens) == k or self.is_eog(tokens[-1]):
                 break
             grammar = stepped(grammar, tokens[-1])
-            step = self.cache.draft(tokens[-1], hidden)
+            step = yield from self.cache.draft(tokens[-1], hidden)
             if step is None:
                 break
             logits, hidden = step

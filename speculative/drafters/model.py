@@ -9,9 +9,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from speculative.decoding.backend import Work
 from speculative.decoding.cache import Cache
 from speculative.decoding.constraint import GrammarDeadEnd, GrammarState, best, best_one, path_states
-from speculative.decoding.drafter import Draft, Drafter
+from speculative.decoding.drafter import DecodingDrafter, Draft
 from speculative.decoding.sampling import Sampler, draw, one_hot
 from speculative.decoding.tree import path_to
 
@@ -20,7 +21,7 @@ from speculative.decoding.tree import path_to
 P_MIN_TOP_K = 10
 
 
-class ModelDrafter(Drafter):
+class ModelDrafter(DecodingDrafter):
     """A small model proposing its continuation: greedily, or, given `sampler` (when the
     acceptance rule is speculative sampling), drawn from its own sampler chain, each
     token's distribution kept in the Draft for the acceptance rule.
@@ -41,11 +42,11 @@ class ModelDrafter(Drafter):
         self.branches = branches  # > 1: draft trees (needs a model with that many sequences)
         self.p_split = p_split
 
-    def prefill(self, prompt: Sequence[int]) -> None:
+    def prefilling(self, prompt: Sequence[int]) -> Work[None]:
         if len(prompt) <= self.model.n_ctx:
-            self.cache.sync(prompt[:-1])
+            yield from self.cache.sync(prompt[:-1])
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
+    def proposing(self, context: Sequence[int], k: int) -> Work[Draft]:
         # The draft's own context may be smaller than the target's (-cd): it holds the
         # context and up to k - 1 drafted tokens (the last drafted tokens are never decoded).
         k = min(k, self.model.n_ctx - len(context) + 1)
@@ -55,7 +56,7 @@ class ModelDrafter(Drafter):
         grammar = (path_states(self.constraint.state, tree.tokens, tree.parents) if self.constraint is not None
                    else lambda row: None)  # the grammar after a node's path (row: node + 1)
         # Level by level: every branch's next token, then one decode for all of them.
-        frontier = [(-1, self.cache.sync(context, "last")[-1])]  # (node, the draft's logits after it)
+        frontier = [(-1, (yield from self.cache.sync(context, "last"))[-1])]  # (node, the draft's logits after it)
         self.cache.checkpoint()  # drafts decoded one level at a time are undone next step
         while frontier:
             level = []
@@ -65,8 +66,8 @@ class ModelDrafter(Drafter):
             frontier_nodes = [i for i in level if not self.model.is_eog(tree.tokens[i])]
             if len(tree.tokens) >= k or not frontier_nodes:
                 break
-            rows = self.cache.decode_tree([tree.tokens[i] for i in frontier_nodes],
-                                          [(tree.seq[i],) for i in frontier_nodes])
+            rows = yield from self.cache.decode_tree([tree.tokens[i] for i in frontier_nodes],
+                                                     [(tree.seq[i],) for i in frontier_nodes])
             frontier = list(zip(frontier_nodes, rows))
         if tree.n_branches > 1:
             self.cache.keep_branch(0, len(self.cache))  # the cache is sequence 0 between steps

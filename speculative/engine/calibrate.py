@@ -25,6 +25,7 @@ from typing import Callable
 import numpy as np
 
 from speculative.decoding.cache import Cache, HeadCache
+from speculative.decoding.scheduler import run
 from speculative.engine.costs import ModelCosts
 
 FILLER_TOKENS = 32   # the batches are scored after a short context, like a real step
@@ -116,11 +117,11 @@ def measure(cache: Cache, sizes: list[int], progress: Progress) -> Timings:
     context. The cache is left empty."""
     model = cache.model
     n_fill = max(0, min(FILLER_TOKENS, model.n_ctx - max(sizes)))  # a tiny -c still calibrates
-    cache.sync(_tokens(1000, n_fill, model.n_vocab))
+    run(cache.sync(_tokens(1000, n_fill, model.n_vocab)))
     cache.checkpoint()  # a recurrent state comes back here after each batch
     try:
-        return _timed(sizes, model.n_vocab, lambda batch: cache.extend(batch, "all"), lambda: cache.rollback(n_fill),
-                      progress)
+        return _timed(sizes, model.n_vocab, lambda batch: run(cache.extend(batch, "all")),
+                      lambda: cache.rollback(n_fill), progress)
     finally:
         cache.forget()
 
@@ -137,9 +138,9 @@ def measure_mtp(mtp: HeadCache, sizes: list[int], progress: Progress) -> Timings
     rows = np.zeros((n_fill + max(sizes), head.n_embd), dtype=np.float32)
     mtp.forget()
     if n_fill:
-        mtp.extend(_tokens(1000, n_fill, head.n_vocab), rows[:n_fill])
+        run(mtp.extend(_tokens(1000, n_fill, head.n_vocab), rows[:n_fill]))
     try:
-        return _timed(sizes, head.n_vocab, lambda batch: mtp.extend(batch, rows[: len(batch)]),
+        return _timed(sizes, head.n_vocab, lambda batch: run(mtp.extend(batch, rows[: len(batch)])),
                       lambda: mtp.rollback(n_fill), progress)
     finally:
         mtp.forget()
@@ -183,7 +184,7 @@ def checkpoint_costs(cache: Cache, repeats: int = ROUNDS) -> tuple[float, float]
     of a few after FILLER_TOKENS of context. Milliseconds to measure. The cache is left empty."""
     model = cache.model
     n_fill = max(1, min(FILLER_TOKENS, model.n_ctx // 2))
-    cache.sync(_tokens(1000, n_fill, model.n_vocab))
+    run(cache.sync(_tokens(1000, n_fill, model.n_vocab)))
     save = restore = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -192,7 +193,7 @@ def checkpoint_costs(cache: Cache, repeats: int = ROUNDS) -> tuple[float, float]
     cache.checkpoint()
     past_limit = _tokens(2000, (model.rollback_limit or 0) + 1, model.n_vocab)
     for _ in range(repeats):
-        cache.extend(past_limit)
+        run(cache.extend(past_limit))
         t0 = time.perf_counter()
         cache.rollback(n_fill)  # past what the model can undo: from the checkpoint
         restore = min(restore, time.perf_counter() - t0)

@@ -12,7 +12,6 @@ cache (--prompt-cache, --cache-ram) are persist.py's, called around each run.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import time
@@ -21,7 +20,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from speculative.decoding.backend import Backend, Head
+from speculative.decoding import scheduler
+from speculative.decoding.backend import NEEDS
 from speculative.decoding.cache import Cache, HeadCache
 from speculative.decoding.constraint import Constraint
 from speculative.decoding.drafter import Drafter
@@ -101,9 +101,9 @@ class Engine:
         self.pool_file = self._open_pool_file(pool_file, target_vocab) if self.pool is not None else None
         self.factory = DrafterFactory(self.caches, self.head_cache, self.pool, self.costs, _largest_batch(self.target),
                                       notify, pool_asked=pool_file is not None)
-        self._owner = True  # it loaded the models (a view does not: see view)
-        # False once slots run requests on its models (parallel.py): measuring costs then would
-        # decode into their sequences, so what was measured before is what there is
+        self._owner = True  # it loaded the models (a slot's engine does not: parallel.SlotEngine)
+        # False for a slot's engine (parallel.py): measuring costs would decode into the sequences
+        # of requests running on the same models, so what was measured before is what there is
         self.may_measure = True
 
     def _open_pool_file(self, path: Path | None, target_vocab: Callable[[], Vocab]) -> PoolFile | None:
@@ -138,7 +138,7 @@ class Engine:
 
     def top2(self, context: list[int]) -> tuple[tuple[int, float], tuple[int, float]]:
         """The target's two best next tokens after `context`, with their logits."""
-        (row,) = self.caches["target"].sync(context, "last")
+        (row,) = scheduler.run(self.caches["target"].sync(context, "last"))
         second, first = np.argpartition(row, -2)[-2:]
         if row[second] > row[first]:
             first, second = second, first
@@ -150,7 +150,13 @@ class Engine:
         prompt cache file is used. The longest prefix of the prompt that the caches still
         hold from the previous run is not processed again (stream.py turns this into text
         and statistics). `carry`: the run continues the previous one (a conversation's next
-        turn), whose auto's estimates it starts from instead of the priors."""
+        turn), whose auto's estimates it starts from instead of the priors. Its decodes run
+        alone, through a scheduler of its own (scheduler.run_alone)."""
+        return scheduler.run_alone(self.running(prompt, sampling, spec, seed, carry))
+
+    def running(self, prompt: list[int], sampling: SamplerSettings, spec: SpecSettings,
+                seed: int, carry: bool = False) -> Iterator[Event]:
+        """`run` as work: its events, and the decodes it needs, for the scheduler to run."""
         whole_prompt, self._whole_prompt = self._whole_prompt, False
         check_prompt(prompt, self.target.n_ctx, spec.n_predict)  # before any calibration
         rule = acceptance(sampling, spec)
@@ -166,6 +172,9 @@ class Engine:
         try:
             for event in generate(self.caches["target"], prompt, Sampler(sampling, seed, banned, self.target), spec,
                                   self.drafter, constraint, make):
+                if isinstance(event, NEEDS):  # the scheduler's to run
+                    yield event
+                    continue
                 if isinstance(event, Token):
                     context.append(event.id)
                 elif isinstance(event, Prefilled) and t_swap:  # part of processing this prompt
@@ -196,20 +205,6 @@ class Engine:
         if time.monotonic() - self._saved_at > SAVE_COSTS_EVERY:
             self._saved_at = time.monotonic()
             self.book.save()
-
-    def view(self, target: Backend, draft: Backend | None, head: Head | None) -> "Engine":
-        """The engine of one of several requests that run at once (parallel.py), on `target`'s,
-        `draft`'s and the MTP `head`'s sequences of this engine's models (llamacpp.slots):
-        caches and drafters of its own; the pool, the measured costs, ngram-mod's tables and the
-        RAM cache shared. It closes nothing: the models are this engine's."""
-        view = copy.copy(self)
-        view.target, view.draft, view.drafter, view._whole_prompt = target, draft, None, False
-        view.head_cache = HeadCache(head) if head is not None else None
-        view.caches = {"target": Cache(target), **({"draft": Cache(draft)} if draft else {})}
-        view.persist = self.persist.view(view.caches, view.head_cache)
-        view.factory = self.factory.view(view.caches, view.head_cache)
-        view.pool_file, view._owner = None, False
-        return view
 
     def forget(self) -> None:
         """Empty the caches: the next run processes its whole prompt, restoring nothing from

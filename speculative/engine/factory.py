@@ -99,15 +99,15 @@ class DrafterFactory:
         draft_costs = {name: costs[-1] / len(costs) if TYPES[name].block else costs[0]
                        for name, costs in drafting.items()}
         catchup_costs = {name: costs[-1] / len(costs) for name, costs in drafting.items()}
-        target = self.target
-        return Auto(drafters, verify, k_max, draft_costs, catchup_costs,
-                    rewind(self.caches["target"], k_max), (lambda: target.load(plain=True)) if slots > 1 else None,
-                    shared)
+        cache = self.caches["target"]
+        plain = lambda: (cache.load[1], cache.load[1])  # noqa: E731  as if each other request took a plain step
+        return Auto(drafters, verify, k_max, draft_costs, catchup_costs, rewind(cache, k_max),
+                    plain if slots > 1 else None, shared)
 
-    def view(self, caches: dict[str, Cache], head_cache: HeadCache | None) -> "DrafterFactory":
-        """The factory of another request's caches on the same models (parallel.py), sharing
-        ngram-mod's tables and ngram-cache's files with this one."""
-        view = DrafterFactory(caches, head_cache, self.pool, self.costs, self.target_batch, self.notify)
+    def view(self, caches: dict[str, Cache], head_cache: HeadCache | None, costs) -> "DrafterFactory":
+        """The factory of another request's caches on the same models (parallel.py), priced by
+        `costs` (its engine's), sharing ngram-mod's tables and ngram-cache's files with this one."""
+        view = DrafterFactory(caches, head_cache, self.pool, costs, self.target_batch, self.notify)
         view.pool_in_auto = self.pool_in_auto
         view._mod_tables, view._lookup_files = self._mod_tables, self._lookup_files
         return view

@@ -11,6 +11,10 @@ own), with each token's share of it, so a terminal can colour drafted tokens, an
 statistics so far, so a server can send timings per token. A consumer that stops early
 (its reader went away, Ctrl-C) still gets Final from `end(reason)`, with the statistics
 up to there.
+
+A run yields the decodes it needs too (decoding/scheduler.py). A Stream runs them `alone`, each
+in a decode of its own; or, for a request among others (engine/parallel.py), passes them on as
+they come, among its Pieces, for the scheduler that runs them together.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
+from speculative.decoding.backend import NEEDS, Work
+from speculative.decoding.scheduler import run
 from speculative.decoding.events import Done, Prefilling, Step, Token, TokenProbs
 from speculative.decoding.settings import SamplerSettings, SpecSettings
 from speculative.decoding.stats import Stats
@@ -68,15 +74,16 @@ class Stream:
     def __init__(self, engine: Engine, prompt: list[int], sampling: SamplerSettings, spec: SpecSettings,
                  seed: int, stops: Sequence[str] = (), should_stop: Callable[[], str | None] | None = None,
                  limits: LineLimits | None = None, carry: bool = False,
-                 progress: Callable[[Prefilling], None] | None = None):
+                 progress: Callable[[Prefilling], None] | None = None, alone: bool = True):
         """`carry`: the run continues the previous one (Engine.run); `progress` hears how far
-        the prompt has gone into the caches (loop.prefill)."""
+        the prompt has gone into the caches (loop.prefill); `alone`: the run's decodes are its own
+        to run, else they are passed on."""
         self.engine = engine
         self.stats = Stats(t_load=engine.t_load)
         self.tokens: list[int] = []
         self.probs: list[TokenProbs | None] = []
         self._progress = progress or (lambda event: None)
-        self._events = engine.run(prompt, sampling, spec, seed, carry)
+        self._events = (engine.run if alone else engine.running)(prompt, sampling, spec, seed, carry)
         self._text = TextStream(engine.target.token_bytes)
         self._stops = StopFilter(stops)
         self._limits = limits  # llama-server's n_indent and t_max_predict_ms, after the stop strings
@@ -89,6 +96,9 @@ class Stream:
         parts: list[tuple[str, bool]] = []
         left = 0  # tokens of the current step still to come
         for event in self._events:
+            if isinstance(event, NEEDS):
+                yield event
+                continue
             self.stats.add(event)
             if isinstance(event, Prefilling):
                 self._progress(event)
@@ -168,7 +178,14 @@ class Stream:
 def complete(engine: Engine, prompt: list[int], sampling: SamplerSettings, spec: SpecSettings, seed: int,
              stops: Sequence[str] = ()) -> Final:
     """A run to its end."""
-    stream = Stream(engine, prompt, sampling, spec, seed, stops)
-    for _ in stream:
-        pass
+    return run(completing(engine, prompt, sampling, spec, seed, stops, alone=True))
+
+
+def completing(engine: Engine, prompt: list[int], sampling: SamplerSettings, spec: SpecSettings, seed: int,
+               stops: Sequence[str] = (), alone: bool = False) -> Work[Final]:
+    """A run to its end as work: the decodes it needs yielded (unless `alone`), its Final returned."""
+    stream = Stream(engine, prompt, sampling, spec, seed, stops, alone=alone)
+    for item in stream:
+        if isinstance(item, NEEDS):
+            yield item
     return stream.end()

@@ -4,16 +4,14 @@ A context's parameters as speculate sets them, and one llama_batch per context r
 every call: its arrays filled through numpy views, run with llama_decode (the time inside
 counted), and the logits read as zero-copy numpy views of llama.cpp's own buffer. Both are
 a Context: a llama.cpp context and its Batch. Every llama_decode of the process runs on one
-thread (decode_on_one_thread).
+thread (run_decode).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-import signal
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
@@ -33,38 +31,19 @@ _no_abort = ll.ggml_abort_callback()  # NULL
 ABORTABLE_FROM = 64
 
 
-def _block_signals() -> None:
-    if hasattr(signal, "pthread_sigmask"):  # POSIX: Ctrl-C and SIGTERM go to a thread that handles them
-        # (Python's handlers run on the main thread, and a signal the kernel gives the decoding
-        # thread, or the OpenMP workers it starts, which inherit the mask, would leave a waiting
-        # main thread asleep)
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-
-
-_decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama_decode", initializer=_block_signals)
-
-
-def _decode(ctx, raw, encode: bool = False) -> int:
-    ret = (ll.llama_encode if encode else ll.llama_decode)(ctx, raw)
-    ll.llama_synchronize(ctx)  # GPU backends return early; count the real work
+def run_decode(ctx, raw, encode: bool = False) -> int:
+    """llama_decode(ctx, raw) (llama_encode with `encode`), on the calling thread: the one that
+    runs every llama.cpp call of the process (the command line's main thread, or the scheduler's
+    of `batch` and `serve`, engine/parallel.py). llama.cpp's CPU backend runs a graph on an
+    OpenMP team of the calling thread's; each calling thread keeps a team of its own, and once
+    the process holds more of their workers than there are cores, libgomp stops spinning at a
+    graph's barriers and sleeps instead (decodes from several threads took 50 ms a token
+    against 36: the 1.5B target, 2 cores). A signal meanwhile only asks llama.cpp to stop
+    (interrupt.waiting)."""
+    with interrupt.waiting():
+        ret = (ll.llama_encode if encode else ll.llama_decode)(ctx, raw)
+        ll.llama_synchronize(ctx)  # GPU backends return early; count the real work
     return ret
-
-
-def decode_on_one_thread(ctx, raw, encode: bool = False) -> int:
-    """llama_decode(ctx, raw) (llama_encode with `encode`) on the one thread that runs every
-    decode of this process. llama.cpp's CPU backend runs a graph on an OpenMP team of the calling thread's; each calling thread keeps
-    a team of its own, and once the process holds more of their workers than there are cores,
-    libgomp stops spinning at a graph's barriers and sleeps instead: a decode from the requests'
-    threads of `batch` and `serve`, or from a thread after the main one had decoded, took 50 ms a
-    token against 36 (the 1.5B target, 2 cores). Handing the call over costs tens of microseconds.
-    The caller waits; a signal meanwhile only asks llama.cpp to stop (interrupt.waiting)."""
-    with interrupt.waiting():  # from before the decode starts
-        job = _decoder.submit(_decode, ctx, raw, encode)
-        try:
-            return job.result()
-        except BaseException:  # a handler of someone else's: the context must outlive its decode
-            wait([job])
-            raise
 
 
 def flash_attn_type(mode: str, on_gpu: bool, quantized_v: bool = False) -> int:
@@ -219,7 +198,7 @@ class Batch:
             self._abortable = n >= ABORTABLE_FROM
             ll.llama_set_abort_callback(self._ctx, _abort if self._abortable else _no_abort, None)
         t0 = time.perf_counter()
-        ret = decode_on_one_thread(self._ctx, self._raw, encode)
+        ret = run_decode(self._ctx, self._raw, encode)
         self.last_seconds = time.perf_counter() - t0
         self.busy_seconds += self.last_seconds
         if ret == 0:

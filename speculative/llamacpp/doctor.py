@@ -25,6 +25,7 @@ from typing import Callable
 import numpy as np
 
 from speculative.decoding.cache import Cache
+from speculative.decoding.scheduler import run
 from speculative.llamacpp.decode import Part
 from speculative.llamacpp.model import LlamaModel
 
@@ -62,14 +63,14 @@ def batch_invariance(cache: Cache, batches=BATCHES, depths=DEPTHS, seed: int = 0
         tokens = probe_tokens(rng, model.n_vocab, cached + max(batches))
         say(f"{cached} cached, {max(batches)} positions one at a time")
         cache.forget()
-        cache.extend(tokens[:cached])
+        run(cache.extend(tokens[:cached]))
         cache.checkpoint()  # a recurrent state comes back here after each batch
-        alone = np.array([cache.extend([t], "last")[0].copy()  # rows are views until the next decode
+        alone = np.array([run(cache.extend([t], "last"))[0].copy()  # rows are views until the next decode
                           for t in tokens[cached : cached + max(batches)]])
         for i, b in enumerate(batches, 1):
             say(f"{cached} cached, a batch of {b} ({i}/{len(batches)})")
             cache.rollback(cached)
-            rows = np.array(cache.extend(tokens[cached : cached + b], "all"))
+            rows = np.array(run(cache.extend(tokens[cached : cached + b], "all")))
             checks.append(Check(cached, b, float(np.abs(rows - alone[:b]).max())))
     cache.forget()
     return checks

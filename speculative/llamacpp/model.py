@@ -262,9 +262,6 @@ class LlamaModel(Context, Tokenizer):
     def load_nextn_state(self, data: bytes, n_tokens: int) -> bool:
         return self.tap.load_state(data, n_tokens)
 
-    def load(self, plain: bool = False) -> tuple[int, int]:
-        return 0, 0  # its batches are its own (a slot's are not: slots.SlotModel)
-
     def _run(self, n: int, pos: int) -> None:
         """llama_decode over the batch's first n entries."""
         ret = self._batch.run(n)

@@ -19,25 +19,23 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import sys
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Union
 
-from speculative.decoding.gate import Stopped
+from speculative.decoding.scheduler import Stopped
 from speculative.decoding.settings import SamplerSettings, SpecSettings
 from speculative.engine.chat import prompt_or_messages
-from speculative.engine.stream import complete
+from speculative.engine.stream import Final, completing
 from speculative.serving.generation import is_int, is_number
 from speculative.errors import GrammarError, SpeculateError, UsageError
 from speculative.grammar import given
 from speculative.llamacpp import interrupt
 
 if TYPE_CHECKING:  # annotations only: importing the engine loads llama.cpp
-    from speculative.engine.parallel import Parallel
+    from speculative.engine.parallel import Handle, Parallel
 
 try:
     import fcntl
@@ -402,9 +400,9 @@ def pending(items: list[Item], results: Results) -> list[Item]:
 def run_batch(parallel: Parallel | None, items: list[Item], results: Results,
               on_record: Callable[[Summary], None] | None = None) -> Summary:
     """Run every item that `results` has no record of, appending one record each as it
-    finishes, -np requests at once (`parallel` may be None when none of them is a request).
-    Ctrl-C or SIGTERM stops after recording what finished (the requests in flight run again
-    next time); the summary says so."""
+    finishes, -np requests at once (`parallel` may be None when none of them is a request), the
+    scheduler ticking on this thread. Ctrl-C or SIGTERM stops after recording what finished (the
+    requests in flight run again next time); the summary says so."""
     summary = Summary(requests=len(items), t_load=parallel.engine.t_load if parallel else 0.0)
     for item in items:
         earlier = results.recorded(item)
@@ -412,51 +410,46 @@ def run_batch(parallel: Parallel | None, items: list[Item], results: Results,
             summary.earlier_succeeded += earlier
             summary.earlier_failed += not earlier
     todo = iter(pending(items, results))
-    take = threading.Lock()
-    done: queue.Queue[dict | BaseException | None] = queue.Queue()
+    running: list[tuple[Request, int, Handle]] = []  # each with its seed
 
-    def work() -> None:  # one per slot: the next item, until none is left
+    def record(entry: dict) -> None:
+        with interrupt.deferred():  # a record in the file is one the summary counts
+            results.append(entry)
+            summary.add(entry)
+        summary.running = len(running)
+        if on_record:
+            on_record(summary)
+
+    # a decode in progress stops once the scheduler closes (llama.cpp's abort callback asks it)
+    with interrupt.cancel_when(parallel.scheduler.abort_wanted if parallel else lambda: False):
         try:
             while True:
-                with take:
+                while parallel is None or len(running) < parallel.n_slots:  # hand over what fits in the slots
                     item = next(todo, None)
-                if item is None:
+                    if item is None:
+                        break
+                    started = start_request(parallel, item) if isinstance(item, Request) else None
+                    if isinstance(started, tuple):
+                        running.append(started)
+                    else:
+                        record(started or error_record(item, item.error))
+                if not running:
                     break
-                done.put(run_request(parallel, item) if isinstance(item, Request) else error_record(item, item.error))
-        except (Stopped, interrupt.Cancelled):  # stopping: this request runs again next time
-            pass
-        except BaseException as e:  # a bug: the main thread raises it
-            done.put(e)
-        done.put(None)
-
-    workers = [threading.Thread(target=work, name=f"speculate-slot-{i}", daemon=True)
-               for i in range(parallel.n_slots if parallel else 1)]
-    running = len(workers)
-    # a decode in progress stops once the gate closes (llama.cpp's abort callback asks it)
-    with interrupt.cancel_when(parallel.gate.abort_wanted if parallel else lambda: False):
-        try:
-            for worker in workers:
-                worker.start()
-            while running:
-                record = done.get()
-                if record is None:
-                    running -= 1
-                    continue
-                if isinstance(record, BaseException):
-                    raise record
-                with interrupt.deferred():  # a record in the file is one the summary counts
-                    results.append(record)
-                    summary.add(record)
-                summary.running = parallel.running() if parallel else 0
-                if on_record:
-                    on_record(summary)
+                parallel.tick()
+                for request, seed, handle in [r for r in running if r[2].done]:
+                    running.remove((request, seed, handle))
+                    try:
+                        entry = result_record(request, seed, handle.wait())
+                    except (Stopped, interrupt.Cancelled):  # stopping: this request runs again next time
+                        continue
+                    except SpeculateError as e:
+                        entry = error_record(request, str(e))
+                    record(entry)
         except KeyboardInterrupt:
             summary.interrupted = True
         finally:
             if parallel is not None:
                 parallel.close()  # what still runs stops at its next decode
-            for worker in workers:
-                worker.join()
     return summary
 
 
@@ -464,18 +457,23 @@ def error_record(item: Item, error: str) -> dict:
     return {"id": item.id, "line": item.line, "finish_reason": "error", "error": error}
 
 
-def run_request(parallel: Parallel, request: Request) -> dict:
-    """One request to the end (or its first stop string), in a slot of its own: its result
-    record, or its error record when it cannot run."""
+def start_request(parallel: Parallel, request: Request) -> tuple[Request, int, Handle] | dict:
+    """Hand one request over to run to its end (or its first stop string) in a slot of its own;
+    its error record when it cannot run."""
     seed = request.sampling.resolved_seed()
     engine = parallel.engine
     try:
         prompt = (engine.chat_tokens(request.messages) if request.messages is not None
                   else engine.prompt_tokens(request.prompt))
-        with parallel.slot(prompt) as slot:
-            final = complete(slot, prompt, request.sampling, request.spec, seed, request.stop)
     except SpeculateError as e:
         return error_record(request, str(e))
+    handle = parallel.submit(prompt, lambda slot: completing(slot, prompt, request.sampling, request.spec, seed,
+                                                              request.stop))
+    return request, seed, handle
+
+
+def result_record(request: Request, seed: int, final: Final) -> dict:
+    """A request's result record."""
     stats = final.stats.to_dict()
     del stats["finish_reason"]
     return {"id": request.id, "line": request.line, "text": final.text, "finish_reason": final.reason,

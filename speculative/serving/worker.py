@@ -1,15 +1,16 @@
 """Generations for `speculate serve`: -np at once on the engine's slots, a bounded queue in front.
 
-Each generation runs on a thread of its own, in a slot of its own (engine/parallel.py: its
-own sequences of the shared models, its steps decoded with the others' in one batch), in
-arrival order. The HTTP side (the event loop) only submits requests and reads what they
-produce, so it stays responsive while generations run.
+Each generation runs in a slot of its own (engine/parallel.py: its own sequences of the shared
+models, its steps decoded with the others' in one batch by the one scheduler), in arrival
+order, on the thread that makes every llama.cpp call (parallel.ModelThread: it loads the
+models too). A job's thread hands it over and waits; the HTTP side (the event loop) only
+submits requests and reads what they produce, so it stays responsive while generations run.
 
 A request asks for a place first: -np generate and `waiting` more may wait; beyond that it
 is refused at once (503) rather than queued without bound. A generation stops at the next
 step once its client has gone or its time is up, and in the middle of its prompt too: at
-the next chunk of it, or inside llama.cpp when it runs alone (the abort callback asks the
-gate, see interrupt.cancel_when and gate.abort_wanted).
+the next chunk of it, or inside llama.cpp when every request of the batch should stop (the
+abort callback asks the scheduler, see interrupt.cancel_when and scheduler.abort_wanted).
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Union
 
 from speculative.decoding.events import Prefilling
-from speculative.decoding.gate import Stopped
+from speculative.decoding.backend import NEEDS
+from speculative.decoding.scheduler import Stopped
 from speculative.decoding.settings import SpecSettings
 from speculative.decoding.stats import Stats
 from speculative.drafters import registry
 from speculative.engine.engine import Engine
-from speculative.engine.parallel import Parallel
+from speculative.engine.parallel import ModelThread, Parallel
 from speculative.engine.stream import Final, Piece, Stream
 from speculative.engine.text import LineLimits, prompt_tail
 from speculative.errors import GrammarError, ModelError, UsageError
@@ -134,7 +136,8 @@ def generate(engine: Engine, generation: Generation, tokens: list[int], spec: Sp
     seed = generation.sampling.resolved_seed()
     budget = Budget.of(generation, prompt_tail(engine.target, tokens))
     final = yield from _run(Stream(engine, tokens, generation.sampling, spec, seed, generation.stops,
-                                   budget.watching(should_stop), limits, progress=progress), should_stop, budget.see)
+                                   budget.watching(should_stop), limits, progress=progress, alone=False),
+                            should_stop, budget.see)
     if budget.spent:  # the thinking cut short: its end written, and the answer goes on from there
         final = yield from _after_thinking(engine, generation, tokens, spec, seed, should_stop, final, budget.end)
     yield dataclasses.replace(final, n_kept=len(engine.caches["target"]))
@@ -146,6 +149,9 @@ def _run(stream: Stream, should_stop: Callable[[], str | None],
     reason = None
     try:
         for piece in stream:
+            if isinstance(piece, NEEDS):  # the scheduler's to run
+                yield piece
+                continue
             see(piece)
             if piece.text or any(p is not None for p in piece.probs):  # tokens whose text waits: their probabilities
                 yield piece
@@ -168,7 +174,7 @@ def _after_thinking(engine: Engine, generation: Generation, prompt: list[int], s
     if rest.n_predict == 0:
         return dataclasses.replace(thought, reason="length", text=thought.text + end, tokens=thought.tokens + forced)
     answer = yield from _run(Stream(engine, prompt + thought.tokens + forced, generation.sampling, rest, seed,
-                                    generation.stops, should_stop), should_stop)
+                                    generation.stops, should_stop, alone=False), should_stop)
     stats = dataclasses.replace(thought.stats)
     stats.merge(answer.stats)  # one answer: the first run's prompt, every generated token
     stats.n_prompt, stats.n_cached = thought.stats.n_prompt, thought.stats.n_cached
@@ -342,7 +348,13 @@ class Worker:
     def __init__(self, load: Callable[[], Parallel], spec: SpecSettings, waiting: int, timeout: float,
                  sleep_after: float = -1):
         self._load = load
-        self.parallel: Parallel | None = load()  # None while the models sleep; the Worker closes its engine
+        self._models = ModelThread()  # every llama.cpp call, loading included
+        try:
+            self.parallel: Parallel | None = self._models.call(load)  # None while the models sleep
+        except BaseException:
+            self._models.close()
+            raise
+        self._models.attach(self.parallel)  # the Worker closes its engine
         self.engine: Engine | None = self.parallel.engine  # its tokenizer and facts; the slots' engines generate
         self.n_slots = self.parallel.n_slots
         self.spec = spec
@@ -374,7 +386,8 @@ class Worker:
         with self._waking:
             if self.parallel is None:
                 log.info("waking up: loading the models")
-                parallel = self._load()  # the event loop goes on meanwhile: /metrics, /props, /health
+                parallel = self._models.call(self._load)  # the event loop goes on meanwhile: /metrics, /props, /health
+                self._models.attach(parallel)
                 with self._lock:
                     self._decodes_before = parallel.engine.target.decodes
                     self.parallel, self.engine = parallel, parallel.engine
@@ -394,12 +407,13 @@ class Worker:
                         self._slept_slots = [{**slot, "n_cached_tokens": 0} for slot in self.parallel.slots()]
                         self._decodes_slept = self._decodes()
                         parallel, self.parallel, self.engine = self.parallel, None, None
+                    self._models.attach(None)
                     parallel.close()
-                    parallel.engine.close()
+                    self._models.call(parallel.engine.close)
 
     def _abort_wanted(self) -> bool:
         parallel = self.parallel
-        return parallel is not None and parallel.gate.abort_wanted()
+        return parallel is not None and parallel.scheduler.abort_wanted()
 
     def _decodes(self) -> tuple[int, int]:
         """The target's decodes while serving (llama_decode calls, and the slots each served); under
@@ -454,20 +468,8 @@ class Worker:
             if job.after is not None:
                 job.after.prompt_kept.wait()
             tokens = prompt_tokens(self.awake(), job.generation)
-            with self.parallel.slot(tokens, lambda: job.should_stop() is not None,
-                                    streaming=job.generation.stream) as engine:
-                for output in generate(engine, job.generation, tokens, self.spec, job.should_stop,
-                                       _progress(job) if job.generation.return_progress else None):
-                    if isinstance(output, (Piece, Final)) and job.leads and not job.prompt_kept.is_set():
-                        engine.persist.keep()  # the first choice's prompt, for the others (RAM cache)
-                        job.prompt_kept.set()
-                    if isinstance(output, Final):  # in the log and /metrics before its client has it
-                        _log(job.generation, output, len(tokens))
-                        with self._lock:
-                            self._metrics.add(output.stats)
-                        final = output
-                    else:
-                        job.post(output)
+            final = self.parallel.submit(tokens, lambda engine: self._generation(job, engine, tokens),
+                                         lambda: job.should_stop() is not None, job.generation.stream).wait()
         except ApiError as e:
             job.post(Failed(e))
         except GrammarError as e:  # a token it names that this vocabulary lacks
@@ -485,6 +487,28 @@ class Worker:
             self._slots.release()
             if final is not None:
                 job.post(final)
+
+    def _generation(self, job: Job, engine: Engine, tokens: list[int]) -> Iterator:
+        """A job's generation on a slot's engine, as the scheduler runs it: the decodes it needs
+        yielded, what it makes posted to the job's client; its Final returned (posted by _run
+        once the slot is free)."""
+        final = None
+        for output in generate(engine, job.generation, tokens, self.spec, job.should_stop,
+                               _progress(job) if job.generation.return_progress else None):
+            if isinstance(output, NEEDS):
+                yield output
+                continue
+            if isinstance(output, (Piece, Final)) and job.leads and not job.prompt_kept.is_set():
+                engine.persist.keep()  # the first choice's prompt, for the others (RAM cache)
+                job.prompt_kept.set()
+            if isinstance(output, Final):  # in the log and /metrics before its client has it
+                _log(job.generation, output, len(tokens))
+                with self._lock:
+                    self._metrics.add(output.stats)
+                final = output
+            else:
+                job.post(output)
+        return final
 
     def metrics(self) -> tuple[Metrics, int, int]:
         """A copy of the metrics, and the requests generating and waiting now; the speed
@@ -519,11 +543,15 @@ class Worker:
         with self._lock:
             for job in self._jobs:
                 job.cancel()
+        if self.parallel is not None:
+            self.parallel.close()  # what runs stops at its next decode
         self._pool.shutdown(wait=True)
         with self._waking:
             if self.parallel is not None:
-                self.parallel.engine.close()
+                self._models.attach(None)
+                self._models.call(self.parallel.engine.close)
                 self.parallel = self.engine = None
+        self._models.close()
 
     def __enter__(self) -> "Worker":
         self._abort.__enter__()
