@@ -2,12 +2,12 @@
 
 Python runs a signal handler only between bytecodes, so a signal that arrives while
 llama_decode works through a long prompt (minutes on a CPU) would otherwise wait for
-it. Every llama_decode runs on one thread of its own (decode.decode_on_one_thread), and
-llama.cpp polls `poll` as its abort callback there. While the main thread waits for a
-decode (`waiting()`, the command line's case), the handlers below only note the request:
-llama.cpp stops within a graph node, and the backend calls `stop`, which raises
-KeyboardInterrupt. Anywhere else the handlers raise KeyboardInterrupt straight away, as
-Python's Ctrl-C does.
+it. llama.cpp polls `poll` as its abort callback, on the thread that decodes (decode.run_decode:
+the command line's and `batch`'s main thread; serve's model thread, which leaves signals to the
+main one). While the main thread is inside a decode (`waiting()`), the handlers below, run by
+the callback, only note the request: llama.cpp stops within a graph node, and the backend
+calls `stop`, which raises KeyboardInterrupt. Anywhere else the handlers raise
+KeyboardInterrupt straight away, as Python's Ctrl-C does.
 
 A few steps must not be cut in two, such as writing a batch result and counting it:
 within `deferred()`, a signal waits for the end of the block.
@@ -28,7 +28,7 @@ _pending = False
 _cancel: Callable[[], bool] | None = None
 _deferring = False
 _deferred = False  # a signal came during `deferred()`
-_waiting = False  # the main thread waits for a decode on llama.cpp's thread
+_waiting = False  # the main thread is inside a decode
 
 
 class Cancelled(Exception):
