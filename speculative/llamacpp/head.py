@@ -42,8 +42,8 @@ HeadOutputs = tuple[np.ndarray, np.ndarray]  # an entry's logits and hidden row
 def decode_chunks(run: Callable[[HeadPart], HeadOutputs | None], tokens: Sequence[int], pos: int,
                   rows: np.ndarray, slot: int, size: int, head: int | None = None) -> HeadOutputs | None:
     """Entries for tokens[i] with rows[i] at positions pos, pos+1, ... in slot's sequence, a chunk
-    of at most `size` per `run` (a decode of its own, or a place in the gate's batch): the last
-    entry's outputs, or None at the first chunk that fails."""
+    of at most `size` per `run` (a decode of its own): the last entry's outputs, or None at the
+    first chunk that fails."""
     out = None
     for start in range(0, len(tokens), size):
         end = min(len(tokens), start + size)

@@ -30,7 +30,7 @@ from speculative.decoding.backend import Decode, HeadDecode, Outputs
 from speculative.errors import ContextFull, GenerationError
 from speculative.llamacpp.decode import Part
 from speculative.llamacpp.model import LlamaModel
-from speculative.llamacpp.head import HeadContext, HeadOutputs, HeadPart
+from speculative.llamacpp.head import HeadContext, HeadOutputs, HeadPart, decode_chunks
 
 if TYPE_CHECKING:
     from speculative.decoding.scheduler import Request, Scheduler
@@ -201,19 +201,18 @@ class SlotHead:
             if hasattr(head, name):  # a block head's are BlockHead's
                 setattr(self, name, getattr(head, name))
 
+    @property
+    def busy_seconds(self) -> float:
+        """The shared head's time inside llama.cpp, every slot's."""
+        return self.shared.busy_seconds
+
     def target_rows(self, start: int, end: int) -> np.ndarray | None:
         return self.shared.target_rows(start, end, self.slot)
 
     def decode(self, tokens: Sequence[int], pos: int, rows: np.ndarray, head: int | None = None) -> HeadOutputs | None:
         """Alone (a decode of its own), in chunks of at most n_batch."""
-        out = None
-        for start in range(0, len(tokens), self.n_batch):
-            end = min(len(tokens), start + self.n_batch)
-            (out,) = self.shared.decode_parts([HeadPart(tokens[start:end], pos + start, rows[start:end], self.slot,
-                                                      head)])
-            if out is None:
-                return None
-        return out
+        return decode_chunks(lambda part: self.shared.decode_parts([part])[0], tokens, pos, rows, self.slot,
+                             self.n_batch, head)
 
     def trim(self, n_keep: int) -> None:
         self.shared.trim(n_keep, self.slot)
