@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
+from speculative.decoding import scheduler
 from speculative.decoding.settings import (DRAFT_MAX_AUTO, NGRAM_N_AUTO, NgramSettings, SamplerSettings, SpecSettings,
                                            acceptance)
 from speculative.drafters import registry
@@ -305,9 +306,20 @@ def expects_identity(spec: SpecSettings, sampling: SamplerSettings) -> bool:
     return acceptance(sampling, spec) != "rejection"
 
 
+def top2(engine: Engine, context: list[int]) -> tuple[tuple[int, float], tuple[int, float]]:
+    """The target's two best next tokens after `context`, with their logits."""
+    import numpy as np
+
+    (row,) = scheduler.run(engine.caches["target"].sync(context, "last"))
+    second, first = np.argpartition(row, -2)[-2:]
+    if row[second] > row[first]:
+        first, second = second, first
+    return (int(first), float(row[first])), (int(second), float(row[second]))
+
+
 def _mismatch(engine: Engine, prompt: list[int], expected: list[int], got: list[int]) -> dict:
     position = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
-    (first, l1), (second, l2) = engine.top2(prompt + expected[:position])
+    (first, l1), (second, l2) = top2(engine, prompt + expected[:position])
     return {"position": position, "baseline_token": expected[position] if position < len(expected) else None,
             "token": got[position] if position < len(got) else None,
             "top2": [first, second], "margin": l1 - l2}

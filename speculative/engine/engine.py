@@ -18,8 +18,6 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-import numpy as np
-
 from speculative.decoding import scheduler
 from speculative.decoding.backend import NEEDS
 from speculative.decoding.cache import Cache, HeadCache
@@ -102,8 +100,8 @@ class Engine:
         self.factory = DrafterFactory(self.caches, self.head_cache, self.pool, self.costs, _largest_batch(self.target),
                                       notify, pool_asked=pool_file is not None)
         self._owner = True  # it loaded the models (a slot's engine does not: parallel.SlotEngine)
-        # False for a slot's engine (parallel.py): measuring costs would decode into the sequences
-        # of requests running on the same models, so what was measured before is what there is
+        # False once its models serve requests at once (share, parallel.py): measuring costs would
+        # decode into the sequences of requests running, so what was measured before is what there is
         self.may_measure = True
 
     def _open_pool_file(self, path: Path | None, target_vocab: Callable[[], Vocab]) -> PoolFile | None:
@@ -135,14 +133,6 @@ class Engine:
                              "(give one with --chat-template)")
         return chat.format_chat(template, messages, self.jinja, *map(self.target.special_text, ("bos", "eos")),
                                 tools, extra)
-
-    def top2(self, context: list[int]) -> tuple[tuple[int, float], tuple[int, float]]:
-        """The target's two best next tokens after `context`, with their logits."""
-        (row,) = scheduler.run(self.caches["target"].sync(context, "last"))
-        second, first = np.argpartition(row, -2)[-2:]
-        if row[second] > row[first]:
-            first, second = second, first
-        return (int(first), float(row[first])), (int(second), float(row[second]))
 
     def run(self, prompt: list[int], sampling: SamplerSettings, spec: SpecSettings,
             seed: int, carry: bool = False) -> Iterator[Event]:
@@ -217,6 +207,16 @@ class Engine:
             cache.forget()
         if self.head_cache is not None:
             self.head_cache.forget()
+
+    def share(self) -> None:
+        """Its models serve requests at once from now on (engine/parallel.py): its caches, slot 0's
+        sequences, are emptied for the slots, and it measures no more costs (that would decode
+        into the sequences of requests running)."""
+        self.forget()
+        self.may_measure = False
+        for model in (self.target, self.draft):
+            if model is not None:
+                model.clear()
 
     def notes(self) -> list[str]:
         """What the latest run's drafter has to say about it (why auto declined a drafter)."""

@@ -83,10 +83,7 @@ class Parallel:
     def _views(self, engine: Engine, n_slots: int, prefill_budget: float) -> list[Engine]:
         """An engine per slot over the shared models (one slot is the engine itself: nothing to
         share, and its MTP head and prompt cache file go on working as for a lone request)."""
-        engine.forget()  # its caches are slot 0's sequences: from now on they are the slots'
-        for model in (engine.target, engine.draft):
-            if model is not None:
-                model.clear()
+        engine.share()
         target = SharedModel(engine.target, TARGET, prefill_budget)
         draft = SharedModel(engine.draft, DRAFT, prefill_budget) if engine.draft else None
         head = SharedHead(engine.head_cache.head, DRAFT) if engine.head_cache else None
