@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 sys.path.insert(0, sys.argv[1])
 from speculative.decoding.cache import Cache
+from speculative.decoding.scheduler import run
 from speculative.decoding.settings import ModelSpec
 from speculative.engine import calibrate
 from speculative.engine.engine import Engine
@@ -78,8 +79,8 @@ with Engine(ModelSpec(target, "target", n_ctx=512, n_threads=threads, **kw)) as 
     loaded = rss()
     cache, head = engine.caches["target"], engine.head_cache.head
     context = [(1000 + i) % head.n_vocab for i in range(33)]
-    cache.sync(context[:-1])
-    engine.head_cache.sync(context)
+    run(cache.sync(context[:-1]))
+    run(engine.head_cache.sync(context))
     row = np.zeros((1, head.n_embd), dtype=np.float32)
     if kind in ("draft-dflash", "draft-dspark"):
         k = min(k, head.max_draft)
@@ -100,7 +101,7 @@ with Engine(ModelSpec(target, "target", n_ctx=512, n_threads=threads, **kw)) as 
     if kind != "gemma4-assistant":
         def one():
             engine.head_cache.rollback(32)
-            engine.head_cache.sync(context)
+            run(engine.head_cache.sync(context))
         catch_up = best(one)
 print(json.dumps({"per_token_s": per_token, "catch_up_s": catch_up, "k": k, "rss_mib": loaded}))
 '''

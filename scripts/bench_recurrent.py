@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scripts.results import meta  # noqa: E402
 from speculative.decoding.cache import Cache  # noqa: E402
+from speculative.decoding.scheduler import run  # noqa: E402
 from speculative.decoding.settings import ModelSpec  # noqa: E402
 from speculative.engine.calibrate import checkpoint_costs  # noqa: E402
 from speculative.llamacpp.devices import system_info  # noqa: E402
@@ -57,13 +58,13 @@ def pass_seconds(cache: Cache, batch: int, repeat: int) -> float:
     """Median time of one decode of `batch` tokens after CONTEXT tokens, rolled back each time."""
     vocab = cache.model.n_vocab
     cache.forget()
-    cache.extend([(7 * i) % vocab for i in range(CONTEXT)])
+    run(cache.extend([(7 * i) % vocab for i in range(CONTEXT)]))
     cache.checkpoint()
     times = []
     for r in range(repeat):
         tokens = [(11 * (i + r)) % vocab for i in range(batch)]
         t0 = time.perf_counter()
-        cache.extend(tokens, "all")
+        run(cache.extend(tokens, "all"))
         times.append(time.perf_counter() - t0)
         cache.rollback(CONTEXT)
     cache.forget()

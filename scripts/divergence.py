@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from speculative.decoding.scheduler import run
 from speculative.decoding.settings import ModelSpec
 from speculative.engine.engine import Engine
 
@@ -35,7 +36,7 @@ def part(engine: Engine, pair: dict) -> dict:
     reference, other = (engine.target.tokenize(pair[k], add_special=False, parse_special=False)
                         for k in ("reference", "other"))
     position = next((i for i, (a, b) in enumerate(zip(reference, other)) if a != b), min(len(reference), len(other)))
-    (row,) = engine.caches["target"].sync(prompt + reference[:position], "last")
+    (row,) = run(engine.caches["target"].sync(prompt + reference[:position], "last"))
     second, first = np.sort(row[np.argpartition(row, -2)[-2:]])
     tokens = [t[position] for t in (reference, other) if position < len(t)]
     return {"position": position, "top2_margin": float(first - second),

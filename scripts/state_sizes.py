@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scripts.results import meta  # noqa: E402
 from speculative.decoding.cache import Cache  # noqa: E402
+from speculative.decoding.scheduler import run  # noqa: E402
 from speculative.decoding.settings import ModelSpec  # noqa: E402
 from speculative.llamacpp.devices import system_info  # noqa: E402
 from speculative.llamacpp.model import LlamaModel  # noqa: E402
@@ -45,9 +46,9 @@ def sizes(path: Path) -> dict:
     with LlamaModel(ModelSpec(path, name=path.name, n_ctx=1024)) as model:
         cache = Cache(model)
         tokens = [(7 * i + 11) % model.n_vocab for i in range(LONG)]
-        cache.extend(tokens[:SHORT])
+        run(cache.extend(tokens[:SHORT]))
         short = len(model.save_state())
-        cache.extend(tokens[SHORT:])
+        run(cache.extend(tokens[SHORT:]))
         long = len(model.save_state())
     return {"model": path.name, f"bytes_at_{SHORT}": short, f"bytes_at_{LONG}": long,
             "kib_per_token": (long - short) / (LONG - SHORT) / 1024}

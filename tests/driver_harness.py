@@ -88,14 +88,15 @@ def harness_drafts(harness: Path, spec_type: str, target: Path, draft: Path | No
 
 
 def record_drafts(monkeypatch, drafter: type) -> dict[int, list[int]]:
-    """From now on, what `drafter`'s propose drafts, by the length of the context it follows."""
+    """From now on, what `drafter` drafts (its proposing, as the loop asks), by the length of the
+    context it follows."""
     drafts: dict[int, list[int]] = {}
-    propose = drafter.propose
+    proposing = drafter.proposing
 
     def recorded(self, context, k):
-        draft = propose(self, context, k)
+        draft = yield from proposing(self, context, k)
         drafts[len(context)] = draft.tokens
         return draft
 
-    monkeypatch.setattr(drafter, "propose", recorded)
+    monkeypatch.setattr(drafter, "proposing", recorded)
     return drafts

@@ -99,11 +99,16 @@ def test_doctor_measures_batch_invariance(model_path, batch_invariant):
 
 def test_every_decode_runs_on_one_thread_whichever_thread_asks(model_path, monkeypatch):
     """OpenMP keeps a team of worker threads per thread that runs a graph, and more of them than
-    cores makes every barrier sleep: so every llama_decode runs on one thread of the process's,
-    whether the main thread or the threads of requests at once ask for it."""
+    cores makes every barrier sleep: so every llama_decode of a server runs on its model thread,
+    the warm-up of the models' loading included, whichever threads hand requests over."""
     import threading
 
     import llama_cpp
+
+    from speculative.decoding.settings import SamplerSettings, SpecSettings
+    from speculative.engine.engine import Engine
+    from speculative.engine.parallel import ModelThread, Parallel
+    from speculative.engine.stream import completing
 
     ran_on, decode = set(), llama_cpp.llama_decode
 
@@ -112,14 +117,25 @@ def test_every_decode_runs_on_one_thread_whichever_thread_asks(model_path, monke
         return decode(ctx, batch)
 
     monkeypatch.setattr(llama_cpp, "llama_decode", recorded)
-    with LlamaModel(ModelSpec(model_path(SMOL), name=SMOL, n_ctx=256, n_threads=1)) as model:
-        model.decode([1, 2, 3], 0, "last")
-        asked = [threading.Thread(target=model.decode, args=([4 + i], 3 + i, "last")) for i in range(2)]
-        for thread in asked:  # one after the other: the model is one sequence
-            thread.start()
-            thread.join()
-        assert len(model.decode([9], 5, "last")[0]) == model.n_vocab
-    assert len(ran_on) == 1 and threading.get_ident() not in ran_on and all(t.ident not in ran_on for t in asked)
+    models = ModelThread()
+    spec = ModelSpec(model_path(SMOL), name=SMOL, n_ctx=512, n_threads=1, n_slots=2)
+    parallel = models.call(lambda: Parallel(Engine(spec), 2))
+    models.attach(parallel)
+    finals, greedy, none = [], SamplerSettings(temp=0.0), SpecSettings(types=("none",), n_predict=4)
+
+    def ask(prompt: list[int]) -> None:
+        finals.append(parallel.submit(prompt, lambda engine: completing(engine, prompt, greedy, none, 1)).wait())
+
+    asked = [threading.Thread(target=ask, args=([1, 2 + i, 3],)) for i in range(2)]
+    for thread in asked:
+        thread.start()
+    for thread in asked:
+        thread.join()
+    models.attach(None)
+    models.call(parallel.engine.close)
+    models.close()
+    assert [len(final.tokens) for final in finals] == [4, 4]
+    assert ran_on == {models._thread.ident}
 
 
 def test_the_build_line_is_read_safely_from_many_threads():
