@@ -45,11 +45,10 @@ class Request:
     """A running request: its work, the decode it waits for, and how it ended."""
 
     def __init__(self, work: Iterator, sink: Callable[[Any], None], should_stop: Callable[[], object] | None,
-                 slot: int, streaming: bool):
+                 streaming: bool):
         self.work = work
         self.sink = sink
         self.should_stop = should_stop or (lambda: False)
-        self.slot = slot  # its sequences of the shared models
         self.streaming = streaming  # its answer goes out piece by piece: others' prompts keep to a budget
         self.need: Need | None = None
         self.done = False
@@ -69,9 +68,9 @@ class Scheduler:
         self._batch: list[Request] = []  # the requests of the batch running now
 
     def add(self, work: Iterator, sink: Callable[[Any], None] = lambda item: None,
-            should_stop: Callable[[], object] | None = None, slot: int = 0, streaming: bool = False) -> Request:
+            should_stop: Callable[[], object] | None = None, streaming: bool = False) -> Request:
         """A request joins: it runs up to the first decode it needs (or to its end)."""
-        request = Request(work, sink, should_stop, slot, streaming)
+        request = Request(work, sink, should_stop, streaming)
         self._advance(request)
         if not request.done:
             self.requests.append(request)

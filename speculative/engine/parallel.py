@@ -22,6 +22,7 @@ import logging
 import signal
 import threading
 import time
+from concurrent.futures import Future
 from typing import Any, Callable, Iterator, Sequence
 
 from speculative.decoding.backend import Backend, Decode, Head, Need
@@ -75,7 +76,7 @@ class Parallel:
         self.scheduler = Scheduler(self._runner_of)
         self._free = set(range(n_slots))
         self._last_used = [0.0] * n_slots
-        self._lock = threading.Condition()
+        self._lock = threading.Lock()
         self._waiting: list[Handle] = []  # handed over, not running yet
         self._running: dict[int, Handle] = {}  # slot -> its request
         self.on_submit: Callable[[], None] = lambda: None  # what ticks hears of a request handed over
@@ -128,9 +129,8 @@ class Parallel:
         the requests that ended leave their slots."""
         for handle in self._admit():
             engine = self.engines[handle.slot]
-            request = self.scheduler.add(handle.work(engine), should_stop=handle.should_stop, slot=handle.slot,
-                                         streaming=handle.streaming)
-            handle.request = request
+            handle.request = self.scheduler.add(handle.work(engine), should_stop=handle.should_stop,
+                                                streaming=handle.streaming)
         self.scheduler.tick()
         with self._lock:
             for slot, handle in list(self._running.items()):
@@ -157,7 +157,6 @@ class Parallel:
         self._free.add(slot)
         self._last_used[slot] = time.monotonic()
         handle._done.set()
-        self._lock.notify_all()
 
     def _choose(self, prompt: Sequence[int]) -> int:
         """llama-server's choice: the most similar cached prefix above the threshold, else the
@@ -168,13 +167,6 @@ class Parallel:
             if shared[best] / len(prompt) > self.similarity:
                 return best
         return min(sorted(self._free), key=lambda i: self._last_used[i])
-
-    def run(self, prompt: Sequence[int], work: Callable[[Engine], Iterator[Need]]) -> Any:
-        """One request to its end, ticking on this thread (a tool, a test)."""
-        handle = self.submit(prompt, work)
-        while not handle.done:
-            self.tick()
-        return handle.wait()
 
     def slots(self) -> list[dict]:
         """Each slot as llama-server's /slots shows it: whether a request runs in it, and the
@@ -232,7 +224,7 @@ class ModelThread:
 
     def __init__(self):
         self.parallel: Parallel | None = None
-        self._calls: list[tuple[Callable[[], Any], Handle]] = []
+        self._calls: list[tuple[Callable[[], Any], Future]] = []
         self._cv = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="speculate-models", daemon=True)
@@ -240,16 +232,13 @@ class ModelThread:
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """fn() on this thread, between ticks: its result (or its exception)."""
-        handle = Handle((), None, None, False)
+        future: Future = Future()
         with self._cv:
             if self._closed:
                 raise Stopped()
-            self._calls.append((fn, handle))
+            self._calls.append((fn, future))
             self._cv.notify_all()
-        handle._done.wait()
-        if handle.error is not None:
-            raise handle.error
-        return handle.result
+        return future.result()
 
     def attach(self, parallel: Parallel | None) -> None:
         """The requests handed to `parallel` run on this thread from now on (None: none)."""
@@ -272,12 +261,11 @@ class ModelThread:
                 calls, self._calls = self._calls, []
                 if self._closed and not calls:
                     return
-            for fn, handle in calls:
+            for fn, future in calls:
                 try:
-                    handle.result = fn()
+                    future.set_result(fn())
                 except BaseException as e:
-                    handle.error = e
-                handle._done.set()
+                    future.set_exception(e)
             parallel = self.parallel
             if parallel is not None and parallel.busy():
                 try:
