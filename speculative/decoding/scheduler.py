@@ -7,7 +7,9 @@ drafting heads before the target, so requests draft together and then verify tog
 batch as that model's Runner makes it (llamacpp/slots.py), and resumes each request with its
 result, up to the decode it needs next. A long prompt goes in chunks, a chunk a tick, as the
 runner allows, so it does not stall the others' steps; its request is resumed after its last.
-A decode no runner batches (a model of a request alone, a DFlash block) runs at once.
+A decode no runner batches runs at once. What is no batch of several requests' (a DFlash or
+DSpark block, an EAGLE-3 encoder's pass, a recurrent state's rewind) is called as it is: it runs
+within the tick, on the same thread.
 
 Requests join (`add`) and leave between ticks. One that should stop (its client is gone) has
 Stopped raised at the decode it waits for, at the next tick; `close` stops them all. What else a
