@@ -22,7 +22,7 @@ one alone (`run_alone`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generator, Literal, Protocol, Sequence, TypeVar, Union
+from typing import TYPE_CHECKING, Generator, Iterator, Literal, Protocol, Sequence, TypeVar, Union
 
 if TYPE_CHECKING:  # annotations only: the command line's --help imports this without numpy
     import numpy as np
@@ -235,3 +235,14 @@ Need = Union[Decode, HeadDecode]
 NEEDS = (Decode, HeadDecode)
 T = TypeVar("T")
 Work = Generator[Need, None, T]  # what yields the decodes it needs and returns T (a drafter's proposal)
+
+
+def needs_of(work: Iterator) -> Work[object]:
+    """The decodes a work needs, passed on, what else it yields left out; what it returns."""
+    while True:
+        try:
+            item = next(work)
+        except StopIteration as end:
+            return end.value
+        if isinstance(item, NEEDS):
+            yield item

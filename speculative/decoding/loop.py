@@ -32,7 +32,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from speculative.decoding.backend import NEEDS, Work
+from speculative.decoding.backend import Work, needs_of
 from speculative.decoding.cache import Cache
 from speculative.decoding.constraint import Constraint, check_draft, path_states
 from speculative.decoding.drafter import Draft, Drafter, Outcome
@@ -67,7 +67,7 @@ def generate(target: Cache, prompt: Sequence[int], sampler: Sampler, settings: S
         k = room(target, settings, len(context), n_generated) - 1  # a step emits up to k + 1 tokens
         if k < 0 and (dropped := shift_full(target, settings, context, len(prompt), n_generated)):
             drafter = renew(drafter)  # the drafters index a history that only grew: they start again
-            yield from _needs(prefill(target, drafter, context))  # its progress is no prompt's
+            yield from needs_of(prefill(target, drafter, context))  # its progress is no prompt's
             n_shifted += dropped
             k = room(target, settings, len(context), n_generated) - 1
         if k < 0:
@@ -225,17 +225,6 @@ def emit(target: Cache, settings: SpecSettings, context: list[int], tokens: list
         context.append(token)
         yield Token(token, from_draft=i < n_accepted, step=step, probs=probs[i] if probs else None)
     return False
-
-
-def _needs(work: Iterator) -> Work[object]:
-    """The decodes a work needs, what else it yields left out; what it returns."""
-    while True:
-        try:
-            item = next(work)
-        except StopIteration as end:
-            return end.value
-        if isinstance(item, NEEDS):
-            yield item
 
 
 def _cut(constraint: Constraint | None) -> bool:

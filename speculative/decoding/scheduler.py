@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
-from speculative.decoding.backend import NEEDS, Decode, HeadDecode, Need, T, Work
+from speculative.decoding.backend import NEEDS, HeadDecode, Need, T, Work
 
 
 class Stopped(Exception):
@@ -35,7 +35,8 @@ class Runner(Protocol):
     capacity: int  # the most tokens one batch takes
 
     def chunk(self, request: "Request", scheduler: "Scheduler") -> int:
-        """The most prompt tokens `request` may put in this tick's batch."""
+        """The most tokens of a decode that may go in chunks (a prompt's, a head's entries)
+        `request` may put in this tick's batch."""
         ...
 
     def run(self, needs: Sequence[Need]) -> None:
@@ -117,7 +118,7 @@ class Scheduler:
             need = request.need
             room = runner.capacity - n
             if need.splits:  # a prompt's, or a head's entries: it may go in chunks
-                size = min(len(need.tokens), runner.chunk(request, self) if isinstance(need, Decode) else room, room)
+                size = min(len(need.tokens), runner.chunk(request, self), room)
                 if size <= 0:
                     continue
                 if size < len(need.tokens):

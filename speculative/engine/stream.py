@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
-from speculative.decoding.backend import NEEDS, Work
+from speculative.decoding.backend import NEEDS, Work, needs_of
 from speculative.decoding.scheduler import run
 from speculative.decoding.events import Done, Prefilling, Step, Token, TokenProbs
 from speculative.decoding.settings import SamplerSettings, SpecSettings
@@ -185,7 +185,5 @@ def completing(engine: Engine, prompt: list[int], sampling: SamplerSettings, spe
                stops: Sequence[str] = (), alone: bool = False) -> Work[Final]:
     """A run to its end as work: the decodes it needs yielded (unless `alone`), its Final returned."""
     stream = Stream(engine, prompt, sampling, spec, seed, stops, alone=alone)
-    for item in stream:
-        if isinstance(item, NEEDS):
-            yield item
+    yield from needs_of(iter(stream))
     return stream.end()

@@ -130,21 +130,22 @@ class SlotModel:
 
     def decode(self, tokens: Sequence[int], pos: int, outputs: Outputs) -> list[np.ndarray]:
         rows = []
-        for start in range(0, len(tokens), self.n_batch):
-            end = min(len(tokens), start + self.n_batch)
+        step = max(1, len(tokens)) if outputs == "all" else self.n_batch  # "all": one batch (part refuses > -b)
+        for start in range(0, len(tokens), step):
+            end = min(len(tokens), start + step)
             rows = self._alone(Decode(self, tokens[start:end], range(pos + start, pos + end), None,
-                                      outputs if end == len(tokens) or outputs == "all" else "none"), rows)
+                                      outputs if end == len(tokens) else "none"))
         return rows
 
     def decode_branches(self, tokens: Sequence[int], positions: Sequence[int],
                         seqs: Sequence[Sequence[int]]) -> list[np.ndarray]:
         return self._alone(Decode(self, tokens, positions, seqs, "all"))
 
-    def _alone(self, need: Decode, before: list[np.ndarray] = ()) -> list[np.ndarray]:
+    def _alone(self, need: Decode) -> list[np.ndarray]:
         (result,) = self.shared.decode_parts([self.part(need)])
         if isinstance(result, ContextFull):
             raise result
-        return [*before, *result] if need.outputs == "all" else result
+        return result
 
     def nextn_state(self, n_tokens: int) -> bytes | None:
         return self.shared.tap.state(n_tokens, self.slot)
