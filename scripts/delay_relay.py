@@ -4,7 +4,8 @@
 
 Every chunk read from one side is written to the other D ms after it arrived, in order, so a
 request and its answer cross it in 2 D plus the transfer (a round trip on a network D ms away).
-Bandwidth is not limited. For scripts/bench_rpc.py: speculate's target on an RPC server behind it.
+Bandwidth is not limited. For the `rpc` benchmark scenario (`python -m scripts.bench rpc`):
+speculate's target on an RPC server behind it.
 """
 
 from __future__ import annotations

@@ -56,9 +56,10 @@ import types
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # its siblings, also when a plugin or imported by tests
-from bench_parallel import LLAMA_VERSION, ROOT, SDIST, model_file  # noqa: E402
-from served import speculate_executable  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, also when loaded as a plugin
+from scripts.bench import harness  # noqa: E402
+from scripts.bench.harness import ROOT, model_file  # noqa: E402
+from scripts.bench.servers import LLAMA_VERSION, SDIST  # noqa: E402
 
 SUITE_IN_SDIST = f"llama_cpp_python-{LLAMA_VERSION}/vendor/llama.cpp/"
 # what the suite reads besides itself, as it lies in vendor/llama.cpp: chat templates
@@ -275,7 +276,7 @@ def server_command(server: str, speculate: str) -> tuple[str, list[str]]:
 def stand_in_paths(speculate: str) -> dict[str, str]:
     """Where each stand-in's GGUF file is (`speculate models path`)."""
     models = {row[1] for row in STAND_INS + DOWNLOADS} | {NO_MODEL_STAND_IN}
-    return {model: model_file(speculate, model) for model in models}
+    return {model: str(model_file(model, speculate)) for model in models}
 
 
 def run_server(label: str, command: list[str], paths: dict[str, str], files: dict[str, list[str]], suite: Path,
@@ -489,7 +490,7 @@ def main(argv: list[str]) -> int:
         return 0
     if len(args.server) > 2:
         parser.error("--server: one, or two to compare")
-    speculate = args.speculate or speculate_executable()
+    speculate = harness.speculate(args.speculate)
     out = Path(args.out).resolve()
     try:
         servers = [server_command(s, speculate) for s in args.server]

@@ -46,7 +46,7 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.results import meta  # noqa: E402
+from scripts.bench.harness import meta  # noqa: E402
 from speculative.decoding.backend import Work  # noqa: E402
 from speculative.decoding.drafter import LONG, MEDIUM, RESUMED, SHORT, Draft, Drafter  # noqa: E402
 from speculative.decoding.events import Step, Token  # noqa: E402

@@ -310,7 +310,7 @@ def replay(data) -> list[str]:
 
 
 def parallel(data) -> list[str]:
-    """bench_parallel.py's table: per configuration, throughput (median, min-max), its ratio to
+    """The parallel scenario's table: per configuration, throughput (median, min-max), its ratio to
     batch -np 1 none, latency, memory, answers unlike -np 1's and the largest margin where they part."""
     lines = header("config", "N", "tokens/s, median (min-max)", "vs batch -np 1 none",
                    "ceiling: N tokens in one batch vs N decodes", "p50 s", "p95 s",
@@ -326,7 +326,7 @@ def parallel(data) -> list[str]:
 
 
 def prefill_gap(data) -> list[str]:
-    """bench_prefill_gap.py's table: a running stream's largest gap while a long prompt goes in,
+    """The prefill-gap scenario's table: a running stream's largest gap while a long prompt goes in,
     per --prefill-budget, against 2 x its normal step + the budget."""
     lines = header("--prefill-budget", "stream's normal step", "the prompt's prefill", "stream's pieces meanwhile",
                    "stream's largest gap", "bound: 2 x step + budget")
@@ -339,7 +339,7 @@ def prefill_gap(data) -> list[str]:
 
 
 def structured(data) -> list[str]:
-    """bench_structured.py's table: per request set, decoding and configuration, speed, speedup over
+    """The structured scenario's table: per request set, decoding and configuration, speed, speedup over
     constrained target-only, the answer's shares of forced tokens of kind (a) and (b), the grammar's
     own cost, valid JSON and identity with constrained target-only."""
     lines = header("set", "decoding", "config", "runs", "tokens", "mean t/s", "vs constrained target-only",
@@ -355,7 +355,7 @@ def structured(data) -> list[str]:
 
 
 def structured_costs(data) -> list[str]:
-    """bench_structured.py's second table: what the constraint alone costs a token, per rule."""
+    """The structured scenario's second table: what the constraint alone costs a token, per rule."""
     lines = header("set", "decoding", "ms/token unconstrained", "ms/token constrained", "constraint's cost",
                    "grammar ms/token", "grammar share of decode")
     for c in data["costs"]:
@@ -366,7 +366,7 @@ def structured_costs(data) -> list[str]:
 
 
 def structured_steps(data) -> list[str]:
-    """bench_structured.py's runs of target-only decoding, speculate's and llama-server's, counted
+    """The structured scenario's runs of target-only decoding, speculate's and llama-server's, counted
     alike: each tool's own t/s, and its one-token decodes per second. speculate's t/s is the
     answer's tokens over every step after the prompt batch (the first decodes the prompt's last
     token, the last yields the end token, not counted); llama-server's is its decodes after the
@@ -392,7 +392,7 @@ def structured_steps(data) -> list[str]:
 
 
 def kv(data) -> list[str]:
-    """bench_kv.py's table: per KV cache type, the models' KV bytes (and the target's against f16's),
+    """The kv scenario's table: per KV cache type, the models' KV bytes (and the target's against f16's),
     llama.cpp's own figure, flash attention, how many target-only answers changed against f16's,
     the prompts timed (an empty answer is not), target-only speed, auto's speedup and the answers
     where auto parts from target-only."""
@@ -433,10 +433,10 @@ def peer_tests(data) -> list[str]:
 
 
 def conversation(data, unit: str = "conversation") -> list[str]:
-    """bench_conversation.py's table: per turn of each conversation, the first configuration's tokens,
+    """The conversation scenario's table: per turn of each conversation, the first configuration's tokens,
     each configuration's decode speed (tokens over decode seconds, summed over the repeats) and the
     ratios of speeds; then the edit turns and all turns together (aggregate speeds), and how many
-    answers are their tool's without speculation, word for word. bench_agent.py's table (`agent`)
+    answers are their tool's without speculation, word for word. The agent scenario's table (`agent`)
     is the same, a row per turn of each session."""
     configs, labels = data["configs"], list(data["summary"][0]["ratios"])
     lines = header(unit, "turn", "kind", f"tokens ({configs[0]})", *(f"{c} t/s" for c in configs), *labels)
@@ -454,7 +454,7 @@ DROPPED = (("exchanges dropped (context full)", lambda t: t["dropped"]),)
 
 
 def conversation_totals(data, last=DROPPED) -> list[str]:
-    """bench_conversation.py's second table: each configuration's turns summed (all conversations and
+    """The conversation scenario's second table: each configuration's turns summed (all conversations and
     repeats): decoding, the prompt tokens processed and kept from the turn before, drafting, tokens
     per target pass, answers cut at -n; then the `last` columns ((header, cell of a total) each): by
     default the exchanges speculate dropped to fit the context."""
@@ -470,13 +470,13 @@ def conversation_totals(data, last=DROPPED) -> list[str]:
 
 
 def agent(data) -> list[str]:
-    """bench_agent.py's table: conversation's, per turn of each agent session (its timed turns: the
+    """The agent scenario's table: conversation's, per turn of each agent session (its timed turns: the
     rewrite turns)."""
     return conversation(data, "session")
 
 
 def agent_totals(data) -> list[str]:
-    """bench_agent.py's second table: conversation_totals' columns, then the tool calls that were
+    """The agent scenario's second table: conversation_totals' columns, then the tool calls that were
     the one their turn asked for (that tool, the session's file, JSON arguments with a string
     `content` for write_file), the lines of the file the rewrites kept (of the lines it had before
     each), and the sessions that ended before their last turn (at a call that was not: the agent
@@ -487,29 +487,52 @@ def agent_totals(data) -> list[str]:
         ("sessions ended early", lambda t: f"{t['ended_early']}/{t['sessions']}")))
 
 
-CONVERSATION_RUN = ("python scripts/bench_conversation.py --llama-server LLAMA_SERVER -o conversation.json "
-                    "(then gzip -9 into docs/results/; the stock build)")
+def commits(data) -> list[str]:
+    """The commits scenario's table: per configuration each commit's median tokens/s (min-max), the
+    last commit's over the first's, and the time outside llama_decode per token; then per spec type
+    -np N's gain over -np 1 for each commit, and the ceiling at N."""
+    labels = data["meta"]["commits"]
+    lines = header("config", *(f"{c} tokens/s" for c in labels), f"{labels[-1]} / {labels[0]}",
+                   "outside llama_decode, ms/token (" + " / ".join(labels) + ")")
+    rows = {(r["config"], r["commit"]): r for r in data["rows"]}
+    for config in dict.fromkeys(r["config"] for r in data["rows"]):
+        mine = [rows[(config, c)] for c in labels]
+        lines.append(row(f"`{config}`", *(f"{r['tps']:.2f} ({r['min']:.2f}-{r['max']:.2f})" for r in mine),
+                         opt(mine[-1]["ratio"], ".2f", "x"),
+                         " / ".join(f"{r['outside_llama_decode_ms']:.2f}" for r in mine)))
+    gains = {(g["spec"], g["n"], g["commit"]): g for g in data["gains"]}
+    for spec, n in dict.fromkeys((g["spec"], g["n"]) for g in data["gains"]):
+        mine = [gains[(spec, n, c)] for c in labels]
+        at = mine[0]["ceiling"]
+        gains_of = [f"{g['gain']:.2f}x" + (f" ({g['of_ceiling']:.0%} of the ceiling)" if g["of_ceiling"] else "")
+                    for g in mine]
+        lines.append(row(f"`-np {n}` over `-np 1`, `{spec}`", *gains_of, "-", f"ceiling at {n}: {opt(at, '.2f', 'x')}"))
+    return lines
 
-AGENT_RUN = ("python scripts/bench_agent.py --speculate .venv/bin/speculate --llama-server LLAMA_SERVER --calls grammar "
-             "-o agent.json (then gzip -9 into docs/results/; the stock build)")
+
+CONVERSATION_RUN = ("python -m scripts.bench conversation --llama-server LLAMA_SERVER "
+                    "-o docs/results/conversation.json.gz (the stock build)")
+
+AGENT_RUN = ("python -m scripts.bench agent --speculate .venv/bin/speculate --llama-server LLAMA_SERVER "
+             "--calls grammar -o docs/results/agent.json.gz (the stock build)")
 
 TABLES = {t.name: t for t in [
-    Table("recurrent", ("recurrent.json",), "python scripts/bench_recurrent.py -o docs/results/recurrent.json",
+    Table("recurrent", ("recurrent.json",), "python -m scripts.bench recurrent -o docs/results/recurrent.json",
           recurrent),
     Table("pool", ("pool.json",),
-          "python scripts/bench_pool.py -o /tmp/pool && cp /tmp/pool/report.json docs/results/pool.json", pool),
-    Table("cache-ram", ("cache-ram.json",), "python scripts/bench_cache_ram.py -o docs/results/cache-ram.json",
+          "python -m scripts.bench pool -o /tmp/pool && cp /tmp/pool/report.json docs/results/pool.json", pool),
+    Table("cache-ram", ("cache-ram.json",), "python -m scripts.bench cache-ram -o docs/results/cache-ram.json",
           cache_ram),
     Table("prompt-cache", ("prompt-cache.json",),
-          "python scripts/bench_prompt_cache.py -o docs/results/prompt-cache.json", prompt_cache),
-    Table("fim", ("fim.json.gz",), "python scripts/bench_fim.py -o fim.json (then gzip into docs/results/)", fim),
-    Table("state-sizes", ("state-sizes.json",), "python scripts/state_sizes.py -o docs/results/state-sizes.json",
+          "python -m scripts.bench prompt-cache -o docs/results/prompt-cache.json", prompt_cache),
+    Table("fim", ("fim.json.gz",), "python -m scripts.bench fim -o docs/results/fim.json.gz", fim),
+    Table("state-sizes", ("state-sizes.json",), "python -m scripts.bench state-sizes -o docs/results/state-sizes.json",
           state_sizes),
-    Table("doctor", ("doctor.json",), "python scripts/doctor_builds.py -o docs/results/doctor.json", doctor),
-    Table("flash-attn", ("flash-attn.json",), "python scripts/bench_flash_attn.py -o docs/results/flash-attn.json",
+    Table("doctor", ("doctor.json",), "python -m scripts.bench doctor -o docs/results/doctor.json", doctor),
+    Table("flash-attn", ("flash-attn.json",), "python -m scripts.bench flash-attn -o docs/results/flash-attn.json",
           flash_attn),
-    Table("mtp-costs", ("mtp.json",), "python scripts/bench_mtp.py -o docs/results/mtp.json", mtp_costs),
-    Table("mtp-runs", ("mtp.json",), "python scripts/bench_mtp.py -o docs/results/mtp.json", mtp_runs),
+    Table("mtp-costs", ("mtp.json",), "python -m scripts.bench mtp -o docs/results/mtp.json", mtp_costs),
+    Table("mtp-runs", ("mtp.json",), "python -m scripts.bench mtp -o docs/results/mtp.json", mtp_runs),
     Table("measured", ("bench-dev.json.gz",),
           "GGML_CPU_TILED_MM=0 speculate bench scripts/prompts.jsonl -C auto -C ngram-simple -C draft "
           "--sweep draft-max=3,8 -o bench-dev.json (then gzip)", measured),
@@ -518,27 +541,27 @@ TABLES = {t.name: t for t in [
     Table("sampled", ("bench-sampled.json.gz",),
           "speculate bench scripts/prompts.jsonl -C draft --sweep accept=rejection,match --temp 0.7 -s 1 -n 64 "
           "-o bench-sampled.json (then gzip; the stock build)", sampled),
-    Table("rpc", ("rpc.json",), "python scripts/bench_rpc.py -n 48 --delays 0,20 -o docs/results/rpc.json", rpc),
+    Table("rpc", ("rpc.json",), "python -m scripts.bench rpc -n 48 --delays 0,20 -o docs/results/rpc.json", rpc),
     Table("rpc-100ms", ("rpc-100ms.json",),
-          "python scripts/bench_rpc.py -n 48 --delays 100 --category complete --limit 3 -C auto,ngram-simple "
+          "python -m scripts.bench rpc -n 48 --delays 100 --category complete --limit 3 -C auto,ngram-simple "
           "-C auto,ngram-simple,draft -C draft -o docs/results/rpc-100ms.json", rpc),
     Table("prefill-gap", ("prefill-gap.json",),
-          "python scripts/bench_prefill_gap.py -o docs/results/prefill-gap.json (the stock build)", prefill_gap),
+          "python -m scripts.bench prefill-gap -o docs/results/prefill-gap.json (the stock build)", prefill_gap),
     Table("parallel", ("parallel.json.gz",),
-          "python scripts/bench_parallel.py -o parallel.json (then gzip into docs/results/; the stock build)",
+          "python -m scripts.bench parallel -o docs/results/parallel.json.gz (the stock build)",
           parallel),
     Table("structured", ("structured.json.gz",),
-          "python scripts/bench_structured.py -o structured.json (then gzip into docs/results/; the stock build)",
+          "python -m scripts.bench structured -o docs/results/structured.json.gz (the stock build)",
           structured),
     Table("structured-costs", ("structured.json.gz",),
-          "python scripts/bench_structured.py -o structured.json (then gzip into docs/results/; the stock build)",
+          "python -m scripts.bench structured -o docs/results/structured.json.gz (the stock build)",
           structured_costs),
     Table("structured-steps", ("structured.json.gz",),
-          "python scripts/bench_structured.py -o structured.json (then gzip into docs/results/; the stock build)",
+          "python -m scripts.bench structured -o docs/results/structured.json.gz (the stock build)",
           structured_steps),
-    Table("kv", ("kv.json.gz",), "python scripts/bench_kv.py -o kv.json (the stock build; then gzipped into docs/results/)", kv),
+    Table("kv", ("kv.json.gz",), "python -m scripts.bench kv -o docs/results/kv.json.gz (the stock build)", kv),
     Table("builds", ("builds.json",),
-          "python scripts/compare_builds.py .venv .venv-test --env-b GGML_CPU_TILED_MM=0 -o docs/results/builds.json",
+          "python -m scripts.bench builds .venv .venv-test --env-b GGML_CPU_TILED_MM=0 -o docs/results/builds.json",
           builds),
     Table("conversation", ("conversation.json.gz",), CONVERSATION_RUN, conversation),
     Table("conversation-totals", ("conversation.json.gz",), CONVERSATION_RUN, conversation_totals),
@@ -548,7 +571,7 @@ TABLES = {t.name: t for t in [
           "python scripts/peer_tests.py compare OUT/llama-server OUT/speculate --json docs/results/peer-tests.json "
           "(after the run below)", peer_tests),
     Table("builds-switches", ("builds-switches.json",),
-          "python scripts/compare_builds.py .venv .venv --env-b GGML_CPU_TILED_MM=0 --flag-b=-nr "
+          "python -m scripts.bench builds .venv .venv --env-b GGML_CPU_TILED_MM=0 --flag-b=-nr "
           "-o docs/results/builds-switches.json", builds),
 ]}
 

@@ -177,7 +177,8 @@ def _where(section: str) -> list[str]:
 
 def test_architecture_names_every_module_and_script():
     """docs/architecture.md names each module in its package's section (whole, or by its file
-    name), each script of scripts/, and no file that does not exist."""
+    name), each script of scripts/ and each module of its benchmarks (scripts/bench/), and no file
+    that does not exist."""
     text = (ROOT / "docs" / "architecture.md").read_text()
     sections = _sections(text)
     packages = {"cli": ROOT / "cli", **{f"speculative/{p.name}": p for p in (ROOT / "speculative").iterdir()
@@ -192,8 +193,9 @@ def test_architecture_names_every_module_and_script():
             if f"`{rel}`" not in section and f"`{path.name}`" not in section and f"`{path.stem}`" not in section:
                 missing.append(rel)
     scripts = sections.get("Tests and scripts", "") + text.split("## Tests and scripts", 1)[-1]
-    missing += [f"scripts/{p.name}" for p in sorted((ROOT / "scripts").iterdir())
-                if p.is_file() and f"`{p.name}" not in scripts and f"`scripts/{p.name}" not in scripts]
+    missing += [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "scripts").rglob("*"))
+                if p.is_file() and "__pycache__" not in p.parts
+                and f"`{p.name}" not in scripts and f"`{p.relative_to(ROOT).as_posix()}" not in scripts]
     assert not missing, f"docs/architecture.md does not name {missing}"
     named = [path for body in sections.values() for path in _where(body)
              if path.startswith(("speculative/", "cli/", "tests/", "scripts/"))]

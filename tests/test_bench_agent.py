@@ -1,4 +1,4 @@
-"""scripts/bench_agent.py without a model: its sessions are real modules with edits that name them,
+"""The `agent` scenario without a model: its sessions are real modules with edits that name them,
 each turn sends the history an agent would (the file read into a tool message, each rewrite's
 call as its arguments, the next edit), a call that is not the one asked for ends the session,
 the sums are aggregate speeds, and a whole run against a fake `speculate serve` and a fake
@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from scripts.bench_agent import (CALL_TAGS, GOALS, SESSIONS, SYSTEM, TOOLS, call_grammar, goals, grammar_call,
+from scripts.bench.agent import (CALL_TAGS, GOALS, SESSIONS, SYSTEM, TOOLS, call_grammar, goals, grammar_call,
                                  kept_lines, load_sessions, play, session_kinds, summarise_agent, the_call)
-from scripts.bench_conversation import CONFIGS
+from scripts.bench.conversation import CONFIGS
 from scripts.tables import agent, agent_totals
 from tests.test_bench_conversation import SERVED, fake
 from speculative.grammar.gbnf import check
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_agent.py"
+ROOT = Path(__file__).resolve().parent.parent
 NAMES = [c.name for c in CONFIGS]
 
 
@@ -292,9 +292,10 @@ def test_a_whole_run_against_fake_servers_reports_every_turn_of_every_configurat
     server = fake_server(tmp_path / "llama-server", tmp_path / "server.log", "--spec-default")
     out = tmp_path / "out.json"
     session = load_sessions()[0]
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--speculate", str(speculate), "--llama-server", str(server),
-                           "-m", "tiny", "-n", "64", "-t", "1", "--sessions", session["id"], "-o", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "scripts.bench", "agent", "--speculate", str(speculate),
+                           "--llama-server", str(server), "-m", "tiny", "-n", "64", "-t", "1",
+                           "--sessions", session["id"], "-o", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert [(r["config"], r["conversation"]) for r in result["runs"]] == [(n, session["id"]) for n in NAMES]
@@ -329,5 +330,6 @@ def test_a_whole_run_against_fake_servers_reports_every_turn_of_every_configurat
                                         (["--calls", "json"], "invalid choice: 'json'"),
                                         (["--llama-server", "/nonexistent/llama-server"], "not an executable")])
 def test_a_usage_error_is_one_line_and_exit_2_before_anything_runs(args, said):
-    proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "scripts.bench", "agent", *args], capture_output=True, text=True,
+                          cwd=ROOT)
     assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr

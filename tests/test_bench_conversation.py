@@ -1,4 +1,4 @@
-"""scripts/bench_conversation.py without a model: its conversations are what issue 45 asks for, its
+"""The `conversation` scenario without a model: its conversations are what issue 45 asks for, its
 sums are aggregate speeds, and a whole run against a fake `speculate -cnv` and a fake llama-server
 sends each tool what it should and reads back what each reports, turn by turn."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from scripts.bench_conversation import CONFIGS, CONVERSATIONS, goals, load_conversations, summarise, turn_kind
+from scripts.bench.conversation import CONFIGS, CONVERSATIONS, goals, load_conversations, summarise, turn_kind
 from scripts.tables import conversation, conversation_totals
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_conversation.py"
+ROOT = Path(__file__).resolve().parent.parent
 NAMES = [c.name for c in CONFIGS]
 
 
@@ -171,9 +171,10 @@ def test_a_whole_run_against_fake_tools_reports_every_turn_of_every_configuratio
     server = fake(tmp_path / "llama-server", FAKE_LLAMA_SERVER + SERVED, tmp_path / "server.log")
     out = tmp_path / "out.json"
     conversation = load_conversations()[0]
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--speculate", str(speculate), "--llama-server", str(server),
-                           "-m", "tiny", "-n", "64", "-t", "1", "--conversations", conversation["id"], "-o", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "scripts.bench", "conversation", "--speculate", str(speculate),
+                           "--llama-server", str(server), "-m", "tiny", "-n", "64", "-t", "1",
+                           "--conversations", conversation["id"], "-o", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert [(r["config"], r["conversation"]) for r in result["runs"]] == [(n, conversation["id"]) for n in NAMES]
@@ -218,5 +219,6 @@ def test_a_whole_run_against_fake_tools_reports_every_turn_of_every_configuratio
                                         (["--speculate", "/nonexistent/speculate"], "not an executable"),
                                         (["--repeats", "0"], "positive number")])
 def test_a_usage_error_is_one_line_and_exit_2_before_anything_runs(args, said):
-    proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "scripts.bench", "conversation", *args], capture_output=True,
+                          text=True, cwd=ROOT)
     assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr

@@ -1,10 +1,11 @@
-"""The parts of the benchmark scripts whose output backs the README's figures: how bench_mtp
-reads llama.cpp's log and auto's steps, and how bench_flash_attn cuts its prompts (no model:
-fast); where two answers part and the margin there (divergence.py, on SmolLM2); and that
-bench_structured's runs add up (on SmolLM2)."""
+"""The parts of the benchmark scenarios whose output backs the README's figures: how `mtp` reads
+llama.cpp's log and auto's steps, and how `flash-attn` cuts its prompts (no model: fast); where
+two answers part and the margin there (divergence.py, on SmolLM2); that `structured`'s runs add
+up, and that `commits` runs each commit's code and times llama_decode apart (on SmolLM2)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts.bench_flash_attn import leading_lines
-from scripts.bench_mtp import MARK, buffers, mtp_trail, sections
+from scripts.bench.flash_attn import leading_lines
+from scripts.bench.mtp import MARK, buffers, mtp_trail, sections
 from tests.conftest import SMOL
 
 # As llama.cpp (the pinned build) logs a model load and a context (SPECULATE_LLAMA_LOG=1).
@@ -81,8 +82,8 @@ def test_divergence_finds_where_two_answers_part_and_the_margin_there(model_path
 
 @pytest.mark.real
 @pytest.mark.parametrize("kind", ["draft-eagle3", "draft-dspark", "draft-mtp x2", "gemma4-assistant"])
-def test_bench_drafters_measures_each_drafter_beside_its_target(kind):
-    from scripts.bench_drafters import measure
+def test_the_drafters_scenario_measures_each_drafter_beside_its_target(kind):
+    from scripts.bench.drafters import measure
 
     row = measure(kind, "64x4", threads=1, repeat=1)
     assert row["pass_s"] > 0 and row["per_token_s"] > 0 and row["per_token_vs_pass"] > 0
@@ -91,17 +92,18 @@ def test_bench_drafters_measures_each_drafter_beside_its_target(kind):
 
 
 @pytest.mark.real
-def test_bench_structured_runs_every_configuration_and_its_counts_add_up(model_path, batch_invariant, tmp_path):
-    """bench_structured.py on SmolLM2 (target and draft), two requests of each set, 24 tokens, no
+def test_the_structured_scenario_runs_every_configuration_and_its_counts_add_up(model_path, batch_invariant, tmp_path):
+    """The structured scenario on SmolLM2 (target and draft), two requests of each set, 24 tokens, no
     llama-server: every request ran under every configuration once; the kinds of forced tokens
     fit in the answers and in what was drafted; and, on this batch-invariant build, every greedy
     text under the grammar is constrained target-only's."""
-    from scripts.bench_structured import FORCED, GREEDY, REFERENCE, SAMPLED
+    from scripts.bench.structured import FORCED, GREEDY, REFERENCE, SAMPLED
 
     smol, out = str(model_path(SMOL)), tmp_path / "structured.json"
-    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_structured.py"
-    proc = subprocess.run([sys.executable, str(script), "-m", smol, "-md", smol, "--limit", "2", "-n", "24",
-                           "-t", "1", "--no-llama-server", "-o", str(out)], capture_output=True, text=True)
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-m", "scripts.bench", "structured", "-m", smol, "-md", smol, "--limit", "2",
+                           "-n", "24", "-t", "1", "--no-llama-server", "-o", str(out)], capture_output=True, text=True,
+                          cwd=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     requests = report["meta"]["requests"]
@@ -132,3 +134,35 @@ def test_bench_structured_runs_every_configuration_and_its_counts_add_up(model_p
     assert all(rows[(s, "greedy", REFERENCE)]["speedup"] == pytest.approx(1.0) for s in ("extract", "logs"))
     assert len(report["costs"]) == 6 and all(g["pass"] in (True, False, None) for g in report["goals"])
     assert "| set | decoding | config |" in proc.stdout and "constraint alone" in proc.stdout
+
+
+@pytest.mark.real
+def test_the_commits_scenario_runs_each_commit_s_code_and_times_llama_decode_apart(model_path, tmp_path):
+    """The commits scenario on SmolLM2, the working tree against HEAD (a worktree made and removed):
+    every configuration ran under each commit's code, the wrapper counted llama_decode's own time
+    (less than the run's), the gain of -np 2 is put against the ceiling measured in the same run,
+    and the table renders from what it wrote."""
+    from scripts import tables
+
+    root, out = Path(__file__).resolve().parent.parent, tmp_path / "commits.json.gz"
+    worktrees = subprocess.run(["git", "-C", str(root), "worktree", "list"], capture_output=True, text=True).stdout
+    smol = str(model_path(SMOL))
+    proc = subprocess.run([sys.executable, "-m", "scripts.bench", "commits", ".", "HEAD", "-m", smol, "--np", "1,2",
+                           "--spec-type", "none", "-n", "8", "--repeats", "1", "-t", "1", "-c", "512", "-o", str(out)],
+                          capture_output=True, text=True, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert subprocess.run(["git", "-C", str(root), "worktree", "list"], capture_output=True,
+                          text=True).stdout == worktrees
+    report = json.loads(gzip.decompress(out.read_bytes()))
+    labels = report["meta"]["commits"]
+    assert len(labels) == 2 and labels[0].rstrip("+") == labels[1]
+    assert sorted((r["config"], r["commit"]) for r in report["runs"]) == sorted(
+        (f"batch -np {n} none", c) for n in (1, 2) for c in labels)
+    for r in report["runs"]:
+        assert r["n_predict"] == 8 * 8 and r["tps"] == pytest.approx(r["n_predict"] / r["seconds"])
+        assert 0 < r["llama_decode_s"] < r["seconds"] and r["llama_decodes"] > 1
+        assert r["outside_llama_decode_ms"] > 0
+    assert [(g["n"], g["commit"]) for g in report["gains"]] == [(2, c) for c in labels]
+    assert all(g["ceiling"] > 0 and g["of_ceiling"] == pytest.approx(g["gain"] / g["ceiling"])
+               for g in report["gains"])
+    assert tables.commits(report) == proc.stdout.strip().splitlines()[-len(tables.commits(report)):]

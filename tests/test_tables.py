@@ -76,7 +76,10 @@ def test_a_table_says_which_file_and_script_it_comes_from(marked, name):
     page, _, before = marked[name]
     text = "\n".join(before)
     table = tables.TABLES[name]
-    script = table.command.split()[1] if table.command.startswith("python ") else table.command.split()[0]
+    words = table.command.split()
+    # python -m scripts.bench NAME: the scenario; python scripts/x.py: the script; else the command
+    script = (" ".join(words[2:4]) if words[:2] == ["python", "-m"] else words[1] if words[0] == "python"
+              else words[0])
     # the results file as the page would link it: docs/results/... from the README, results/... from docs/
     results = (ROOT / "docs" / "results").relative_to(page.parent).as_posix()
     for file in table.files:

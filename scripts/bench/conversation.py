@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 """A code-editing conversation, turn by turn: `speculate -cnv` with and without speculation against
 the pinned llama-server's multi-turn chat, without speculation and with --spec-default.
 
-    scripts/bench_conversation.py [--speculate PATH] [--llama-server PATH] [-m MODEL] [-md DRAFT] [-t 2]
-                                  [-n 1024] [--only CONFIG_SUBSTRING ...] [--conversations ID,...]
-                                  [--repeats 1] [-o results.json]
+    python -m scripts.bench conversation [--speculate PATH] [--llama-server PATH] [-m MODEL] [-md DRAFT]
+                                         [-t 2] [-n 1024] [--only CONFIG_SUBSTRING ...] [--conversations ID,...]
+                                         [--repeats 1] [-o results.json]
 
 Each conversation of scripts/conversations.jsonl (one a line: {"id", "source": "prompt-set" or
 "held-back", "turns": [user messages]}) opens by asking for a small module whole (the `write`
@@ -40,11 +39,11 @@ generated token, which its prompt batch yields, to the last: its predicted_per_s
 per pass: speculate's n_predict / n_steps, llama-server's predicted_n / (predicted_n -
 draft_n_accepted), the prompt batch counted as the pass that yields the first token. A
 conversation that outgrows -c: speculate drops its oldest exchanges (counted in the second table),
-llama-server refuses the turn (the script stops there).
+llama-server refuses the turn (the run stops there).
 
-llama-server is --llama-server PATH, or built once from the sdist scripts/test.sh keeps (see
-scripts/bench_parallel.py: 10 to 15 minutes on 2 cores, the first time only); it keeps its own
-defaults otherwise (flash attention `auto`: on, on a CPU; speculate leaves it off).
+llama-server is --llama-server PATH, or built once from the sdist scripts/test.sh keeps (as for the
+`parallel` scenario: 10 to 15 minutes on 2 cores, the first time only); it keeps its own defaults
+otherwise (flash attention `auto`: on, on a CPU; speculate leaves it off).
 GGML_CPU_TILED_MM is passed on as set (0: batch-invariant CPU kernels on every tool alike). auto's
 cost calibration (cached per machine) runs untimed before the first run; a run that calibrated
 anyway says so. Prints both tables (`python scripts/tables.py conversation conversation-totals`
@@ -65,15 +64,12 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # its siblings, also when imported by tests
-from bench_parallel import llama_server_binary, model_file  # noqa: E402
-from results import meta  # noqa: E402
-from served import Server, speculate_executable  # noqa: E402
-from tables import conversation as conversation_table  # noqa: E402
-from tables import conversation_totals as totals_table  # noqa: E402
+from scripts.bench import harness
+from scripts.bench.servers import Server, llama_server_binary
+from scripts.tables import conversation as conversation_table
+from scripts.tables import conversation_totals as totals_table
 
-ROOT = Path(__file__).resolve().parent.parent
-CONVERSATIONS = ROOT / "scripts" / "conversations.jsonl"
+CONVERSATIONS = harness.ROOT / "scripts" / "conversations.jsonl"
 CTX = 8192
 SOURCES = ("prompt-set", "held-back")
 
@@ -116,7 +112,7 @@ def load_conversations(path: Path = CONVERSATIONS, ids: list[str] | None = None)
     them: not ending in a backslash (the message would go on on the next line) nor starting with a
     slash (/exit, /clear, /regen: a command). ValueError says what is wrong."""
     conversations = []
-    for number, c in jsonl(path):
+    for number, c in harness.jsonl(path, numbered=True):
         if (not isinstance(c, dict) or not isinstance(c.get("id"), str) or c.get("source") not in SOURCES
                 or not isinstance(c.get("turns"), list) or not c["turns"]):
             raise ValueError(f"{path}:{number}: a conversation needs an id, a source ({' or '.join(SOURCES)}) "
@@ -127,29 +123,7 @@ def load_conversations(path: Path = CONVERSATIONS, ids: list[str] | None = None)
                 raise ValueError(f"{path}:{number}: {c['id']}: every turn must be one non-empty line, "
                                  "not starting with / nor ending in \\")
         conversations.append(c)
-    return by_ids(conversations, ids, "conversation", path)
-
-
-def jsonl(path: Path):
-    """(line number, value) of each non-blank line of a JSON-lines file; ValueError names a line
-    that is not JSON."""
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                yield number, json.loads(line)
-            except ValueError as e:
-                raise ValueError(f"{path}:{number}: not JSON ({e})") from None
-
-
-def by_ids(items: list[dict], ids: list[str] | None, what: str, path: Path) -> list[dict]:
-    """The items of `ids`, in that order (all of them without ids); ValueError names those missing."""
-    if ids is None:
-        return items
-    by_id = {item["id"]: item for item in items}
-    missing = [i for i in ids if i not in by_id]
-    if missing:
-        raise ValueError(f"no {what} {', '.join(missing)} in {path}; there are: {', '.join(by_id)}")
-    return [by_id[i] for i in ids]
+    return harness.by_ids(conversations, ids, "conversation", path)
 
 
 # -- one run: a conversation under a configuration, in a fresh process -----------------
@@ -248,14 +222,14 @@ def calibrate(bench: argparse.Namespace, work: Path) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=bench.env)
     (work / "calibrate.log").write_text(proc.stderr)
     if proc.returncode:
-        sys.exit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+        harness.failed(cmd, proc.returncode, proc.stderr)
     if "calibrating" in proc.stderr:
         print("calibrated auto (cached for later runs)", file=sys.stderr, flush=True)
 
 
 def measure(cfg: Config, bench: argparse.Namespace, conversation: dict, work: Path, repeat: int,
             runner=None, kind=turn_kind) -> dict:
-    """One run of `conversation` under `cfg` by `runner` (default: this script's, for cfg's tool),
+    """One run of `conversation` under `cfg` by `runner` (default: this scenario's, for cfg's tool),
     each turn numbered and given its kind (`kind(index)`), the run its labels and the time it took."""
     started = time.monotonic()
     runner = runner or (run_speculate if cfg.tool == "speculate" else run_llama_server)
@@ -372,24 +346,23 @@ def print_goals(found: list[dict]) -> None:
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options this script shares with scripts/bench_agent.py: the tools, the model, the
+    """The options this scenario shares with the `agent` scenario: the tools, the model, the
     settings, the configurations, the repeats and the output."""
-    parser.add_argument("--speculate", default=speculate_executable(),
-                        help="the speculate executable (default: on PATH, else beside this Python)")
+    harness.add_speculate(parser)
     parser.add_argument("--llama-server", type=Path,
                         help="the llama-server executable (default: built once from the pinned sdist, as "
-                             "scripts/bench_parallel.py builds it)")
+                             "the `parallel` scenario builds it)")
     parser.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-instruct", help="target (path or registry name)")
     parser.add_argument("-md", "--model-draft", dest="draft",
                         help="a draft model for speculate auto (default: none, n-grams only, as --spec-default)")
-    parser.add_argument("-t", "--threads", type=int, default=2, help="CPU threads, every tool (default 2)")
+    harness.add_threads(parser, default=2)
     parser.add_argument("-n", "--n-predict", type=int, default=1024, help="most tokens an answer (default %(default)s)")
     parser.add_argument("--only", nargs="+", action="extend", default=[], metavar="CONFIG_SUBSTRING",
                         help="run only the configurations whose name holds one of these, as 'speculate', "
                              "'llama-server', 'none', 'speculate auto'")
     parser.add_argument("--repeats", type=int, default=1,
                         help="runs of every conversation and configuration (default 1)")
-    parser.add_argument("-o", "--output", type=Path, help="meta, the tables' rows and every turn of every run (JSON)")
+    harness.add_output(parser, "the tables' rows and every turn of every run")
 
 
 def check_common_arguments(parser: argparse.ArgumentParser, bench: argparse.Namespace) -> None:
@@ -406,10 +379,10 @@ def check_common_arguments(parser: argparse.ArgumentParser, bench: argparse.Name
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__name__, __doc__)
     add_common_arguments(parser)
     parser.add_argument("--conversations", help="ids of scripts/conversations.jsonl, comma-separated (default: all)")
-    bench = parser.parse_args(argv)
+    bench = harness.parse(parser, argv)
     check_common_arguments(parser, bench)
     try:
         bench.picked = load_conversations(ids=bench.conversations.split(",") if bench.conversations else None)
@@ -420,10 +393,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def prepare(bench: argparse.Namespace, work: Path) -> None:
     """What the configurations need before the first run: the environment every tool gets, the
-    target's file and the llama-server executable (built if not given), auto's calibration."""
+    speculate executable (found if not given), the target's file as that speculate resolves it and
+    the llama-server executable (built if not given), auto's calibration."""
     bench.env = dict(os.environ)
+    bench.speculate = harness.speculate(bench.speculate)
     if any(c.tool == "llama-server" for c in bench.configs):
-        bench.target_file = model_file(bench.speculate, bench.model)
+        bench.target_file = str(harness.model_file(bench.model, bench.speculate))
         bench.llama_server = bench.llama_server or llama_server_binary()
     if any(c.spec == "auto" for c in bench.configs):
         calibrate(bench, work)
@@ -432,22 +407,19 @@ def prepare(bench: argparse.Namespace, work: Path) -> None:
 def run_all(bench: argparse.Namespace, conversations: list[dict], prefix: str, **how) -> list[dict]:
     """Every conversation under every configuration, --repeats times (each repeat all of them, in the
     same order, so drift hits all alike), after prepare(); `how`: measure's runner and kind."""
-    runs = []
+    pairs = [(conversation, cfg) for conversation in conversations for cfg in bench.configs]
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         prepare(bench, Path(tmp))
-        for repeat in range(bench.repeats):
-            for conversation in conversations:
-                for cfg in bench.configs:
-                    runs.append(measure(cfg, bench, conversation, Path(tmp), repeat, **how))
-    return runs
+        return [measure(cfg, bench, conversation, Path(tmp), repeat, **how)
+                for repeat, (conversation, cfg) in harness.interleaved(pairs, bench.repeats)]
 
 
 def run_meta(bench: argparse.Namespace, **extra) -> dict:
-    """The -o file's meta: results.meta with the tools, the model and the settings; plus `extra`."""
-    return meta(speculate=bench.speculate, model=bench.model, draft=bench.draft, threads=bench.threads, ctx=CTX,
-                n_predict=bench.n_predict, repeats=bench.repeats,
-                llama_server=str(bench.llama_server) if bench.llama_server else None,
-                GGML_CPU_TILED_MM=os.environ.get("GGML_CPU_TILED_MM"), **extra)
+    """The -o file's meta: harness.meta with the tools, the model and the settings; plus `extra`."""
+    return harness.meta(speculate=bench.speculate, model=bench.model, draft=bench.draft, threads=bench.threads,
+                        ctx=CTX, n_predict=bench.n_predict, repeats=bench.repeats,
+                        llama_server=str(bench.llama_server) if bench.llama_server else None,
+                        GGML_CPU_TILED_MM=os.environ.get("GGML_CPU_TILED_MM"), **extra)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -458,11 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     found = goals(table["summary"])
     print_report(table, found, bench, conversations)
     if bench.output:
-        bench.output.write_text(json.dumps({
+        harness.write(bench.output, {
             "meta": run_meta(bench, conversations=[c["id"] for c in conversations]),
-            "conversations": conversations, **table, "goals": found, "runs": runs}, indent=1, ensure_ascii=False))
+            "conversations": conversations, **table, "goals": found, "runs": runs})
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

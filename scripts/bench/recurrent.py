@@ -1,6 +1,6 @@
 """What rolling back a recurrent state costs, measured on tiny models made at a realistic width.
 
-    python scripts/bench_recurrent.py [--n-embd 1024] [--n-layer 12] [--threads 2] [--draft 8]
+    python -m scripts.bench recurrent [--n-embd 1024] [--n-layer 12] [--threads 2] [--draft 8]
 
 For each architecture (LFM2 and Qwen3.5, whose rollback llama.cpp does with n_rs_seq
 snapshots; Mamba, whose state speculate copies into a checkpoint), on a random-weight model
@@ -14,43 +14,29 @@ written as JSON with -o.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import re
-import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from scripts.bench import harness
+from speculative.decoding.cache import Cache
+from speculative.decoding.scheduler import run
+from speculative.engine.calibrate import checkpoint_costs
+from tests.tiny_model import write_model
 
-from scripts.results import meta  # noqa: E402
-from speculative.decoding.cache import Cache  # noqa: E402
-from speculative.decoding.scheduler import run  # noqa: E402
-from speculative.decoding.settings import ModelSpec  # noqa: E402
-from speculative.engine.calibrate import checkpoint_costs  # noqa: E402
-from speculative.llamacpp.devices import system_info  # noqa: E402
-from speculative.llamacpp.model import LlamaModel  # noqa: E402
-from tests.tiny_model import write_model  # noqa: E402
+if TYPE_CHECKING:
+    from speculative.llamacpp.model import LlamaModel
 
 CONTEXT = 256  # tokens in the cache before each measured pass
 
 
 def load(path: Path, threads: int, n_rs_seq: int) -> tuple[LlamaModel, float]:
     """The model, and the MiB llama.cpp reports for its recurrent state buffers (its log)."""
-    log = tempfile.TemporaryFile()
-    saved = os.dup(2)
-    os.environ["SPECULATE_LLAMA_LOG"] = "1"
-    os.dup2(log.fileno(), 2)
-    try:
-        model = LlamaModel(ModelSpec(path, name=path.stem, n_ctx=1024, n_threads=threads, n_rs_seq=n_rs_seq))
-    finally:
-        os.dup2(saved, 2)
-        os.environ.pop("SPECULATE_LLAMA_LOG")
-    log.seek(0)
-    text = log.read().decode(errors="replace")
-    mib = sum(float(m) for m in re.findall(r"RS buffer size =\s*([\d.]+) MiB", text))
+    with harness.llama_log() as log:
+        model = harness.load(path, n_ctx=1024, n_threads=threads, n_rs_seq=n_rs_seq)
+    mib = sum(float(m) for m in re.findall(r"RS buffer size =\s*([\d.]+) MiB", log[0]))
     return model, mib
 
 
@@ -68,10 +54,10 @@ def pass_seconds(cache: Cache, batch: int, repeat: int) -> float:
         times.append(time.perf_counter() - t0)
         cache.rollback(CONTEXT)
     cache.forget()
-    return statistics.median(times)
+    return harness.median(times)
 
 
-def measure(arch: str, path: Path, args) -> dict:
+def measure(arch: str, path: Path, args: argparse.Namespace) -> dict:
     row: dict = {"arch": arch}
     for n_rs_seq in (0, args.draft):
         model, mib = load(path, args.threads, n_rs_seq)
@@ -83,7 +69,7 @@ def measure(arch: str, path: Path, args) -> dict:
             row[f"{key}_v1_ms"] = 1e3 * pass_seconds(cache, 1, args.repeat)
             row[f"{key}_verify_ms"] = 1e3 * pass_seconds(cache, args.draft + 1, args.repeat)
             if not n_rs_seq:
-                cache.extend([1] * CONTEXT)
+                run(cache.extend([1] * CONTEXT))
                 row["checkpoint_kib"] = len(model.save_state(partial=True)) / 1024
                 cache.forget()
                 save, restore = checkpoint_costs(cache)
@@ -91,16 +77,16 @@ def measure(arch: str, path: Path, args) -> dict:
     return row
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = harness.parser(__name__, __doc__)
     parser.add_argument("--n-embd", type=int, default=1024)
     parser.add_argument("--n-layer", type=int, default=12)
-    parser.add_argument("--threads", type=int, default=2)
+    harness.add_threads(parser, default=2)
     parser.add_argument("--draft", type=int, default=8, help="the verify batch holds this many drafted tokens")
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--arch", action="append", help="default: lfm2, qwen35, mamba")
-    parser.add_argument("-o", "--output", type=Path)
-    args = parser.parse_args()
+    harness.add_output(parser, "every architecture's costs")
+    args = harness.parse(parser, argv)
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for arch in args.arch or ["lfm2", "qwen35", "mamba"]:
@@ -114,10 +100,8 @@ def main() -> None:
                   f"with snapshots; checkpoint {r['checkpoint_kib']:.0f} KiB, copy {r['checkpoint_save_ms']:.2f} ms, "
                   f"restore {r['checkpoint_restore_ms']:.2f} ms", flush=True)
     if args.output:
-        args.output.write_text(json.dumps({"meta": meta(llama_cpp=system_info()),
-                                           "args": vars(args) | {"output": str(args.output)}, "rows": rows},
-                                          indent=1))
+        from speculative.llamacpp.devices import system_info
 
-
-if __name__ == "__main__":
-    main()
+        harness.write(args.output, {"meta": harness.meta(llama_cpp=system_info()),
+                                    "args": vars(args) | {"output": str(args.output)}, "rows": rows})
+    return 0

@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """What --prompt-cache saves: two questions about one source file, in separate processes.
 
-    scripts/bench_prompt_cache.py [SOURCE_FILE] [-o results.json] [-- extra speculate flags]
+    python -m scripts.bench prompt-cache [SOURCE_FILE] [-o results.json] [-- extra speculate flags]
 
 Four `speculate --json` runs, one after the other in this session:
   1. question A without a cache: the baseline prompt-processing time;
@@ -18,51 +17,30 @@ GGML_CPU_TILED_MM=0 so that the CPU build is batch-invariant (docs/exactness-and
 
 from __future__ import annotations
 
-import json
+import argparse
 import os
-import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from results import meta
+from scripts.bench import harness
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_SOURCE = ROOT / "speculative" / "decoding" / "stats.py"
+DEFAULT_SOURCE = harness.ROOT / "speculative" / "decoding" / "stats.py"
 QUESTIONS = ("Explain what the Stats class counts, in three sentences.",
              "Which property would you use to compare speculation against plain decoding, and why?")
 FLAGS = ("-m", "qwen2.5-coder-1.5b-instruct", "--spec-type", "none", "--temp", "0", "-n", "64", "--chat")
 
 
-def run(prompt: str, extra: list[str], *cache: str) -> dict:
-    speculate = shutil.which("speculate") or str(Path(sys.executable).with_name("speculate"))
-    proc = subprocess.run([speculate, *FLAGS, *extra, "-p", "-", "--json", *cache], input=prompt.encode(),
-                          capture_output=True, env={"GGML_CPU_TILED_MM": "0", **os.environ})
-    if proc.returncode != 0:
-        sys.exit(f"speculate failed: {proc.stderr.decode(errors='replace').strip()}")
-    return json.loads(proc.stdout)
+def run(speculate: str, prompt: str, extra: list[str], *cache: str) -> dict:
+    return harness.run_json([speculate, *FLAGS, *extra, "-p", "-", "--json", *cache], input=prompt,
+                            env={"GGML_CPU_TILED_MM": "0", **os.environ})
 
 
 def prompt_seconds(result: dict) -> float:
     return result["t_encode_s"] + result["t_restore_s"]
 
 
-def main(argv: list[str]) -> int:
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    args = argv[:argv.index("--")] if "--" in argv else argv
-    output = None
-    if "-o" in args:
-        at = args.index("-o")
-        output, args = Path(args[at + 1]), args[:at] + args[at + 2:]
-    source = Path(args[0]) if args else DEFAULT_SOURCE
-    code = source.read_text()
-    a, b = (f"{code}\n\n{question}" for question in QUESTIONS)
-    with tempfile.TemporaryDirectory() as tmp:
-        cache = ("--prompt-cache", str(Path(tmp) / "prompt.cache"))
-        runs = {"1. A, no cache": run(a, extra), "2. A, saves the cache": run(a, extra, *cache),
-                "3. B, restores the cache": run(b, extra, *cache), "4. B, no cache": run(b, extra)}
-        size = (Path(tmp) / "prompt.cache").stat().st_size
+def print_runs(runs: dict[str, dict], source: Path, size: int) -> bool:
+    """Each run's prompt processing and decoding, and the ratios; whether run 3's text is run 4's."""
     print(f"shared context: {source} ({runs['1. A, no cache']['n_prompt']} prompt tokens with question A); "
           f"cache file {size / 2**20:.1f} MiB")
     for label, r in runs.items():
@@ -70,15 +48,35 @@ def main(argv: list[str]) -> int:
               f"prompt processing {prompt_seconds(r):7.3f} s (restore {r['t_restore_s']:.3f} s, "
               f"save {r['t_save_s']:.3f} s), decoding {r['decode_tps']:.2f} t/s")
     base, _, warm, plain = (prompt_seconds(r) for r in runs.values())
-    print(f"B with the cache vs B without: {plain / warm:.1f}x less prompt-processing time; "
-          f"vs A without: {base / warm:.1f}x")
+    print(f"B with the cache vs B without: {harness.ratio(plain, warm):.1f}x less prompt-processing time; "
+          f"vs A without: {harness.ratio(base, warm):.1f}x")
     same = runs["3. B, restores the cache"]["tokens"] == runs["4. B, no cache"]["tokens"]
     print("generated text with the cache: " + ("identical to the run without it" if same else "DIFFERENT"))
-    if output:
-        output.write_text(json.dumps({"meta": meta(source=str(source), flags=[*FLAGS, *extra]),
-                                      "cache_bytes": size, "runs": runs}, indent=1))
+    return same
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    parser = harness.parser(__name__, __doc__)
+    parser.add_argument("source", nargs="?", type=Path, default=DEFAULT_SOURCE, metavar="SOURCE_FILE",
+                        help="the shared context (default speculative/decoding/stats.py)")
+    harness.add_output(parser, "every run's figures")
+    return harness.parse(parser, argv, known=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra = parse_args(argv)
+    speculate = harness.speculate()
+    code = args.source.read_text()
+    a, b = (f"{code}\n\n{question}" for question in QUESTIONS)
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = ("--prompt-cache", str(Path(tmp) / "prompt.cache"))
+        runs = {"1. A, no cache": run(speculate, a, extra),
+                "2. A, saves the cache": run(speculate, a, extra, *cache),
+                "3. B, restores the cache": run(speculate, b, extra, *cache),
+                "4. B, no cache": run(speculate, b, extra)}
+        size = (Path(tmp) / "prompt.cache").stat().st_size
+    same = print_runs(runs, args.source, size)
+    if args.output:
+        harness.write(args.output, {"meta": harness.meta(source=str(args.source), flags=[*FLAGS, *extra]),
+                                    "cache_bytes": size, "runs": runs})
     return 0 if same else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

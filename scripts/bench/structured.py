@@ -1,13 +1,12 @@
-#!/usr/bin/env python3
 """Structured output: what a JSON schema costs decoding, and what its forced tokens buy back.
 
-    .venv/bin/python scripts/bench_structured.py -o docs/results/structured.json
+    .venv/bin/python -m scripts.bench structured -o docs/results/structured.json.gz
 
-    scripts/bench_structured.py [-m MODEL] [-md DRAFT] [-n 160] [-t THREADS] [--limit N] [--seed 2026]
-                                [--no-llama-server] [-o OUT.json]
+    python -m scripts.bench structured [-m MODEL] [-md DRAFT] [-n 160] [-t THREADS] [--limit N] [--seed 2026]
+                                       [--no-llama-server] [-o OUT.json]
 
 The requests: the extraction prompts of scripts/structured_prompts.jsonl (chat messages, each with
-the JSON schema of its answer), and the 20 log-to-JSON requests of scripts/bench_pool.py
+the JSON schema of its answer), and the 20 log-to-JSON requests of the `pool` scenario
 (`requests(20)`, its INSTRUCTION) with LOG_SCHEMA, the schema of INSTRUCTION's fields. --limit N
 keeps the first N of each set. Schemas become GBNF through speculative.grammar.given.from_schema.
 
@@ -36,7 +35,7 @@ checks), the finish reason, whether a constrained answer parses as JSON, and (gr
 its text equals constrained target-only's: on a batch-invariant build it must; on the stock
 build a near-tie may part them, which is reported, not failed.
 
-The pinned llama-server (scripts/bench_parallel.py builds and caches it) runs beside it, twice:
+The pinned llama-server (built and cached as for the `parallel` scenario) runs beside it, twice:
 the target alone, `-np 1 -c 4096 -t THREADS -fa off` (flash attention off, as speculate's -fa auto
 leaves it on a CPU: llama.cpp's auto turns it on, which decodes ~2% faster here; equal settings),
 its defaults otherwise, asked through /v1/chat/completions, greedy, with `response_format`
@@ -80,31 +79,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.append(str(ROOT / "scripts"))  # bench_pool's and bench_parallel's own `from results import ...`
+from scripts.bench import harness, pool
+from scripts.bench.parallel import CTX
+from scripts.bench.servers import Server, llama_server_binary
+from scripts.tables import fraction, opt
+from speculative.decoding.settings import DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, ModelSpec, SamplerSettings, SpecSettings
+from speculative.engine.bench import run_order
+from speculative.engine.stream import complete
+from speculative.grammar import given
 
-_TILED = os.environ.get("GGML_CPU_TILED_MM")
-from scripts.bench_pool import requests as log_requests  # noqa: E402  (sets GGML_CPU_TILED_MM)
-
-if _TILED is None:  # bench_pool sets it on import; here the kernels stay as this process was started
-    os.environ.pop("GGML_CPU_TILED_MM", None)
-else:
-    os.environ["GGML_CPU_TILED_MM"] = _TILED
-
-from scripts.bench_parallel import CTX, llama_server_binary  # noqa: E402
-from scripts.results import meta  # noqa: E402
-from scripts.served import Server  # noqa: E402
-from scripts.tables import fraction, opt  # noqa: E402
-from speculative.decoding.settings import (DRAFT_MAX_AUTO, DRAFT_MAX_FIXED, ModelSpec,  # noqa: E402
-                                           SamplerSettings, SpecSettings)
-from speculative.engine.bench import run_order  # noqa: E402
-from speculative.engine.stream import complete  # noqa: E402
-from speculative.grammar import given  # noqa: E402
-from speculative.models.pull import pull  # noqa: E402
-from speculative.models.registry import Registry, resolve  # noqa: E402
-
-PROMPTS = ROOT / "scripts" / "structured_prompts.jsonl"
+PROMPTS = harness.ROOT / "scripts" / "structured_prompts.jsonl"
 TEMP = 0.8
 GOAL_COST = 0.05       # the constraint alone: under 5% of decode speed
 GOAL_FORCED_SHARE = 0.25  # kinds (a) and (b) a quarter of the answer or more: auto must be ahead
@@ -114,7 +98,7 @@ def _obj(props: dict) -> dict:
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
 
-# INSTRUCTION's fields (scripts/bench_pool.py), in its order
+# INSTRUCTION's fields (the `pool` scenario's), in its order
 LOG_SCHEMA = _obj({"service": {"type": "string"}, "first_timestamp": {"type": "string"},
                    "last_timestamp": {"type": "string"}, "error_count": {"type": "integer"},
                    "warning_count": {"type": "integer"}, "slowest_request_id": {"type": "string"},
@@ -163,10 +147,9 @@ class Request:
 
 def load_requests(limit: int | None) -> list[Request]:
     """The extraction prompts, then the 20 log requests; the first `limit` of each set."""
-    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
-    extract = [(r["id"], "extract", r["messages"], r["json_schema"]) for r in rows]
+    extract = [(r["id"], "extract", r["messages"], r["json_schema"]) for r in harness.jsonl(PROMPTS)]
     logs = [(f"logs-{i:02d}", "logs", [{"role": "user", "content": p}], LOG_SCHEMA)
-            for i, p in enumerate(log_requests(20))]
+            for i, p in enumerate(pool.requests(20))]
     if limit is not None:
         extract, logs = extract[:limit], logs[:limit]
     return [Request(*r, given.from_schema(r[3])) for r in extract + logs]
@@ -449,18 +432,17 @@ def print_tables(rows: list[dict], cost_rows: list[dict], found: list[dict]) -> 
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = harness.parser(__name__, __doc__)
     p.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-instruct", help="target (path or registry name)")
     p.add_argument("-md", "--model-draft", dest="draft", default="qwen2.5-coder-0.5b-instruct",
                    help="draft model (path or registry name)")
     p.add_argument("-n", "--n-predict", type=int, default=160, help="most tokens per answer (default 160)")
-    p.add_argument("-t", "--threads", type=int, default=len(os.sched_getaffinity(0)),
-                   help="CPU threads, speculate and llama-server alike (default: all this process may use)")
+    harness.add_threads(p)
     p.add_argument("--limit", type=int, help="only the first N requests of each set")
     p.add_argument("--seed", type=int, default=2026, help="the sampled runs' seed (default 2026)")
     p.add_argument("--no-llama-server", action="store_true", help="skip the llama-server runs")
-    p.add_argument("-o", "--output", type=Path, help="raw runs, summary and goals as JSON (with meta)")
-    return p.parse_args(argv)
+    harness.add_output(p, "the raw runs, summary and goals")
+    return harness.parse(p, argv)
 
 
 def write(bench: argparse.Namespace, requests: list[Request], runs: list[dict], served: list[dict],
@@ -469,18 +451,24 @@ def write(bench: argparse.Namespace, requests: list[Request], runs: list[dict], 
     if not bench.output:
         return
     args = {k: str(v) if isinstance(v, Path) else v for k, v in vars(bench).items()}
-    bench.output.write_text(json.dumps({
-        "meta": meta(model=bench.model, draft=bench.draft, threads=bench.threads, ctx=CTX, n_predict=bench.n_predict,
-                     temp=TEMP, seed=bench.seed, requests=[r.id for r in requests], llama_server=args["llama_server"],
-                     GGML_CPU_TILED_MM=os.environ.get("GGML_CPU_TILED_MM")),
-        "args": args, "runs": runs, "llama_server": served, **summary}, indent=1))
+    harness.write(bench.output, {
+        "meta": harness.meta(model=bench.model, draft=bench.draft, threads=bench.threads, ctx=CTX,
+                             n_predict=bench.n_predict, temp=TEMP, seed=bench.seed, requests=[r.id for r in requests],
+                             llama_server=args["llama_server"], GGML_CPU_TILED_MM=os.environ.get("GGML_CPU_TILED_MM")),
+        "args": args, "runs": runs, "llama_server": served, **summary})
+
+
+def resolved(model: str) -> tuple[Path, str]:
+    """A model's file (harness.model_file) and the name it loads under: its file's for a path, else
+    the registry name given."""
+    path = harness.model_file(model)
+    return path, path.name if Path(model).is_file() else model
 
 
 def main(argv: list[str] | None = None) -> int:
     bench = parse_args(argv)
-    registry = Registry.load()
-    bench.target_path, bench.target_name = resolve(bench.model, registry, pull)
-    bench.draft_path, bench.draft_name = resolve(bench.draft, registry, pull)
+    bench.target_path, bench.target_name = resolved(bench.model)
+    bench.draft_path, bench.draft_name = resolved(bench.draft)
     bench.llama_server = None if bench.no_llama_server else llama_server_binary()
     requests = load_requests(bench.limit)
     with tempfile.TemporaryDirectory(prefix="bench-structured-") as tmp, contextlib.ExitStack() as stack:
@@ -491,7 +479,3 @@ def main(argv: list[str] | None = None) -> int:
     print_tables(rows, cost_rows, found)
     write(bench, requests, runs, served, summary=rows, costs=cost_rows, goals=found)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Whether a long prompt stalls a running stream: --prefill-budget measured on `speculate serve -np 2`.
 
-    scripts/bench_prefill_gap.py [--speculate PATH] [-m MODEL] [--budgets 500,0] [--prompt-tokens 2000]
-                                 [--max-tokens 1500] [--warmup 20] [-o results.json] [-- extra serve flags]
+    python -m scripts.bench prefill-gap [--speculate PATH] [-m MODEL] [--budgets 500,0] [--prompt-tokens 2000]
+                                        [--max-tokens 1500] [--warmup 20] [-o results.json] [-- extra serve flags]
 
 For each budget (milliseconds; default 500, then 0: whole -b chunks, as llama-server), a fresh
 `speculate serve -np 2 --spec-type none -m MODEL -c 4096 --prefill-budget B` (default MODEL the
@@ -20,7 +19,7 @@ POST /v1/completions, greedy:
 A's gaps that overlap [B began, B's first piece] are taken (from A's last piece before B began to
 its first piece after B's first), their largest is A's max gap; the bound is 2 x normal step +
 budget. With budget 0 there is no bound to meet: the row shows the stall. Then both streams are
-closed and the server stopped. GGML_CPU_TILED_MM=0, as every script's server (served.py).
+closed and the server stopped. GGML_CPU_TILED_MM=0, as every scenario's server (servers.py).
 
 The table: per budget the normal step (ms), B's prefill (s), A's pieces during it, A's max gap
 (ms), the bound (ms) and whether the max gap is within it. -o writes it with meta() and the raw
@@ -33,22 +32,18 @@ budget). A trial with `-m smollm2-135m-instruct --prompt-tokens 600` takes 20 se
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import socket
-import statistics
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-from results import meta
-from served import Server
+from scripts.bench import harness
+from scripts.bench.servers import Server
 
-ROOT = Path(__file__).resolve().parent.parent
-PROMPTS = ROOT / "scripts" / "prompts.jsonl"
 STREAM_PROMPT = "Tell a long story about a lighthouse keeper and the ships she saw, year after year.\n\n"
 B_TOKENS = 8  # B's max_tokens
 PATIENCE = 3600  # seconds to wait for any one event
@@ -122,7 +117,7 @@ def wait_for(what: str, done, *streams: Stream) -> None:
 def long_prompt(server: Server, n_tokens: int) -> tuple[str, int]:
     """Text of scripts/prompts.jsonl, repeated and cut to about `n_tokens` tokens; its token count."""
     texts = []
-    for row in map(json.loads, PROMPTS.read_text().splitlines()):
+    for row in harness.jsonl(harness.PROMPTS):
         texts += [row["prompt"]] if row.get("prompt") else [m["content"] for m in row.get("messages", [])]
     text, tokens = "", []
     while len(tokens) <= n_tokens:
@@ -138,7 +133,7 @@ def measure(server: Server, prompt: str, max_tokens: int, warmup: int) -> dict:
     try:
         wait_for(f"A's first {warmup} pieces", lambda: len(a.pieces) >= warmup, a)
         times = [t for t, _ in a.pieces]
-        step = statistics.median(t2 - t1 for t1, t2 in zip(times[1:], times[2:]))
+        step = harness.median(t2 - t1 for t1, t2 in zip(times[1:], times[2:]))
         b = Stream(server.port, {"prompt": prompt, "max_tokens": B_TOKENS})
         try:
             wait_for("B's first piece", lambda: bool(b.pieces) or b.ended, a)
@@ -183,19 +178,23 @@ def table(rows: list[dict], header: str) -> None:
               f"| {gap} | {bound} | {within} |")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--speculate", default=str(ROOT / ".venv" / "bin" / "speculate"),
-                        help="the speculate executable (default: .venv/bin/speculate)")
+def main(argv: list[str] | None = None) -> int:
+    parser = harness.parser(__name__, __doc__)
+    harness.add_speculate(parser, default=str(harness.ROOT / ".venv" / "bin" / "speculate"))
     parser.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-instruct", help="target (path or registry name)")
     parser.add_argument("--budgets", default="500,0", help="--prefill-budget values in ms, comma-separated")
     parser.add_argument("--prompt-tokens", type=int, default=2000, help="B's prompt (default 2000 tokens)")
     parser.add_argument("--max-tokens", type=int, default=1500, help="A's max_tokens (default 1500)")
     parser.add_argument("--warmup", type=int, default=20, help="A's pieces before B is sent (default 20)")
-    parser.add_argument("-o", "--output", type=Path, help="write the figures and raw times here (JSON, with meta)")
-    args, extra = parser.parse_known_args()
-    extra = [a for a in extra if a != "--"]
-    budgets = [float(b) for b in args.budgets.split(",")]
+    harness.add_output(parser, "the figures and raw times")
+    args, extra = harness.parse(parser, argv, known=True)
+    if args.warmup < 3:  # the normal step is the median gap between the pieces after the first
+        parser.error("--warmup takes 3 pieces or more")
+    try:
+        budgets = [float(b) for b in args.budgets.split(",")]
+    except ValueError:
+        parser.error(f"--budgets {args.budgets}: milliseconds, comma-separated")
+    args.speculate = harness.speculate(args.speculate)
     flags = ["-np", "2", "--spec-type", "none", "-m", args.model, "-c", "4096", *extra]
     runs, rows, n_prompt = [], [], None
     with tempfile.TemporaryDirectory() as tmp:
@@ -212,13 +211,9 @@ def main() -> int:
     table(rows, f"{args.speculate} serve {' '.join(flags)} --prefill-budget B: stream A ({args.max_tokens} tokens, "
                 f"ignore_eos) running while B's prompt of {n_prompt} tokens arrives; greedy")
     if args.output:
-        args.output.write_text(json.dumps({
-            "meta": meta(serve_flags=flags, speculate=args.speculate, budgets_ms=budgets, prompt_tokens=n_prompt,
-                         a_prompt=STREAM_PROMPT, a_max_tokens=args.max_tokens, b_max_tokens=B_TOKENS,
-                         warmup=args.warmup),
-            "runs": runs}, indent=1))
+        harness.write(args.output, {
+            "meta": harness.meta(serve_flags=flags, speculate=args.speculate, budgets_ms=budgets,
+                                 prompt_tokens=n_prompt, a_prompt=STREAM_PROMPT, a_max_tokens=args.max_tokens,
+                                 b_max_tokens=B_TOKENS, warmup=args.warmup),
+            "runs": runs})
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

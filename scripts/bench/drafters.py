@@ -1,7 +1,7 @@
 """What each drafter of the target's hidden states costs, on tiny random-weight models of
 tests/tiny_drafters.py and tiny_model.py at a given size.
 
-    python scripts/bench_drafters.py [--size 64x4] [--size 1024x16] [--threads 1] [--repeat 3] [-o FILE]
+    python -m scripts.bench drafters [--size 64x4] [--size 1024x16] [--threads 1] [--repeat 3] [-o FILE]
 
 For each --size N_EMBDxN_LAYER (the target's width and depth; the drafters keep their own
 shape: EAGLE-3 one layer at width 64 under 1024, else the target's width, DFlash one layer at
@@ -27,7 +27,6 @@ the results as JSON ({"meta", "args", "rows": [...]}).
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -35,9 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from scripts.results import meta  # noqa: E402
+from scripts.bench import harness
 
 DRAFTERS = ("draft-eagle3", "draft-dflash", "draft-dspark", "draft-mtp", "draft-mtp x2", "gemma4-assistant")
 K = 4  # drafted tokens per step measured
@@ -53,7 +50,8 @@ from speculative.decoding.settings import ModelSpec
 from speculative.engine import calibrate
 from speculative.engine.engine import Engine
 
-kind, target, drafter, threads, repeat, k = sys.argv[2], Path(sys.argv[3]), sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
+kind, target, drafter = sys.argv[2], Path(sys.argv[3]), sys.argv[4]
+threads, repeat, k = int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
 alone_only = sys.argv[8] == "alone"
 
 def rss():
@@ -107,7 +105,7 @@ print(json.dumps({"per_token_s": per_token, "catch_up_s": catch_up, "k": k, "rss
 '''
 
 
-def write_pair(kind: str, folder: Path, n_embd: int, n_layer: int) -> tuple[Path, Path]:
+def write_pair(kind: str, folder: Path, n_embd: int, n_layer: int) -> tuple[Path, Path | None]:
     from tests.tiny_drafters import write_drafter
     from tests.tiny_model import write_model
 
@@ -130,23 +128,25 @@ def measure(kind: str, size: str, threads: int, repeat: int) -> dict:
         target, drafter = write_pair(kind, Path(tmp), n_embd, n_layer)
         runs = {}
         for mode in ("alone", "with"):  # each in a fresh process: the memory one adds over the other
-            out = subprocess.run([sys.executable, "-c", CHILD, str(Path(__file__).resolve().parents[1]), kind,
-                                  str(target), str(drafter), str(threads), str(repeat), str(K), mode],
-                                 capture_output=True, text=True, check=True)
+            cmd = [sys.executable, "-c", CHILD, str(harness.ROOT), kind, str(target), str(drafter), str(threads),
+                   str(repeat), str(K), mode]
+            out = subprocess.run(cmd, capture_output=True, text=True)
+            if out.returncode:
+                harness.failed([sys.executable, "-c", "CHILD", *cmd[3:]], out.returncode, out.stderr)
             runs[mode] = json.loads(out.stdout.splitlines()[-1])
     row = {**runs["with"], "pass_s": runs["alone"]["pass_s"],
            "rss_growth_mib": runs["with"]["rss_mib"] - runs["alone"]["rss_mib"]}
     return {"drafter": kind, "size": size if kind != "gemma4-assistant" else f"{n_embd}x2", **row,
-            "per_token_vs_pass": row["per_token_s"] / row["pass_s"]}
+            "per_token_vs_pass": harness.ratio(row["per_token_s"], row["pass_s"])}
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    p = harness.parser(__name__, __doc__)
     p.add_argument("--size", action="append", help="N_EMBDxN_LAYER of the target (default: 64x4 and 1024x16)")
-    p.add_argument("--threads", type=int, default=1)
+    harness.add_threads(p, default=1)
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("-o", "--output", type=Path)
-    args = p.parse_args()
+    harness.add_output(p, "every drafter's costs")
+    args = harness.parse(p, argv)
     sizes = args.size or ["64x4", "1024x16"]
     rows = []
     t0 = time.time()
@@ -159,10 +159,6 @@ def main() -> int:
                   f"{1000 * row['per_token_s']:8.3f} ms ({row['per_token_vs_pass']:.2f}x, K={row['k']})  catch-up "
                   f"{catch_up}  memory +{row['rss_growth_mib']:.0f} MiB", flush=True)
     if args.output:
-        args.output.write_text(json.dumps({"meta": meta(), "args": vars(args) | {"output": str(args.output)},
-                                           "seconds": time.time() - t0, "rows": rows}, indent=1))
+        harness.write(args.output, {"meta": harness.meta(), "args": vars(args) | {"output": str(args.output)},
+                                    "seconds": time.time() - t0, "rows": rows})
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,12 +1,12 @@
 """What the target's NextN (MTP) layers cost and buy, measured on the tiny Qwen3.5 of tiny_model.py.
 
-    python scripts/bench_mtp.py [--size 64x4] [--size 1024x12] [--threads 1] [--repeat 5]
+    python -m scripts.bench mtp [--size 64x4] [--size 1024x12] [--threads 1] [--repeat 5]
                                 [--rounds 3] [-n 64] [--prompt TEXT] [-o FILE]
 
 The figures of docs/drafters.md's "Drafting with the target's MTP layers" (the paragraph on what the
 NextN layers cost when auto never uses them). For each --size N_EMBDxN_LAYER (default: the
 default tiny model, 64x4, and 1024x12), `python -m tests.tiny_model qwen35 OUT.gguf --mtp` writes a
-random-weight model with one NextN layer into a temporary folder, and this script measures:
+random-weight model with one NextN layer into a temporary folder, and the scenario measures:
 
 - the file: its bytes, and the bytes of its NextN block's tensors (every `blk.{i}.*` tensor of
   the last nextn_predict_layers blocks, as the gguf reader lists them);
@@ -23,7 +23,7 @@ random-weight model with one NextN layer into a temporary folder, and this scrip
   log; then it decodes --context-tokens tokens through the target and reads back the NextN
   rows it kept for the head (`nextn_state`): their bytes per token of context;
 - a head step against a target pass (speculative/engine/calibrate.py's `measure` and `measure_mtp`,
-  as auto calibrates them: a decode of b tokens after 32 of context, best of 3, b = 1..16),
+  as auto calibrates them: a decode of b tokens after 32 of context, the median of 3, b = 1..16),
   medians over --repeat: the target's one-token pass, the head's one-entry step, their ratio,
   and the head's batch of 16 per entry (catching up on the tokens the target accepted);
 - the CLI, `speculate --json -m FILE -p PROMPT -n N --temp 0 --ignore-eos -t THREADS` with
@@ -39,8 +39,8 @@ The head's weights are random (it favours the trunk's successor token, as tiny_m
 says): only the costs mean anything for a real model; the acceptance is this model's.
 Prints a summary per size; -o writes everything as JSON:
 
-    {"meta": scripts/results.py's meta (date, command, machine, commit) and llama_cpp (system_info),
-     "args": this script's arguments,
+    {"meta": the harness's meta (date, command, machine, commit) and llama_cpp (system_info),
+     "args": the scenario's arguments,
      "models": [one object per --size:
        "size" ("1024x12"), "n_embd", "n_layer" (trunk blocks), "nextn_layers" (NextN blocks),
        "file_bytes", "nextn_bytes" (the NextN blocks' tensor bytes), "nextn_share" (of file_bytes),
@@ -83,25 +83,18 @@ import argparse
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import gguf
 
-import gguf  # noqa: E402
-
-from scripts.results import meta  # noqa: E402
-from speculative.decoding.cache import Cache, HeadCache  # noqa: E402
-from speculative.decoding.settings import ModelSpec  # noqa: E402
-from speculative.engine.calibrate import measure, measure_mtp  # noqa: E402
-from speculative.engine.engine import MAX_SNAPSHOTS  # noqa: E402
-from speculative.llamacpp.devices import system_info  # noqa: E402
-from speculative.llamacpp.model import LlamaModel  # noqa: E402
-from tests.tiny_model import write_model  # noqa: E402
+from scripts.bench import harness
+from speculative.decoding.cache import Cache, HeadCache
+from speculative.engine.calibrate import measure, measure_mtp
+from tests.tiny_model import write_model
 
 PROMPT = "once upon a time there were a cat and a dog. once upon a time there were"  # tests/test_mtp.py's
 CATCH_UP = 16  # the head's batch: the entries it decodes to catch up with the target
@@ -176,14 +169,15 @@ def mark(what: str) -> None:
     os.write(2, f"{MARK}{what}\n".encode())
 
 
-def load_child(path: Path, case: str, args) -> None:
+def load_child(path: Path, case: str, args: argparse.Namespace) -> None:
     """One load (the parent reads llama.cpp's log from this process's stderr): JSON on stdout."""
-    system_info()  # llama.cpp's backend set up before, not counted in the load
+    from speculative.llamacpp.devices import system_info
+
+    system_info()  # llama.cpp's backend set up before, not counted in the load (the binding imported in main)
     before = rss()
     mark("load")
     t0 = time.perf_counter()
-    model = LlamaModel(ModelSpec(path, name=path.stem, n_ctx=args.ctx, n_threads=args.threads, n_rs_seq=args.snapshots,
-                       mtp=case == "nextn"))
+    model = harness.load(path, n_ctx=args.ctx, n_threads=args.threads, n_rs_seq=args.snapshots, mtp=case == "nextn")
     out = {"load_s": time.perf_counter() - t0}
     loaded = rss()
     out |= {"rss_before_mib": before["VmRSS"], "rss_loaded_mib": loaded["VmRSS"],
@@ -217,14 +211,14 @@ def sections(stderr: str) -> dict[str, str]:
     return {part.partition("\n")[0]: part.partition("\n")[2] for part in parts[1:]}
 
 
-def load_once(path: Path, case: str, args) -> dict:
+def load_once(path: Path, case: str, args: argparse.Namespace) -> dict:
     env = {**os.environ, "SPECULATE_LLAMA_LOG": "1"}
-    cmd = [sys.executable, __file__, "--load-child", case, str(path), "--ctx", str(args.ctx),
+    cmd = [sys.executable, "-m", "scripts.bench", "mtp", "--load-child", case, str(path), "--ctx", str(args.ctx),
            "--threads", str(args.threads), "--snapshots", str(args.snapshots),
            "--context-tokens", str(args.context_tokens)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=harness.ROOT)
     if proc.returncode != 0:
-        sys.exit(f"loading {path} ({case}) failed:\n{proc.stderr[-3000:]}")
+        harness.failed(cmd, proc.returncode, proc.stderr)
     run = json.loads(proc.stdout.strip().splitlines()[-1])
     logs = sections(proc.stderr)
     run["buffers_mib"] = buffers(logs.get("load", ""))
@@ -234,19 +228,18 @@ def load_once(path: Path, case: str, args) -> dict:
 
 
 def medians(runs: list[dict], keys: list[str]) -> dict:
-    return {key: statistics.median(r[key] for r in runs) for key in keys}
+    return {key: harness.median(r[key] for r in runs) for key in keys}
 
 
 def median_buffers(runs: list[dict], field: str) -> dict[str, float]:
     kinds = sorted({k for r in runs for k in r[field]})
-    return {k: statistics.median(r[field].get(k, 0.0) for r in runs) for k in kinds}
+    return {k: harness.median(r[field].get(k, 0.0) for r in runs) for k in kinds}
 
 
-def measure_loads(path: Path, args) -> dict:
+def measure_loads(path: Path, args: argparse.Namespace) -> dict:
     runs: dict[str, list[dict]] = {"plain": [], "nextn": []}
-    for r in range(args.repeat):
-        for case in (("plain", "nextn") if r % 2 == 0 else ("nextn", "plain")):
-            runs[case].append(load_once(path, case, args))
+    for _, case in harness.interleaved(("plain", "nextn"), args.repeat, rotate=True):
+        runs[case].append(load_once(path, case, args))
     load = {}
     for case, case_runs in runs.items():
         for run in case_runs:
@@ -265,39 +258,35 @@ def measure_loads(path: Path, args) -> dict:
 # -- a head step against a target pass -------------------------------------------------
 
 
-def measure_costs(path: Path, args) -> dict:
-    model = LlamaModel(ModelSpec(path, name=path.stem, n_ctx=args.ctx, n_threads=args.threads, n_rs_seq=args.snapshots,
-                       mtp=True))
-    with model:
+def quiet(_: str) -> None:
+    """calibrate's progress lines, not printed here."""
+
+
+def measure_costs(path: Path, args: argparse.Namespace) -> dict:
+    with harness.load(path, n_ctx=args.ctx, n_threads=args.threads, n_rs_seq=args.snapshots, mtp=True) as model:
         cache, mtp = Cache(model), HeadCache(model.tap.mtp_head())
-        repeats = []
-        for r in range(args.repeat):
-            first, second = ("target", "head") if r % 2 == 0 else ("head", "target")
-            measured = {}
-            for which in (first, second):
-                seconds = measure(cache, CATCH_UP) if which == "target" else measure_mtp(mtp, CATCH_UP)
-                measured[f"{which}_ms"] = [1e3 * s for s in seconds]
-            repeats.append(measured)
-    target = [statistics.median(r["target_ms"][b] for r in repeats) for b in range(CATCH_UP)]
-    head = [statistics.median(r["head_ms"][b] for r in repeats) for b in range(CATCH_UP)]
+        repeats: list[dict] = [{} for _ in range(args.repeat)]
+        sizes = list(range(1, CATCH_UP + 1))
+        for r, which in harness.interleaved(("target", "head"), args.repeat, rotate=True):
+            timed = measure(cache, sizes, quiet) if which == "target" else measure_mtp(mtp, sizes, quiet)
+            repeats[r][f"{which}_ms"] = [1e3 * harness.median(timed.rounds[b]) for b in sizes]
+    target = [harness.median(r["target_ms"][b] for r in repeats) for b in range(CATCH_UP)]
+    head = [harness.median(r["head_ms"][b] for r in repeats) for b in range(CATCH_UP)]
     return {"batch": CATCH_UP, "target_ms": target, "head_ms": head, "target_pass_ms": target[0],
-            "head_step_ms": head[0], "head_vs_target": head[0] / target[0],
+            "head_step_ms": head[0], "head_vs_target": harness.ratio(head[0], target[0]),
             "head_catch_up_ms_per_entry": head[-1] / CATCH_UP, "repeats": repeats}
 
 
 # -- the CLI ---------------------------------------------------------------------------
 
 
-def cli_once(path: Path, spec: str, args, home: Path) -> dict:
+def cli_once(path: Path, spec: str, args: argparse.Namespace, home: Path) -> dict:
     steps_file = home / "steps.jsonl"
     env = {**os.environ, "SPECULATE_HOME": str(home), "BENCH_MTP_STEPS": str(steps_file)}
     cmd = [sys.executable, "-c", PROBE, "-m", str(path), "-p", args.prompt, "-n", str(args.n_predict),
            "--temp", "0", "--ignore-eos", "-t", str(args.threads), "--spec-type", spec, "--json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parents[1])
-    if proc.returncode != 0:
-        sys.exit(f"speculate --spec-type {spec} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    out = json.loads(proc.stdout)
-    steps = [json.loads(line) for line in steps_file.read_text().splitlines()]
+    out = harness.run_json(cmd, env=env, cwd=harness.ROOT)
+    steps = harness.jsonl(steps_file)
     run = {key: out[key] for key in ("decode_tps", "accept_rate", "n_drafted", "n_accept", "n_predict", "n_steps",
                                      "t_load_s", "plans", "notes")}
     return run | {"spec": spec, "steps": steps, **mtp_trail(steps), "tokens": out["tokens"]}
@@ -313,21 +302,18 @@ def mtp_trail(steps: list[list]) -> dict:
             "drafted_after_last_mtp": after}
 
 
-def rotated(items: tuple, by: int) -> tuple:
-    by %= len(items)
-    return items[by:] + items[:by]
-
-
-def measure_cli(path: Path, args) -> dict:
+def measure_cli(path: Path, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as home:
         calibration = cli_once(path, "auto", args, Path(home))
-        runs = []
-        for r in range(args.rounds):
-            this_round = {spec: cli_once(path, spec, args, Path(home)) | {"round": r + 1}
-                          for spec in rotated(SPECS, r)}
-            for spec in SPECS:
-                this_round[spec]["ratio_to_none"] = this_round[spec]["decode_tps"] / this_round["none"]["decode_tps"]
-                runs.append(this_round[spec])
+        rounds: list[dict] = [{} for _ in range(args.rounds)]
+        for r, spec in harness.interleaved(SPECS, args.rounds, rotate=True):
+            rounds[r][spec] = cli_once(path, spec, args, Path(home)) | {"round": r + 1}
+    runs = []
+    for this_round in rounds:
+        for spec in SPECS:
+            this_round[spec]["ratio_to_none"] = harness.ratio(this_round[spec]["decode_tps"],
+                                                              this_round["none"]["decode_tps"])
+            runs.append(this_round[spec])
     reference = next(r["tokens"] for r in runs if r["spec"] == "none")
     for run in [calibration, *runs]:
         run["same_as_none"] = run.pop("tokens") == reference
@@ -335,9 +321,9 @@ def measure_cli(path: Path, args) -> dict:
     for spec in SPECS:
         of = [r for r in runs if r["spec"] == spec]
         ratios = [r["ratio_to_none"] for r in of]
-        summary[spec] = {"decode_tps": statistics.median(r["decode_tps"] for r in of), "ratio_min": min(ratios),
-                         "ratio_median": statistics.median(ratios), "ratio_max": max(ratios),
-                         "accept_rate": statistics.median(r["accept_rate"] for r in of),
+        summary[spec] = {"decode_tps": harness.median(r["decode_tps"] for r in of), "ratio_min": min(ratios),
+                         "ratio_median": harness.median(ratios), "ratio_max": max(ratios),
+                         "accept_rate": harness.median(r["accept_rate"] for r in of),
                          "mtp_steps": [r["mtp_steps"] for r in of], "identical": all(r["same_as_none"] for r in of)}
     return {"prompt": args.prompt, "n_predict": args.n_predict, "n_ctx": 4096, "calibration": calibration,
             "runs": runs, "summary": summary}
@@ -346,7 +332,7 @@ def measure_cli(path: Path, args) -> dict:
 # -- the whole --------------------------------------------------------------------------
 
 
-def measure_size(folder: Path, n_embd: int, n_layer: int, args) -> dict:
+def measure_size(folder: Path, n_embd: int, n_layer: int, args: argparse.Namespace) -> dict:
     size = f"{n_embd}x{n_layer}"
     path = write_model("qwen35", folder / f"qwen35-mtp-{size}.gguf", mtp=True, n_embd=n_embd, n_layer=n_layer)
     try:
@@ -402,11 +388,13 @@ def print_cli(cli: dict) -> None:
               f"notes: {r['notes']}", flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    from speculative.engine.engine import MAX_SNAPSHOTS  # the binding: here, so that listing the scenarios skips it
+
+    parser = harness.parser(__name__, __doc__)
     parser.add_argument("--size", type=parse_size, action="append", metavar="N_EMBDxN_LAYER",
                         help="a model's width and trunk layers (repeatable; default: 64x4 and 1024x12)")
-    parser.add_argument("--threads", type=int, default=1, help="-t of every load and run (default 1)")
+    harness.add_threads(parser, default=1)
     parser.add_argument("--ctx", type=int, default=4096, help="context cells of the library's loads (default "
                         "4096, the CLI's -c)")
     parser.add_argument("--snapshots", type=int, default=MAX_SNAPSHOTS, help="n_rs_seq of the library's loads "
@@ -417,24 +405,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="CLI rounds of none, draft-mtp, auto (default 3)")
     parser.add_argument("-n", "--n-predict", type=int, default=64)
     parser.add_argument("--prompt", default=PROMPT)
-    parser.add_argument("-o", "--output", type=Path)
+    harness.add_output(parser, "everything")
     parser.add_argument("--load-child", nargs=2, metavar=("CASE", "PATH"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = harness.parse(parser, argv)
     if args.load_child:
         case, path = args.load_child
         load_child(Path(path), case, args)
-        return
+        return 0
     sizes = args.size or [(64, 4), (1024, 12)]
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for n_embd, n_layer in sizes:
             rows.append(measure_size(Path(folder), n_embd, n_layer, args))
     if args.output:
+        from speculative.llamacpp.devices import system_info
+
         saved = {k: v for k, v in vars(args).items() if k != "load_child"}
         saved |= {"size": [f"{e}x{l}" for e, l in sizes], "output": str(args.output)}
-        args.output.write_text(json.dumps({"meta": meta(llama_cpp=system_info()), "args": saved, "models": rows},
-                                          indent=1))
-
-
-if __name__ == "__main__":
-    main()
+        harness.write(args.output, {"meta": harness.meta(llama_cpp=system_info()), "args": saved, "models": rows})
+    return 0

@@ -1,11 +1,10 @@
-#!/usr/bin/env python3
 """A coding agent's session with tools, turn by turn: `speculate serve` with and without speculation
 against the pinned llama-server, without speculation and with --spec-default, all through
 /v1/chat/completions.
 
-    scripts/bench_agent.py [--speculate PATH] [--llama-server PATH] [-m MODEL] [-md DRAFT] [-t 2]
-                           [-n 2048] [--only CONFIG_SUBSTRING ...] [--sessions ID,...]
-                           [--calls tools|grammar] [--repeats 1] [-o results.json]
+    python -m scripts.bench agent [--speculate PATH] [--llama-server PATH] [-m MODEL] [-md DRAFT] [-t 2]
+                                  [-n 2048] [--only CONFIG_SUBSTRING ...] [--sessions ID,...]
+                                  [--calls tools|grammar] [--repeats 1] [-o results.json]
 
 Each session of scripts/agent_sessions.jsonl (one a line: {"id", "path", "edits": [user
 messages], "text": the file's text}) is what an agent does to change a file: every request offers
@@ -40,12 +39,12 @@ ratios auto / none, spec-default / llama-server none and auto / spec-default; th
 turns together and all turns together, each configuration's tokens over its decode seconds (the
 aggregate speed, not a mean of speeds), and how many answers (content and calls, word for word)
 are the same server's without speculation. A second table sums each configuration's turns as
-scripts/bench_conversation.py's does, with the calls as asked, the lines of the file its rewrites
+the `conversation` scenario's does, with the calls as asked, the lines of the file its rewrites
 kept and the sessions ended early.
 --repeats R runs everything R times, in the same order.
 
-llama-server, the calibration of auto, GGML_CPU_TILED_MM and the options shared with
-scripts/bench_conversation.py work as there. Prints both tables (`python scripts/tables.py agent
+llama-server, the calibration of auto, GGML_CPU_TILED_MM and the options shared with the
+`conversation` scenario work as there. Prints both tables (`python scripts/tables.py agent
 agent-totals` renders the same from -o's file) and whether the goals were met: auto at least 1.5x
 speculate none on the rewrite turns, and ahead of llama-server spec-default there. -o writes meta,
 the sessions, the tables' rows and every run: each turn's statistics, usage, timings and message,
@@ -60,15 +59,14 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # its siblings, also when imported by tests
-from bench_conversation import (CTX, Config, add_common_arguments, by_ids, check_common_arguments,  # noqa: E402
-                                goals, jsonl, log_turn, print_goals, run_all, run_meta, server_turn, summarise)
-from served import Server  # noqa: E402
-from tables import agent as agent_table  # noqa: E402
-from tables import agent_totals as totals_table  # noqa: E402
+from scripts.bench import harness
+from scripts.bench.conversation import (CTX, Config, add_common_arguments, check_common_arguments, goals,
+                                        log_turn, print_goals, run_all, run_meta, server_turn, summarise)
+from scripts.bench.servers import Server
+from scripts.tables import agent as agent_table
+from scripts.tables import agent_totals as totals_table
 
-ROOT = Path(__file__).resolve().parent.parent
-SESSIONS = ROOT / "scripts" / "agent_sessions.jsonl"
+SESSIONS = harness.ROOT / "scripts" / "agent_sessions.jsonl"
 N_PREDICT = 2048
 
 SYSTEM = ("You are a coding agent working in a repository. You see and change its files only through your tools: "
@@ -149,15 +147,16 @@ def load_sessions(path: Path = SESSIONS, ids: list[str] | None = None) -> list[d
     file's path and text, and edits that are non-empty messages each naming the file. ValueError
     says what is wrong."""
     sessions = []
-    for number, s in jsonl(path):
-        if (not isinstance(s, dict) or not all(isinstance(s.get(k), str) and s[k].strip() for k in ("id", "path", "text"))
+    for number, s in harness.jsonl(path, numbered=True):
+        if (not isinstance(s, dict)
+                or not all(isinstance(s.get(k), str) and s[k].strip() for k in ("id", "path", "text"))
                 or not isinstance(s.get("edits"), list) or not s["edits"]):
             raise ValueError(f"{path}:{number}: a session needs an id, a path, the file's text and edits")
         for edit in s["edits"]:
             if not isinstance(edit, str) or s["path"] not in edit:
                 raise ValueError(f"{path}:{number}: {s['id']}: every edit must be a message naming {s['path']}")
         sessions.append(s)
-    return by_ids(sessions, ids, "session", path)
+    return harness.by_ids(sessions, ids, "session", path)
 
 
 # -- a session's messages --------------------------------------------------------------
@@ -316,8 +315,8 @@ def run_session(cfg: Config, bench: argparse.Namespace, session: dict, work: Pat
 
 
 def summarise_agent(runs: list[dict], configs: list[str], sessions: list[dict]) -> dict:
-    """bench_conversation's summary (the rewrite turns timed), each configuration's totals with the
-    calls as asked, the file's lines its rewrites kept, and the sessions that ended early."""
+    """The `conversation` scenario's summary (the rewrite turns timed), each configuration's totals
+    with the calls as asked, the file's lines its rewrites kept, and the sessions that ended early."""
     table = summarise(runs, configs, sessions, kinds=session_kinds, timed="rewrite")
     for total in table["totals"]:
         mine = [run for run in runs if run["config"] == total["config"]]
@@ -348,7 +347,7 @@ def print_report(table: dict, found: list[dict], bench: argparse.Namespace, sess
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__name__, __doc__)
     add_common_arguments(parser)
     parser.set_defaults(n_predict=N_PREDICT)
     parser.add_argument("--sessions", help="ids of scripts/agent_sessions.jsonl, comma-separated (default: all)")
@@ -356,7 +355,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="how a turn gets its call: 'tools', the tool named in tool_choice and the call read by "
                              "the server (default); 'grammar', tool_choice none, the text held to the call in "
                              "Qwen2.5's form by a grammar and read by this script (for a server that will not call)")
-    bench = parser.parse_args(argv)
+    bench = harness.parse(parser, argv)
     check_common_arguments(parser, bench)
     try:
         bench.picked = load_sessions(ids=bench.sessions.split(",") if bench.sessions else None)
@@ -373,12 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     found = goals(table["summary"], GOALS)
     print_report(table, found, bench, sessions, runs)
     if bench.output:
-        bench.output.write_text(json.dumps({
+        harness.write(bench.output, {
             "meta": run_meta(bench, calls=bench.calls, sessions=[s["id"] for s in sessions]),
-            "system": SYSTEM, "tools": TOOLS, "sessions": sessions, **table, "goals": found, "runs": runs},
-            indent=1, ensure_ascii=False))
+            "system": SYSTEM, "tools": TOOLS, "sessions": sessions, **table, "goals": found, "runs": runs})
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

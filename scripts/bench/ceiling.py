@@ -1,50 +1,56 @@
-#!/usr/bin/env python3
 """What decoding N sequences in one batch can gain on this machine: the ceiling of `-np N`.
 
-    python scripts/batch_ceiling.py MODEL.gguf [-t THREADS] [--ns 1,2,4,8] [--steps 16] [--rounds 3]
+    python -m scripts.bench ceiling MODEL.gguf [-t THREADS] [--ns 1,2,4,8] [--steps 16] [--rounds 3]
+                                    [-o results.json]
 
-Run it with the Python of the build to measure (scripts/bench_parallel.py runs it with the
+Run it with the Python of the build to measure (the `parallel` scenario runs it with the
 speculate executable's): the model loads through speculate's binding, as speculate loads it.
 One context of -c 4096 with a unified cache, as speculate's `-np N` makes; each of N sequences
 gets a prompt of its own (150 tokens), then `--steps` steps of one token per sequence, two
 ways: one llama_decode carrying a token of each of the N sequences, and N llama_decode calls of
 one token each. The two ways alternate, `--rounds` times; the gain
 is the time of the N single decodes over the batch's, per round. Prints one JSON object:
-{"n": {"N": [gain per round, ...]}, "single_ms": [a single decode's ms per round]}.
+{"n": {"N": [gain per round, ...]}, "single_ms": [a single decode's ms per round]}; -o also
+writes it, with meta.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from speculative.decoding.settings import ModelSpec
-from speculative.llamacpp.model import LlamaModel
+from scripts.bench import harness
+
+if TYPE_CHECKING:
+    from speculative.llamacpp.model import LlamaModel
 
 PROMPT = 150
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = harness.parser(__name__, __doc__)
     parser.add_argument("model")
-    parser.add_argument("-t", "--threads", type=int, default=2)
+    harness.add_threads(parser, default=2)
     parser.add_argument("--ns", default="1,2,4,8")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    harness.add_output(parser, "the gains")
+    args = harness.parse(parser, argv)
     ns = [int(n) for n in args.ns.split(",")]
     path = Path(args.model)
-    # loaded through the binding, as speculate loads it (weights where its CPU kernels run, not in
-    # llama.cpp's default extra buffer types: the AMX one crashes a batch on the stock build)
-    spec = ModelSpec(path, path.name, n_ctx=4096, n_batch=512, n_ubatch=512, n_threads=args.threads,
-                     n_slots=max(ns), kv_unified=True)
-    with LlamaModel(spec) as model:
-        return measure(model, ns, args.steps, args.rounds)
+    with harness.load(path, name=path.name, n_ctx=4096, n_batch=512, n_ubatch=512, n_threads=args.threads,
+                      n_slots=max(ns), kv_unified=True) as model:
+        gains = measure(model, ns, args.steps, args.rounds)
+    print(json.dumps(gains))
+    if args.output:
+        harness.write(args.output, {"meta": harness.meta(model=str(path), threads=args.threads, steps=args.steps,
+                                                         rounds=args.rounds), **gains})
+    return 0
 
 
-def measure(model: LlamaModel, ns: list[int], steps: int, rounds: int) -> int:
+def measure(model: LlamaModel, ns: list[int], steps: int, rounds: int) -> dict:
     pos = [0] * max(ns)
 
     def decode(entries: list[tuple[int, int]]) -> None:  # (token, sequence), each at its next position
@@ -73,9 +79,4 @@ def measure(model: LlamaModel, ns: list[int], steps: int, rounds: int) -> int:
             gains[n].append(apart / together)
             if n == 1:
                 single_ms.append(apart / steps * 1000)
-    print(json.dumps({"n": {str(n): g for n, g in gains.items()}, "single_ms": single_ms}))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return {"n": {str(n): g for n, g in gains.items()}, "single_ms": single_ms}

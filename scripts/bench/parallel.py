@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Many requests at once: `batch --parallel N`, `serve -np N` and the pinned llama-server, compared.
 
-    scripts/bench_parallel.py [--speculate PATH] [-m MODEL] [-md DRAFT] [-t THREADS] [--requests 16]
-                              [-n 64] [--repeats 3] [--only CONFIG_SUBSTRING ...] [-o results.json]
+    python -m scripts.bench parallel [--speculate PATH] [-m MODEL] [-md DRAFT] [-t THREADS] [--requests 16]
+                                     [-n 64] [--repeats 3] [--only CONFIG_SUBSTRING ...] [-o results.json]
 
 --requests distinct requests (default 16) from scripts/prompts.jsonl (evenly spaced over its
 prompts, so every category is in; cycled with new ids if more are asked than it holds), each for
@@ -22,7 +21,7 @@ each repeat runs every configuration once, in the same order, so drift hits all 
 takes the next request when its answer is in (POST /v1/completions for a prompt,
 /v1/chat/completions for messages, max_tokens -n, temperature 0).
 
-First, once: the ceiling (scripts/batch_ceiling.py, with the speculate build's Python): what one
+First, once: the ceiling (the `ceiling` scenario, with the speculate build's Python): what one
 llama_decode of a token of each of N sequences gains over N single decodes on this machine, for
 every N run, the most batching can gain on the steps (a prompt gains next to nothing).
 
@@ -45,10 +44,8 @@ peak RSS and KV MiB, the most answers of one repeat that differ from -np 1, and 
 margin where any of them parts. -o writes it
 all (meta, every run's figures, latencies and texts) as JSON.
 
-llama-server is built once from the sdist scripts/test.sh keeps (.cache/sdist), Release, static,
-no web UI (-DLLAMA_USE_PREBUILT_UI=OFF: nothing downloaded), into .cache/llama-server/KEY/ (KEY:
-the sdist's sha256 and the CMake flags; for this machine's CPU, GGML_NATIVE): 10 to 15 minutes on
-2 cores, the first time only. It keeps its own defaults otherwise: flash attention `auto` (on, on
+llama-server is built once from the sdist scripts/test.sh keeps (servers.py says how). It keeps
+its own defaults otherwise: flash attention `auto` (on, on
 a CPU), where speculate leaves it off. GGML_CPU_TILED_MM is passed on as set (unset: the stock
 kernels); 0 makes the CPU kernels batch-invariant on every tool alike. auto's cost calibration
 (speculative/engine/calibrate.py, cached per machine) runs untimed before the first run, for the
@@ -63,45 +60,18 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
-import hashlib
 import json
 import os
 import re
-import shutil
-import statistics
-import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 
-from results import meta
-from served import Server
+from scripts.bench import harness
+from scripts.bench.harness import ROOT
+from scripts.bench.servers import CMAKE_FLAGS, Server, llama_server_binary
 
-ROOT = Path(__file__).resolve().parent.parent
-PROMPTS = ROOT / "scripts" / "prompts.jsonl"
-LLAMA_VERSION = "0.3.36"
-SDIST = ROOT / ".cache" / "sdist" / f"llama_cpp_python-{LLAMA_VERSION}.tar.gz"
-SERVER_CACHE = ROOT / ".cache" / "llama-server"
-
-
-def amx_off() -> list[str]:
-    """On a CPU with AMX (Intel Xeon since Sapphire Rapids) the native build's AMX matmul crashes
-    in the pinned llama.cpp (its issue 20824), where llama-server puts weights by default: left
-    out of the build, as scripts/test.sh leaves it out of the binding's."""
-    try:
-        cpu = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    off = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-    return [f"-DCMAKE_C_FLAGS={off}", f"-DCMAKE_CXX_FLAGS={off}"] if re.search(r"\bamx_tile\b", cpu) else []
-
-
-# Release, one static binary, no web UI (LLAMA_USE_PREBUILT_UI=OFF: nothing downloaded), no HTTPS
-CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_SERVER=ON",
-               "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
-               "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_OPENSSL=OFF", *amx_off()]
 CTX = 4096
 KV_LINE = re.compile(r"KV buffer size =\s*([\d.]+) MiB")
 BASELINE = "batch -np 1 none"
@@ -126,7 +96,7 @@ CONFIGS = ([Config("batch", n, spec) for spec in ("none", "auto") for n in (1, 2
 def make_requests(count: int, n_predict: int) -> list[dict]:
     """`count` requests from scripts/prompts.jsonl, evenly spaced over it, cycled with new ids when
     more are asked than it holds; `category` (which `speculate batch` refuses) dropped."""
-    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
+    rows = harness.jsonl(harness.PROMPTS)
     if count <= len(rows):
         picked = [(rows[i * len(rows) // count], "") for i in range(count)]
     else:  # every prompt, then again as request "ID-2", and so on
@@ -138,68 +108,10 @@ def make_requests(count: int, n_predict: int) -> list[dict]:
     return requests
 
 
-def llama_server_binary() -> Path:
-    """llama-server from the sdist scripts/test.sh keeps, built once and cached under a key of its sha256."""
-    if not SDIST.exists():
-        sys.exit(f"{SDIST} missing: scripts/test.sh downloads it")
-    digest = hashlib.sha256(SDIST.read_bytes())
-    digest.update(" ".join(CMAKE_FLAGS).encode())
-    binary = SERVER_CACHE / digest.hexdigest()[:16] / "llama-server"
-    if binary.exists():
-        return binary
-    work = binary.parent.with_suffix(".build")
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    print(f"building llama-server from {SDIST.name} in {work} (10 to 15 minutes on 2 cores) ...",
-          file=sys.stderr, flush=True)
-    started = time.monotonic()
-    with tarfile.open(SDIST) as tar:
-        tar.extractall(work, filter="data")
-    source = work / f"llama_cpp_python-{LLAMA_VERSION}" / "vendor" / "llama.cpp"
-    with open(work / "build.log", "wb") as log:
-        for cmd in (["cmake", "-S", str(source), "-B", str(work / "build"), *CMAKE_FLAGS],
-                    ["cmake", "--build", str(work / "build"), "--target", "llama-server", "-j", "2"]):
-            if subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode:
-                sys.exit(f"llama-server build failed: {' '.join(cmd)}; see {work / 'build.log'}")
-    binary.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(work / "build" / "bin" / "llama-server", binary)
-    shutil.copy2(work / "build.log", binary.with_name("build.log"))
-    shutil.rmtree(work)
-    print(f"built {binary} in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
-    return binary
-
-
-def model_file(speculate: str, model: str) -> str:
-    """A GGUF path for llama-server: `model` itself if it is a file, else where the registry keeps it."""
-    if Path(model).is_file():
-        return model
-    proc = subprocess.run([speculate, "models", "path", model], capture_output=True, text=True)
-    if proc.returncode:
-        sys.exit(f"{model}: not a file, and `speculate models path` says: {proc.stderr.strip()}")
-    return proc.stdout.strip()
-
-
 def kv_mib(log: Path) -> float | None:
     """The KV buffers llama.cpp's load log reports, summed (None: no such line)."""
     sizes = [float(m) for m in KV_LINE.findall(log.read_text(errors="replace"))]
     return sum(sizes) if sizes else None
-
-
-def peak_rss_mib(pid: int) -> float | None:
-    """A live process's peak resident memory (VmHWM)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
-
-
-def percentile(values: list[float], q: int) -> float:
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
 def speculate_flags(cfg: Config, bench: argparse.Namespace) -> list[str]:
@@ -217,13 +129,7 @@ def run_batch(cfg: Config, bench: argparse.Namespace, requests: list[dict], work
     cmd = [bench.speculate, "batch", str(req), "-o", str(out), "--summary", str(summary), "--temp", "0",
            *speculate_flags(cfg, bench)]
     started = time.monotonic()
-    with open(log, "wb") as sink:
-        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT,
-                                env={**bench.env, "SPECULATE_LLAMA_LOG": "1"})
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        sys.exit(f"{' '.join(cmd)} exited {proc.returncode}:\n{log.read_text(errors='replace')[-3000:]}")
+    rss = harness.run_logged(cmd, log, env={**bench.env, "SPECULATE_LLAMA_LOG": "1"})
     if not json.loads(summary.read_text())["all_succeeded"]:
         sys.exit(f"{' '.join(cmd)}: some requests failed, see {out}")
     records = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
@@ -232,7 +138,7 @@ def run_batch(cfg: Config, bench: argparse.Namespace, requests: list[dict], work
             "tokens": {i: s["n_predict"] for i, s in stats.items()},
             "latency_s": {i: s["t_restore_s"] + s["t_encode_s"] + s["t_save_s"] + s["t_decode_s"]
                           for i, s in stats.items()},
-            "texts": {i: r["text"] for i, r in records.items()}, "rss_mib": usage.ru_maxrss / 1024,
+            "texts": {i: r["text"] for i, r in records.items()}, "rss_mib": rss,
             "kv_mib": kv_mib(log), "calibrated": "calibrating" in log.read_text(errors="replace")}
 
 
@@ -273,7 +179,7 @@ def run_served(cfg: Config, bench: argparse.Namespace, requests: list[dict], wor
         with concurrent.futures.ThreadPoolExecutor(max_workers=cfg.n) as clients:
             answers = dict(zip((r["id"] for r in requests), clients.map(lambda r: ask(server, r), requests)))
         seconds = time.monotonic() - first
-        rss = peak_rss_mib(server.proc.pid)
+        rss = harness.peak_rss_mib(server.proc.pid)
     except RuntimeError as e:
         sys.exit(f"{cfg.name}: {e}")
     finally:
@@ -285,18 +191,14 @@ def run_served(cfg: Config, bench: argparse.Namespace, requests: list[dict], wor
 
 
 def measure_ceiling(bench: argparse.Namespace, ns: list[int]) -> dict:
-    """scripts/batch_ceiling.py with the speculate build's Python: what one batch of a token of
+    """The `ceiling` scenario with the speculate build's Python: what one batch of a token of
     each of N sequences gains over N single decodes on this machine, per N (the most -np N can
     gain on the steps; prompts gain next to nothing)."""
-    python = Path(bench.speculate).parent / "python"
-    cmd = [str(python), str(ROOT / "scripts" / "batch_ceiling.py"), bench.target_file, "-t", str(bench.threads),
-           "--ns", ",".join(map(str, ns))]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=bench.env)
-    if proc.returncode:
-        sys.exit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    ceiling = json.loads(proc.stdout)
+    ceiling = harness.run_json([harness.python_of(bench.speculate), "-m", "scripts.bench", "ceiling",
+                                bench.target_file, "-t", str(bench.threads), "--ns", ",".join(map(str, ns))],
+                               env=bench.env, cwd=ROOT)
     print("ceiling, one batch of N tokens against N decodes: " + ", ".join(
-        f"N={n} {statistics.median(g):.2f}x" for n, g in ceiling["n"].items()), file=sys.stderr, flush=True)
+        f"N={n} {harness.median(g):.2f}x" for n, g in ceiling["n"].items()), file=sys.stderr, flush=True)
     return ceiling
 
 
@@ -315,7 +217,8 @@ def measure(cfg: Config, bench: argparse.Namespace, requests: list[dict], work: 
     run = (run_batch if cfg.tool == "batch" else run_served)(cfg, bench, requests, work)
     tokens, latencies = sum(run["tokens"].values()), list(run["latency_s"].values())
     run.update(config=cfg.name, tool=cfg.tool, n=cfg.n, spec=cfg.spec, repeat=repeat, total_tokens=tokens,
-               throughput=tokens / run["seconds"], p50_s=percentile(latencies, 50), p95_s=percentile(latencies, 95))
+               throughput=tokens / run["seconds"], p50_s=harness.percentile(latencies, 50),
+               p95_s=harness.percentile(latencies, 95))
     print(f"repeat {repeat + 1}  {cfg.name:32s} {run['throughput']:7.2f} t/s  {tokens:5d} tokens in "
           f"{run['seconds']:6.1f} s  p50 {run['p50_s']:5.1f} s  p95 {run['p95_s']:5.1f} s  "
           f"RSS {run['rss_mib'] or 0:6.0f} MiB  KV {run['kv_mib'] or 0:5.0f} MiB"
@@ -342,14 +245,10 @@ def attach_margins(runs: list[dict], bench: argparse.Namespace, requests: list[d
             pairs.setdefault((i, single[(r["tool"], r["spec"], r["repeat"])][i], r["texts"][i]), len(pairs))
     if not pairs:
         return
-    python = Path(bench.speculate).parent / "python"
-    cmd = [str(python), str(ROOT / "scripts" / "divergence.py"), bench.target_file, "-t", str(bench.threads),
-           "-c", str(CTX)]
+    cmd = [harness.python_of(bench.speculate), ROOT / "scripts" / "divergence.py", bench.target_file,
+           "-t", str(bench.threads), "-c", str(CTX)]
     given = [{**body[i], "reference": ref, "other": other} for i, ref, other in pairs]  # in index order
-    proc = subprocess.run(cmd, input=json.dumps(given), capture_output=True, text=True, env=bench.env)
-    if proc.returncode:
-        sys.exit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    found = json.loads(proc.stdout)
+    found = harness.run_json(cmd, input=json.dumps(given), env=bench.env)
     for r in runs:
         r["margins"] = {i: found[pairs[(i, single[(r["tool"], r["spec"], r["repeat"])][i], r["texts"][i])]]
                         for i in r["differ"] or []}
@@ -358,22 +257,22 @@ def attach_margins(runs: list[dict], bench: argparse.Namespace, requests: list[d
 def summarise(runs: list[dict], configs: list[Config], ceiling: dict) -> list[dict]:
     """One row per configuration: medians over its repeats, and the ceiling at its N."""
     base = [r["throughput"] for r in runs if r["config"] == BASELINE]
+    baseline = harness.median(base) if base else None
     rows = []
     for cfg in configs:
         mine = [r for r in runs if r["config"] == cfg.name]
         speeds = [r["throughput"] for r in mine]
         differ = [len(r["differ"]) for r in mine if r["differ"] is not None]
-        rows.append({"config": cfg.name, "n": cfg.n, "throughput": statistics.median(speeds),
-                     "min": min(speeds), "max": max(speeds),
-                     "ratio": statistics.median(speeds) / statistics.median(base) if base else None,
-                     "p50_s": statistics.median(r["p50_s"] for r in mine),
-                     "p95_s": statistics.median(r["p95_s"] for r in mine),
+        rows.append({"config": cfg.name, "n": cfg.n, "throughput": harness.median(speeds),
+                     "min": min(speeds), "max": max(speeds), "ratio": harness.ratio(harness.median(speeds), baseline),
+                     "p50_s": harness.median(r["p50_s"] for r in mine),
+                     "p95_s": harness.median(r["p95_s"] for r in mine),
                      "rss_mib": max((r["rss_mib"] for r in mine if r["rss_mib"]), default=None),
                      "kv_mib": max((r["kv_mib"] for r in mine if r["kv_mib"]), default=None),
                      "differ": max(differ) if differ else None,
                      "largest_margin": max((m["top2_margin"] for r in mine for m in r.get("margins", {}).values()),
                                            default=None),
-                     "ceiling": statistics.median(ceiling["n"][str(cfg.n)])})
+                     "ceiling": harness.median(ceiling["n"][str(cfg.n)])})
     return rows
 
 
@@ -394,35 +293,32 @@ def print_table(rows: list[dict], requests: int, n_predict: int, repeats: int) -
               f"{opt(row['largest_margin'], '.3f')} |")
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--speculate", default=str(ROOT / ".venv" / "bin" / "speculate"),
-                        help="the speculate executable (default: .venv/bin/speculate, the stock build)")
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = harness.parser(__name__, __doc__)
+    harness.add_speculate(parser, default=str(ROOT / ".venv" / "bin" / "speculate"))
     parser.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-instruct", help="target (path or registry name)")
     parser.add_argument("-md", "--model-draft", dest="draft", default="qwen2.5-coder-0.5b-instruct",
                         help="draft model for auto (path or registry name)")
-    parser.add_argument("-t", "--threads", type=int, default=len(os.sched_getaffinity(0)),
-                        help="CPU threads, every tool (default: all this process may use)")
+    harness.add_threads(parser)
     parser.add_argument("--requests", type=int, default=16, help="distinct requests per run (default 16)")
     parser.add_argument("-n", "--n-predict", type=int, default=64, help="greedy tokens per request (default 64)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of every configuration (default 3)")
     parser.add_argument("--only", nargs="+", action="extend", default=[], metavar="CONFIG_SUBSTRING",
                         help="run only the configurations whose name holds one of these, as 'batch', "
                              "'serve -np' (not llama-server), 'llama-server', '-np 4', 'auto', 'batch -np 1 none'")
-    parser.add_argument("-o", "--output", type=Path, help="every run's figures and answers (JSON, with meta)")
-    return parser.parse_args()
+    harness.add_output(parser, "every run's figures and answers")
+    return harness.parse(parser, argv)
 
 
-def main() -> int:
-    bench = parse_args()
+def main(argv: list[str] | None = None) -> int:
+    bench = parse_args(argv)
     configs = [c for c in CONFIGS if not bench.only or any(s in c.name for s in bench.only)]
     if not configs:
         sys.exit(f"--only {' '.join(bench.only)}: no such configuration; there are: "
                  + ", ".join(c.name for c in CONFIGS))
-    if not os.access(bench.speculate, os.X_OK):
-        sys.exit(f"{bench.speculate}: not an executable (--speculate)")
+    bench.speculate = harness.speculate(bench.speculate)
     bench.env = dict(os.environ)
-    bench.target_file = model_file(bench.speculate, bench.model)
+    bench.target_file = str(harness.model_file(bench.model, bench.speculate))
     if any(c.tool == "llama-server" for c in configs):
         bench.llama_server = llama_server_binary()
     ceiling = measure_ceiling(bench, sorted({c.n for c in configs}))
@@ -431,22 +327,18 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-parallel-") as tmp:
         if any(c.spec == "auto" for c in configs):
             calibrate(bench, max(c.n for c in configs if c.spec == "auto"), requests, Path(tmp))
-        for repeat in range(bench.repeats):
-            for cfg in configs:
-                runs.append(measure(cfg, bench, requests, Path(tmp), repeat))
+        for repeat, cfg in harness.interleaved(configs, bench.repeats):
+            runs.append(measure(cfg, bench, requests, Path(tmp), repeat))
     count_differing(runs)
     attach_margins(runs, bench, requests)
     rows = summarise(runs, configs, ceiling)
     print_table(rows, len(requests), bench.n_predict, bench.repeats)
     if bench.output:
-        bench.output.write_text(json.dumps({
-            "meta": meta(speculate=bench.speculate, model=bench.model, draft=bench.draft, threads=bench.threads,
-                         ctx=CTX, requests=[r["id"] for r in requests], n_predict=bench.n_predict,
-                         repeats=bench.repeats, llama_server=str(getattr(bench, "llama_server", "")) or None,
-                         cmake_flags=CMAKE_FLAGS, GGML_CPU_TILED_MM=os.environ.get("GGML_CPU_TILED_MM")),
-            "ceiling": ceiling, "rows": rows, "runs": runs}, indent=1))
+        harness.write(bench.output, {
+            "meta": harness.meta(speculate=bench.speculate, model=bench.model, draft=bench.draft,
+                                 threads=bench.threads, ctx=CTX, requests=[r["id"] for r in requests],
+                                 n_predict=bench.n_predict, repeats=bench.repeats,
+                                 llama_server=str(getattr(bench, "llama_server", "")) or None,
+                                 cmake_flags=CMAKE_FLAGS, GGML_CPU_TILED_MM=os.environ.get("GGML_CPU_TILED_MM")),
+            "ceiling": ceiling, "rows": rows, "runs": runs})
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

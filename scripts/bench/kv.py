@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 """What the KV cache types cost and save: the default pair with f16, q8_0 and q4_0 KV caches.
 
-    python scripts/bench_kv.py -o kv.json   # then gzip into docs/results/
+    python -m scripts.bench kv -o docs/results/kv.json.gz
 
-    scripts/bench_kv.py [--speculate PATH] [-m MODEL] [-md DRAFT] [--types f16,q8_0,q4_0] [-c 4096]
-                        [-n 128] [-t THREADS] [--limit N] [-o OUT.json]
+    python -m scripts.bench kv [--speculate PATH] [-m MODEL] [-md DRAFT] [--types f16,q8_0,q4_0] [-c 4096]
+                               [-n 128] [-t THREADS] [--limit N] [-o OUT.json]
 
 For each cache type T (K and V alike, -ctk T -ctv T; the draft keeps llama.cpp's f16, -ctkd and
 -ctvd unset), in turn:
@@ -24,8 +23,9 @@ For each cache type T (K and V alike, -ctk T -ctv T; the draft keeps llama.cpp's
            the cache types).
 
 Prints a Markdown table (`python scripts/tables.py kv` renders the same from -o's file) and writes
-{"meta", "rows", "bench": {T: bench's JSON}} with -o. Run it on an idle machine; with the
-defaults (20 prompts, three types) about 25 minutes on the 2-core development machine.
+{"meta", "rows", "bench": {T: bench's JSON}} with -o (gzipped when it ends in .gz), again as each
+type ends. Run it on an idle machine; with the defaults (20 prompts, three types) about 25
+minutes on the 2-core development machine.
 """
 
 from __future__ import annotations
@@ -39,28 +39,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from scripts.results import meta  # noqa: E402
-from scripts.tables import kv as kv_table  # noqa: E402
-
-
-def speculate_path(given: str | None) -> str:
-    if given:
-        return given
-    beside = Path(sys.executable).with_name("speculate")
-    return str(beside) if beside.exists() else "speculate"
+from scripts.bench import harness
+from scripts.tables import kv as kv_table
 
 
 def memory(bench: argparse.Namespace, kind: str) -> dict:
     """The models' KV bytes as speculate reports them and as llama.cpp logged them."""
-    proc = subprocess.run([bench.speculate, "-m", bench.model, "-md", bench.draft, "--spec-type", "draft",
-                           "-ctk", kind, "-ctv", kind, "-c", str(bench.ctx), "-t", str(bench.threads),
-                           "-p", "hi", "-n", "1", "--temp", "0", "--json"], capture_output=True, text=True,
-                          env={**os.environ, "SPECULATE_LLAMA_LOG": "1"})
+    cmd = [bench.speculate, "-m", bench.model, "-md", bench.draft, "--spec-type", "draft", "-ctk", kind, "-ctv", kind,
+           "-c", str(bench.ctx), "-t", str(bench.threads), "-p", "hi", "-n", "1", "--temp", "0", "--json"]
+    # llama.cpp's log comes on standard error, beside the JSON: both are read
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "SPECULATE_LLAMA_LOG": "1"})
     if proc.returncode:
-        sys.exit(f"speculate -ctk {kind} failed: {proc.stderr[-2000:]}")
+        harness.failed(cmd, proc.returncode, proc.stderr)
     out = json.loads(proc.stdout)
     logged = [float(x) * 2**20 for x in re.findall(r"llama_kv_cache: size = +([\d.]+) MiB", proc.stderr)]
     return {"target_kv_bytes": out["target"]["kv_bytes"], "draft_kv_bytes": out["draft"]["kv_bytes"],
@@ -69,14 +59,15 @@ def memory(bench: argparse.Namespace, kind: str) -> dict:
 
 
 def speed(bench: argparse.Namespace, kind: str, work: Path) -> dict:
+    """`speculate bench` at this cache type: the results file it writes (its table on standard output is not kept)."""
     out = work / f"bench-{kind}.json"
-    cmd = [bench.speculate, "bench", str(ROOT / "scripts" / "prompts.jsonl"), "-m", bench.model, "-md", bench.draft,
+    cmd = [bench.speculate, "bench", str(harness.PROMPTS), "-m", bench.model, "-md", bench.draft,
            "-C", "auto", "-ctk", kind, "-ctv", kind, "-c", str(bench.ctx), "-n", str(bench.n_predict),
            "-t", str(bench.threads), "-o", str(out)] + (["--limit", str(bench.limit)] if bench.limit else [])
     print(" ".join(cmd), file=sys.stderr, flush=True)
     proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if proc.returncode:
-        sys.exit(f"speculate bench -ctk {kind} failed: {proc.stderr[-2000:]}")
+        harness.failed(cmd, proc.returncode, proc.stderr)
     return json.loads(out.read_text())
 
 
@@ -99,25 +90,27 @@ def summary(kind: str, mem: dict, result: dict, so_far: dict) -> dict:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--speculate", help="the speculate command (default: the one beside this Python)")
-    p.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-instruct")
-    p.add_argument("-md", "--model-draft", dest="draft", default="qwen2.5-coder-0.5b-instruct")
+    p = harness.parser(__name__, __doc__)
+    harness.add_speculate(p)
+    p.add_argument("-m", "--model", default="qwen2.5-coder-1.5b-instruct", help="target (path or registry name)")
+    p.add_argument("-md", "--model-draft", dest="draft", default="qwen2.5-coder-0.5b-instruct",
+                   help="draft model (path or registry name)")
     p.add_argument("--types", default="f16,q8_0,q4_0", help="cache types, comma-separated (default f16,q8_0,q4_0)")
-    p.add_argument("-c", "--ctx-size", dest="ctx", type=int, default=4096)
-    p.add_argument("-n", "--n-predict", dest="n_predict", type=int, default=128)
-    p.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("-c", "--ctx-size", dest="ctx", type=int, default=4096, help="context, every run (default 4096)")
+    p.add_argument("-n", "--n-predict", dest="n_predict", type=int, default=128,
+                   help="tokens per bench run (default 128)")
+    harness.add_threads(p)
     p.add_argument("--limit", type=int, default=0, help="only the first N prompts (0: all)")
-    p.add_argument("-o", "--output", type=Path)
-    args = p.parse_args(argv)
-    args.speculate = speculate_path(args.speculate)
+    harness.add_output(p, "the rows and every type's bench results")
+    args = harness.parse(p, argv)
+    args.speculate = harness.speculate(args.speculate)
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     bench = parse_args(argv)
-    data = {"meta": meta(model=bench.model, draft=bench.draft, ctx=bench.ctx, n_predict=bench.n_predict,
-                         threads=bench.threads, limit=bench.limit),
+    data = {"meta": harness.meta(model=bench.model, draft=bench.draft, ctx=bench.ctx, n_predict=bench.n_predict,
+                                 threads=bench.threads, limit=bench.limit),
             "rows": [], "bench": {}}
     with tempfile.TemporaryDirectory(prefix="bench-kv-") as tmp:
         for kind in bench.types.split(","):
@@ -125,10 +118,6 @@ def main(argv: list[str] | None = None) -> int:
             data["bench"][kind] = result = speed(bench, kind, Path(tmp))
             data["rows"].append(summary(kind, mem, result, data["bench"]))
             if bench.output:  # each type's results kept as it ends
-                bench.output.write_text(json.dumps(data, indent=1))
+                harness.write(bench.output, data)
     print("\n".join(kv_table(data)))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

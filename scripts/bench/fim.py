@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 """Fill-in-the-middle as an editor asks for it: `auto` against target-only through /infill.
 
-    scripts/bench_fim.py [-m MODEL] [--cases N] [--seed S] [-n N] [--prefix-lines N]
-                         [--suffix-lines N] [-o results.json] [-- extra serve flags]
+    python -m scripts.bench fim [-m MODEL] [--cases N] [--seed S] [-n N] [--prefix-lines N]
+                                [--suffix-lines N] [-o results.json] [-- extra serve flags]
 
-Real code that nobody here wrote: functions of the Python standard library this script runs on
+Real code that nobody here wrote: functions of the Python standard library this scenario runs on
 (its modules are the Python Software Foundation's, under the PSF License Agreement; the
 version is printed, since the code differs between versions). For each case, a span of 1-6
 whole lines is cut out of a function's body, and the request is what llama.vim sends with the
@@ -15,27 +14,26 @@ n_suffix), `n_predict` 128, greedy, no time limit. Two servers answer every requ
 alternates), never at once. Printed: per case, tokens, each server's decode speed, auto's
 speedup, tokens per target pass and acceptance, and whether the two answers are the same
 token for token; then medians. Exit 1 if any answer differs. Without -m the servers load
-the registry's default target (README).
+the registry's default target (README). `-o docs/results/fim.json.gz` writes the committed file.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
-import json
 import random
-import statistics
 import sys
 import sysconfig
 import tempfile
 from pathlib import Path
 
-from results import meta
-from served import Server
+from scripts.bench import harness
+from scripts.bench.servers import Server
 
 MODULES = ("textwrap.py", "difflib.py", "heapq.py", "json/decoder.py", "json/encoder.py", "argparse.py",
            "shlex.py", "fnmatch.py", "calendar.py", "string.py", "csv.py", "configparser.py", "tokenize.py",
            "ipaddress.py", "fractions.py", "statistics.py", "pprint.py", "glob.py", "posixpath.py", "base64.py")
+SPECS = ("none", "auto")
 
 
 def cases(n: int, seed: int, prefix_lines: int, suffix_lines: int) -> list[dict]:
@@ -73,53 +71,64 @@ def infill(server: Server, body: dict, n_predict: int) -> dict:
     return answer
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-m", "--model", help="target model (default: the registry's default target)")
-    parser.add_argument("--cases", type=int, default=20, help="requests (default 20)")
-    parser.add_argument("--seed", type=int, default=0, help="which functions and spans (default 0)")
-    parser.add_argument("-n", "--n-predict", type=int, default=128, help="tokens per answer (default 128)")
-    parser.add_argument("--prefix-lines", type=int, default=256, help="lines before the cursor (default 256)")
-    parser.add_argument("--suffix-lines", type=int, default=64, help="lines after it (default 64)")
-    parser.add_argument("-o", "--output", type=Path, help="write every answer and its timings here (JSON, with meta)")
-    args, extra = parser.parse_known_args()
-    extra = [a for a in extra if a != "--"]
-    requests = cases(args.cases, args.seed, args.prefix_lines, args.suffix_lines)
-    model = ["-m", args.model] if args.model else []
+def ask_both(requests: list[dict], model: list[str], extra: list[str], n_predict: int) -> list[dict]:
+    """Every request to both servers, one after the other; which first alternates from case to case."""
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         servers = {spec: Server([*model, "--spec-type", spec, "-c", "8192", *extra], Path(tmp) / f"{spec}.log")
-                   for spec in ("none", "auto")}
+                   for spec in SPECS}
         try:
             for i, case in enumerate(requests):
-                order = ("none", "auto") if i % 2 == 0 else ("auto", "none")
-                answers = {spec: infill(servers[spec], case["body"], args.n_predict) for spec in order}
+                order = SPECS if i % 2 == 0 else SPECS[::-1]
+                answers = {spec: infill(servers[spec], case["body"], n_predict) for spec in order}
                 results.append({"id": case["id"], "removed": case["removed"], **answers})
         finally:
             for server in servers.values():
                 server.close()
-    print(f"/infill on Python {sys.version.split()[0]}'s standard library, {len(results)} cases (seed {args.seed}), "
-          f"{args.n_predict} tokens at most, greedy; serve {' '.join(model + extra)}")
+    return results
+
+
+def print_table(results: list[dict]) -> list[bool]:
+    """A row per case, then the medians; whether each case's two answers are the same."""
     print(f"{'case':44s} {'tokens':>6} {'alone t/s':>9} {'auto t/s':>8} {'speedup':>7} {'tok/pass':>8} "
           f"{'accepted':>8} {'same':>5}")
     speedups, per_pass, same = [], [], []
     for r in results:
         alone, auto = r["none"]["timings"], r["auto"]["timings"]
-        speedups.append(auto["predicted_per_second"] / alone["predicted_per_second"])
+        speedups.append(harness.ratio(auto["predicted_per_second"], alone["predicted_per_second"]))
         per_pass.append(auto["tokens_per_step"])
         same.append(r["none"]["tokens"] == r["auto"]["tokens"])
         accepted = f"{auto['draft_n_accepted']}/{auto['draft_n']}"
         print(f"{r['id'][:44]:44s} {auto['predicted_n']:6d} {alone['predicted_per_second']:9.1f} "
               f"{auto['predicted_per_second']:8.1f} {speedups[-1]:6.2f}x {per_pass[-1]:8.2f} {accepted:>8} "
               f"{'yes' if same[-1] else 'NO':>5}")
-    print(f"median speedup {statistics.median(speedups):.2f}x (worst {min(speedups):.2f}x), median tokens per "
-          f"pass {statistics.median(per_pass):.2f}, {sum(same)}/{len(same)} answers identical")
+    print(f"median speedup {harness.median(speedups):.2f}x (worst {min(speedups):.2f}x), median tokens per "
+          f"pass {harness.median(per_pass):.2f}, {sum(same)}/{len(same)} answers identical")
+    return same
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    parser = harness.parser(__name__, __doc__)
+    parser.add_argument("-m", "--model", help="target model (default: the registry's default target)")
+    parser.add_argument("--cases", type=int, default=20, help="requests (default 20)")
+    parser.add_argument("--seed", type=int, default=0, help="which functions and spans (default 0)")
+    parser.add_argument("-n", "--n-predict", type=int, default=128, help="tokens per answer (default 128)")
+    parser.add_argument("--prefix-lines", type=int, default=256, help="lines before the cursor (default 256)")
+    parser.add_argument("--suffix-lines", type=int, default=64, help="lines after it (default 64)")
+    harness.add_output(parser, "every answer and its timings")
+    return harness.parse(parser, argv, known=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra = parse_args(argv)
+    requests = cases(args.cases, args.seed, args.prefix_lines, args.suffix_lines)
+    model = ["-m", args.model] if args.model else []
+    results = ask_both(requests, model, extra, args.n_predict)
+    print(f"/infill on Python {sys.version.split()[0]}'s standard library, {len(results)} cases (seed {args.seed}), "
+          f"{args.n_predict} tokens at most, greedy; serve {' '.join(model + extra)}")
+    same = print_table(results)
     if args.output:
-        args.output.write_text(json.dumps({"meta": meta(python_stdlib=sys.version.split()[0], n_predict=args.n_predict,
-                                                        serve_flags=model + extra),
-                                           "results": results}, indent=1))
+        harness.write(args.output, {"meta": harness.meta(python_stdlib=sys.version.split()[0],
+                                                         n_predict=args.n_predict, serve_flags=model + extra),
+                                    "results": results})
     return 0 if all(same) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
