@@ -139,7 +139,8 @@ def test_the_structured_scenario_runs_every_configuration_and_its_counts_add_up(
 @pytest.mark.real
 def test_the_commits_scenario_runs_each_commit_s_code_and_times_llama_decode_apart(model_path, tmp_path):
     """The commits scenario on SmolLM2, the working tree against HEAD (a worktree made and removed):
-    every configuration ran under each commit's code, the wrapper counted llama_decode's own time
+    every configuration ran under each commit's code (its own tree's, not the repository's the
+    command was run in), the wrapper counted llama_decode's own time
     (less than the run's), the gain of -np 2 is put against the ceiling measured in the same run,
     and the table renders from what it wrote."""
     from scripts import tables
@@ -158,7 +159,10 @@ def test_the_commits_scenario_runs_each_commit_s_code_and_times_llama_decode_apa
     assert len(labels) == 2 and labels[0].rstrip("+") == labels[1]
     assert sorted((r["config"], r["commit"]) for r in report["runs"]) == sorted(
         (f"batch -np {n} none", c) for n in (1, 2) for c in labels)
+    code = {r["commit"]: Path(r["code"]) for r in report["runs"]}  # each commit's runs ran its own tree's code
+    assert code[labels[0]] == root / "speculative" and code[labels[1]].parent != root
     for r in report["runs"]:
+        assert Path(r["code"]) == code[r["commit"]]
         assert r["n_predict"] == 8 * 8 and r["tps"] == pytest.approx(r["n_predict"] / r["seconds"])
         assert 0 < r["llama_decode_s"] < r["seconds"] and r["llama_decodes"] > 1
         assert r["outside_llama_decode_ms"] > 0

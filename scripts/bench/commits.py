@@ -5,8 +5,10 @@
                                     [--no-ceiling] [-o results.json]
 
 Each REV (a git revision; `.` for the working tree as it is) is checked out into a temporary
-worktree, and its code runs on PYTHONPATH over the llama-cpp-python of this Python (the same
-build for every commit, so that only speculate's code differs). For every -np N of --np and
+worktree, and its code runs from there (the folder it runs in and PYTHONPATH; each run checks
+that `speculative` came from its commit's tree) over the llama-cpp-python of this Python (the same
+build for every commit, so that only speculate's code differs). The worktrees are removed at the
+end, also when the run is interrupted or terminated. For every -np N of --np and
 spec type of --spec-type, `speculate batch REQUESTS -np N --spec-type T --temp 0 -n N_PREDICT
 --ignore-eos` runs once per commit and repeat, interleaved (each repeat: every configuration,
 every commit), so drift hits all alike; `auto` gets the draft model (-md). The requests default to
@@ -31,6 +33,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -63,6 +66,8 @@ def timed(ctx, batch):
         total["s"] += time.perf_counter() - started
     return code
 llama_cpp.llama_decode = timed
+import speculative
+total["code"] = os.path.dirname(speculative.__file__)
 atexit.register(lambda: open(os.environ["DECODE_SECONDS"], "w").write(json.dumps(total)))
 from speculative.cli.main import main
 sys.argv[0] = "speculate"
@@ -74,6 +79,7 @@ sys.exit(main())
 def checked_out(revs: list[str], work: Path):
     """Each revision's code: a temporary worktree of it (`.`: the repository itself), removed after."""
     trees, made = {}, []
+    terminated = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # as Ctrl-C: the worktrees removed
     try:
         for rev in revs:
             if rev == ".":
@@ -90,6 +96,7 @@ def checked_out(revs: list[str], work: Path):
     finally:
         for path in made:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)], capture_output=True)
+        signal.signal(signal.SIGTERM, terminated)
 
 
 def describe(rev: str) -> str:
@@ -109,12 +116,16 @@ def run(bench: argparse.Namespace, tree: Path, n: int, spec: str, work: Path, n_
            "-m", bench.target, *(["-md", bench.draft] if spec == "auto" else []), "--temp", "0",
            "-n", str(n_predict), "--ignore-eos", "-np", str(n), "--spec-type", spec, "-t", str(bench.threads),
            "-c", str(bench.ctx)]
+    # run in the tree: `python -c` puts its folder first on sys.path, before PYTHONPATH
     harness.run_logged(cmd, work / f"{tag}.log", env={**bench.env, "PYTHONPATH": str(tree),
-                                                      "DECODE_SECONDS": str(decode)})
+                                                      "DECODE_SECONDS": str(decode)}, cwd=tree)
     report, decoded = json.loads(summary.read_text()), json.loads(decode.read_text())
+    if Path(decoded["code"]).resolve() != (tree / "speculative").resolve():
+        sys.exit(f"{tree}: the run's speculative came from {decoded['code']}")
     if not report["all_succeeded"]:
         sys.exit(f"{' '.join(map(str, cmd))}: some requests failed, see {out}")
-    return {"tps": report["tokens_per_second"], "seconds": report["seconds"], "n_predict": report["n_predict"],
+    return {"code": decoded["code"], "tps": report["tokens_per_second"], "seconds": report["seconds"],
+            "n_predict": report["n_predict"],
             "llama_decode_s": decoded["s"], "llama_decodes": decoded["n"],
             "outside_llama_decode_ms": (report["seconds"] - decoded["s"]) / report["n_predict"] * 1000}
 
@@ -173,8 +184,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     bench = parse_args(argv)
     bench.env = dict(os.environ)
-    bench.target = str(harness.model_file(bench.model))
-    bench.draft = str(harness.model_file(bench.draft)) if "auto" in bench.specs else bench.draft
+    bench.target = str(harness.model_file(bench.model).resolve())  # the runs are in the trees' folders
+    bench.draft = str(harness.model_file(bench.draft).resolve()) if "auto" in bench.specs else bench.draft
     labels = [describe(rev) for rev in bench.revs]
     configs = [(n, spec) for spec in bench.specs for n in bench.nps]
     runs, ceiling = [], None

@@ -133,12 +133,17 @@ def run_json(cmd: Sequence[str], *, input: str | None = None, env: dict | None =
         failed(cmd, 0, f"not JSON on its standard output: {proc.stdout[:300]}\n{proc.stderr}")
 
 
-def run_logged(cmd: Sequence[str], log: Path, env: dict | None = None) -> float:
+def run_logged(cmd: Sequence[str], log: Path, env: dict | None = None, cwd: Path | None = None) -> float:
     """A command in a fresh process, its output in `log`, to its end: its peak resident MiB
     (wait4's ru_maxrss); a one-line exit where it fails."""
     with open(log, "wb") as sink:
-        proc = subprocess.Popen(list(map(str, cmd)), stdout=sink, stderr=subprocess.STDOUT, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
+        proc = subprocess.Popen(list(map(str, cmd)), stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        except BaseException:  # interrupted or terminated: the run does not go on without us
+            proc.kill()
+            proc.wait()
+            raise
     code = os.waitstatus_to_exitcode(status)
     if code:
         failed(cmd, code, log.read_text(errors="replace"))
