@@ -550,6 +550,9 @@ TABLES = {t.name: t for t in [
     Table("parallel", ("parallel.json.gz",),
           "python -m scripts.bench parallel -o docs/results/parallel.json.gz (the stock build)",
           parallel),
+    Table("scheduler", ("scheduler.json.gz",),
+          "python -m scripts.bench commits f0de9b4 HEAD -o docs/results/scheduler.json.gz (HEAD: the scheduler's "
+          "tree; nothing else running)", commits),
     Table("structured", ("structured.json.gz",),
           "python -m scripts.bench structured -o docs/results/structured.json.gz (the stock build)",
           structured),
