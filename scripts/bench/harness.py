@@ -8,8 +8,9 @@ its repeats and baseline, the models it loads, the prompts it sends, and the fil
 - **The same-run baseline.** `ratio(value, baseline)`: a figure is published against one measured
   in the same run, on the same machine, never against a number kept from elsewhere.
 - **Processes.** `speculate(given)` is the executable; `run_json` runs a command whose standard
-  output is one JSON document (`speculate ... --json`, `speculate bench`); `run_logged` runs one
-  in a fresh process, its output in a log, with its peak resident memory.
+  output is one JSON document (`speculate ... --json`, a scenario run by another); `run_logged`
+  runs one in a fresh process, its output in a log, with its peak resident memory; either exits
+  naming the command, its status and the end of its output where it fails (`failed`).
 - **Models through the binding.** `model_file(name)` resolves a registry name as speculate does;
   `load(path, ...)` loads through `speculative.llamacpp` (weights where its CPU kernels run: on an
   AMX CPU, llama.cpp's defaults put them in a buffer type that crashes a batch on the pinned
@@ -150,20 +151,11 @@ def run_logged(cmd: Sequence[str], log: Path, env: dict | None = None, cwd: Path
     return usage.ru_maxrss / 1024
 
 
-def peak_rss_mib(pid: int | str = "self") -> float | None:
+def peak_rss_mib(pid: int) -> float | None:
     """A live process's peak resident memory (VmHWM), in MiB."""
-    return _status_mib(pid, "VmHWM:")
-
-
-def rss_mib(pid: int | str = "self") -> float | None:
-    """A live process's resident memory now (VmRSS), in MiB."""
-    return _status_mib(pid, "VmRSS:")
-
-
-def _status_mib(pid: int | str, field: str) -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field):
+            if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass

@@ -28,7 +28,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from scripts.bench.harness import ROOT, speculate
+from scripts.bench.harness import ROOT, failed, speculate
 
 LLAMA_VERSION = "0.3.36"
 SDIST = ROOT / ".cache" / "sdist" / f"llama_cpp_python-{LLAMA_VERSION}.tar.gz"
@@ -107,8 +107,7 @@ class Server:
         deadline = time.monotonic() + 1800  # the default pair may be pulled first
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                sys.exit(f"{' '.join(command[:2])} exited {self.proc.returncode}:\n"
-                         f"{log.read_text(errors='replace')[-2000:]}")
+                failed(command[:2], self.proc.returncode, log.read_text(errors="replace"))
             try:
                 if self.post("/health", None)[0] == 200:
                     return
