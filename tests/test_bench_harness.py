@@ -128,3 +128,9 @@ def test_rows_are_picked_by_id_in_the_order_asked(tmp_path):
     path.write_text('{"id": "a"}\nnot json\n')
     with pytest.raises(ValueError, match=r"p.jsonl:2: not JSON"):
         harness.jsonl(path)
+
+
+def test_commits_refuses_two_names_of_one_commit_before_loading_anything():
+    proc = subprocess.run([sys.executable, "-m", "scripts.bench", "commits", "HEAD", "HEAD", "-m", "no-such-model"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 1 and "name the same commit" in proc.stderr and "Traceback" not in proc.stderr

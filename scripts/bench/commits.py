@@ -100,9 +100,11 @@ def checked_out(revs: list[str], work: Path):
 
 
 def describe(rev: str) -> str:
-    """A revision as a short hash (`.`: HEAD's, with '+' where the working tree differs)."""
+    """A revision as a short hash (`.`: HEAD's with '+' where the working tree differs, else with
+    "(tree)", so that `. HEAD` are two columns)."""
     if rev == ".":
-        return harness.commit() or "."
+        here = harness.commit() or "."
+        return here if here.endswith("+") else f"{here} (tree)"
     proc = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], capture_output=True, text=True)
     return proc.stdout.strip() or rev
 
@@ -183,10 +185,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     bench = parse_args(argv)
+    labels = [describe(rev) for rev in bench.revs]
+    if len(set(labels)) < len(labels):
+        sys.exit(f"{' '.join(bench.revs)}: some of these name the same commit ({', '.join(labels)})")
     bench.env = dict(os.environ)
     bench.target = str(harness.model_file(bench.model).resolve())  # the runs are in the trees' folders
     bench.draft = str(harness.model_file(bench.draft).resolve()) if "auto" in bench.specs else bench.draft
-    labels = [describe(rev) for rev in bench.revs]
     configs = [(n, spec) for spec in bench.specs for n in bench.nps]
     runs, ceiling = [], None
     with tempfile.TemporaryDirectory(prefix="bench-commits-") as tmp, checked_out(bench.revs, Path(tmp)) as trees:
