@@ -15,13 +15,15 @@ import pkgutil
 import sys
 from pathlib import Path
 
+from scripts.bench.harness import scenario
+
 SHARED = {"harness", "servers"}  # the modules every scenario uses, not scenarios themselves
 
 
 def scenarios() -> dict[str, str]:
     """Scenario name (dashes) -> module name."""
     here = [m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)])]
-    return {m.replace("_", "-"): m for m in sorted(here) if m not in SHARED and not m.startswith("_")}
+    return {scenario(m): m for m in sorted(here) if m not in SHARED and not m.startswith("_")}
 
 
 def summary(module: str) -> str:
@@ -38,10 +40,10 @@ def main(argv: list[str]) -> int:
             print(f"  {name:{width}s}  {summary(module)}")
         return 0
     name, rest = argv[0], argv[1:]
-    if name.replace("_", "-") not in known:
+    if scenario(name) not in known:
         print(f"python -m scripts.bench: no scenario {name!r} (there are: {', '.join(known)})", file=sys.stderr)
         return 2
-    module = importlib.import_module(f"scripts.bench.{known[name.replace('_', '-')]}")
+    module = importlib.import_module(f"scripts.bench.{known[scenario(name)]}")
     return module.main(rest) or 0
 
 

@@ -195,8 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     runs, ceiling = [], None
     with tempfile.TemporaryDirectory(prefix="bench-commits-") as tmp, checked_out(bench.revs, Path(tmp)) as trees:
         work = Path(tmp)
-        requests = [json.loads(line) for line in bench.requests.read_text().splitlines() if line.strip()] \
-            if bench.requests else [{"id": i, "prompt": p} for i, p in enumerate(PROMPTS)]
+        requests = harness.jsonl(bench.requests) if bench.requests else [
+            {"id": i, "prompt": p} for i, p in enumerate(PROMPTS)]
         bench.requests_file = work / "requests.jsonl"
         bench.requests_file.write_text("".join(json.dumps(r) + "\n" for r in requests))
         for rev in bench.revs if "auto" in bench.specs else []:
